@@ -1,0 +1,191 @@
+"""Loading a GGUF file (llama.cpp's format) into HF names, HF layouts and an HF-style config.
+
+llama.cpp's converter renames tensors (`blk.N.attn_q.weight`), stores the config as metadata
+(`llama.block_count`, ...), may quantize weights in blocks, and for the Llama architecture permutes
+the rows of q/k so that its RoPE can rotate adjacent pairs. We undo each of these exactly as
+transformers does when it loads a GGUF, so the result is the checkpoint HF transformers would run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+import numpy as np
+
+from .checkpoint import Checkpoint
+from .errors import CheckpointNotFoundError, UnsupportedArchitectureError, UnsupportedTensorTypeError
+from .identity import file_identity
+from .layout import check_tensors
+from .tokenizer import gguf_tokenizer
+
+# GGUF `general.architecture` -> HF model_type and class; Mistral GGUFs use the llama architecture.
+_ARCHITECTURES = {
+    "llama": ("llama", "LlamaForCausalLM"),
+    "qwen2": ("qwen2", "Qwen2ForCausalLM"),
+    "qwen3": ("qwen3", "Qwen3ForCausalLM"),
+}
+
+# llama.cpp's per-block tensor names -> HF's, as in gguf's tensor name map for these architectures.
+_BLOCK_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
+_TOP = re.compile(r"^(\w+)\.(weight|bias)$")
+
+
+def load_gguf(path: str | os.PathLike) -> Checkpoint:
+    import gguf
+
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise CheckpointNotFoundError(f"GGUF file {path!r} does not exist")
+    reader = gguf.GGUFReader(path)
+    metadata = {key: field.contents() for key, field in reader.fields.items()}
+    tensor_names = [t.name for t in reader.tensors]
+    config = gguf_config(metadata, tensor_names)
+    tensors = {}
+    for t in reader.tensors:
+        name = hf_name(t.name)
+        if name is None:
+            raise UnsupportedArchitectureError(
+                f"GGUF tensor {t.name!r} has no counterpart in a {config['model_type']} model"
+            )
+        values = _dequantize(t)
+        if config["model_type"] == "llama" and (".q_proj." in name or ".k_proj." in name):
+            heads = config["num_attention_heads"] if ".q_proj." in name else config["num_key_value_heads"]
+            values = unpermute_rows(values, heads)
+        tensors[name] = values
+    return Checkpoint(
+        config=config,
+        tensors=check_tensors(config, tensors),
+        tokenizer=gguf_tokenizer(metadata),
+        identity=file_identity([path]),
+        source=path,
+        format="gguf",
+    )
+
+
+def gguf_config(metadata: dict[str, Any], tensor_names: list[str]) -> dict[str, Any]:
+    """The HF config.json dict for a GGUF's metadata (`<arch>.*` keys) and tensor list."""
+    arch = metadata.get("general.architecture")
+    if arch not in _ARCHITECTURES:
+        raise UnsupportedArchitectureError(
+            f"GGUF architecture {arch!r} is not supported; jaxserve reads {tuple(_ARCHITECTURES)}"
+        )
+    if "rope_freqs.weight" in tensor_names:
+        # llama.cpp folds Llama-3.1-style rope scaling into per-frequency factors; the llama3
+        # parameters cannot be recovered from them, and running without them is silently wrong.
+        raise UnsupportedArchitectureError(
+            "this GGUF stores rope scaling as a 'rope_freqs' tensor (Llama 3.1 style), which jaxserve "
+            "cannot read from a GGUF; load the HF checkpoint instead"
+        )
+    model_type, hf_class = _ARCHITECTURES[arch]
+
+    def key(name: str, default: Any = None) -> Any:
+        return metadata.get(f"{arch}.{name}", default)
+
+    heads = key("attention.head_count")
+    hidden = key("embedding_length")
+    # Qwen3's head_dim is not hidden/heads; llama.cpp states it as the key length (and the rope width).
+    head_dim = key("attention.key_length") or key("rope.dimension_count") or hidden // heads
+    vocab = key("vocab_size") or len(metadata.get("tokenizer.ggml.tokens", ()))
+    config: dict[str, Any] = {
+        "model_type": model_type,
+        "architectures": [hf_class],
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": key("feed_forward_length"),
+        "num_hidden_layers": key("block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": key("attention.head_count_kv") or heads,
+        "head_dim": head_dim,
+        "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": float(key("rope.freq_base", 10000.0)),
+        "max_position_embeddings": key("context_length", 2048),
+        # llama.cpp writes output.weight only when it differs from the embedding
+        "tie_word_embeddings": "output.weight" not in tensor_names,
+        "bos_token_id": metadata.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": metadata.get("tokenizer.ggml.eos_token_id"),
+        "pad_token_id": metadata.get("tokenizer.ggml.padding_token_id"),
+        "rope_scaling": _rope_scaling(key),
+    }
+    if model_type != "qwen2":
+        config["attention_bias"] = "blk.0.attn_q.bias" in tensor_names
+    missing = [name for name, value in config.items() if value is None and not name.endswith("_token_id")
+               and name != "rope_scaling"]
+    if missing:
+        raise UnsupportedArchitectureError(f"GGUF metadata lacks what the config needs: {missing}")
+    return config
+
+
+def _rope_scaling(key) -> dict[str, Any] | None:
+    kind = key("rope.scaling.type")
+    if kind in (None, "none"):
+        return None
+    scaling: dict[str, Any] = {"rope_type": kind, "factor": float(key("rope.scaling.factor", 1.0))}
+    if (original := key("rope.scaling.original_context_length")) is not None:
+        scaling["original_max_position_embeddings"] = int(original)
+    return scaling
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """HF name of a llama.cpp tensor name, or None if it is not one of a Llama-family model's."""
+    if m := _BLOCK.match(gguf_name):
+        layer, part, kind = m.groups()
+        if part in _BLOCK_NAMES:
+            return f"model.layers.{layer}.{_BLOCK_NAMES[part]}.{kind}"
+        return None
+    if (m := _TOP.match(gguf_name)) and m.group(1) in _TOP_NAMES:
+        return f"{_TOP_NAMES[m.group(1)]}.{m.group(2)}"
+    return None
+
+
+def unpermute_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation (HF's rotate-half layout back from interleaved pairs).
+
+    llama.cpp stores each head's rows as (pair, half) and we want (half, pair):
+    w: [num_heads * head_dim, ...] -> the same shape, rows reordered within each head.
+    """
+    half = w.shape[0] // num_heads // 2
+    return np.ascontiguousarray(
+        w.reshape(num_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    )
+
+
+def _dequantize(tensor) -> np.ndarray:
+    """Values of one GGUF tensor in numpy (HF) axis order: float types kept, block types to float32."""
+    import gguf
+    import ml_dtypes
+
+    kind = tensor.tensor_type
+    shape = tuple(int(d) for d in reversed(tensor.shape))  # ggml lists the fastest axis first
+    data = tensor.data
+    if kind == gguf.GGMLQuantizationType.F32:
+        values = np.array(data, dtype=np.float32)
+    elif kind == gguf.GGMLQuantizationType.F16:
+        values = np.array(data, dtype=np.float16)
+    elif kind == gguf.GGMLQuantizationType.BF16:
+        values = np.array(data).view(ml_dtypes.bfloat16)
+    else:
+        try:
+            values = gguf.quants.dequantize(data, kind)
+        except NotImplementedError:
+            raise UnsupportedTensorTypeError(
+                f"GGUF tensor {tensor.name!r} is stored as {kind.name}, which the gguf package "
+                f"cannot dequantize"
+            ) from None
+        values = np.asarray(values, dtype=np.float32)
+    return values.reshape(shape)

@@ -1,0 +1,41 @@
+"""load_checkpoint: one entry point that recognises the format of a path and calls its loader."""
+
+from __future__ import annotations
+
+import os
+
+from .checkpoint import Checkpoint
+from .embedded import embedded_model_path
+from .errors import CheckpointNotFoundError, UnsupportedFormatError
+
+_GGUF_MAGIC = b"GGUF"
+
+
+def load_checkpoint(path: str | os.PathLike | None = None) -> Checkpoint:
+    """Load a GGUF file, an HF directory or a converted directory; None is the embedded SmolLM2."""
+    from .convert import is_converted_directory, load_converted
+    from .gguf_loader import load_gguf
+    from .hf_loader import is_hf_directory, load_hf
+
+    path = embedded_model_path() if path is None else os.fspath(path)
+    if not os.path.exists(path):
+        raise CheckpointNotFoundError(f"checkpoint path {path!r} does not exist")
+    if os.path.isfile(path):
+        with open(path, "rb") as f:
+            if f.read(4) != _GGUF_MAGIC:
+                raise UnsupportedFormatError(f"{path!r} is a file but not a GGUF file")
+        return load_gguf(path)
+    if is_converted_directory(path):
+        return load_converted(path)
+    if os.path.isfile(os.path.join(path, "config.json")):
+        if not is_hf_directory(path):
+            raise CheckpointNotFoundError(f"{path!r} has config.json but no *.safetensors files")
+        return load_hf(path)
+    ggufs = sorted(name for name in os.listdir(path) if name.endswith(".gguf"))
+    if len(ggufs) == 1:
+        return load_gguf(os.path.join(path, ggufs[0]))
+    raise CheckpointNotFoundError(
+        f"{path!r} holds no checkpoint: expected config.json + *.safetensors, a converted checkpoint "
+        f"(identity.json + weights/), or a single .gguf file"
+        + (f" (found {len(ggufs)} .gguf files: pass one)" if ggufs else "")
+    )
