@@ -1,1 +1,31 @@
-"""Flax definitions of the Llama family (Llama, SmolLM2, Mistral, Qwen2, Qwen3)."""
+"""Flax definitions of the Llama family (Llama, SmolLM2, Mistral, Qwen2, Qwen3).
+
+Exports are lazy (module `__getattr__`), so importing `jaxserve.models.config` alone, as the
+host-side loaders do, does not import jax or flax.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Params": "jaxserve.models.llama",
+    "LlamaModel": "jaxserve.models.llama",
+    "forward": "jaxserve.models.llama",
+    "compute_logits": "jaxserve.models.llama",
+    "dense_causal_attention": "jaxserve.models.attention",
+    "abstract_params": "jaxserve.models.params",
+    "params_from_hf": "jaxserve.models.params",
+    "init_random_params": "jaxserve.models.params",
+    "ModelConfig": "jaxserve.models.config",
+    "RopeScaling": "jaxserve.models.config",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'jaxserve.models' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

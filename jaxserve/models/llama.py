@@ -1,0 +1,158 @@
+"""The Llama family (Llama, SmolLM2, Mistral, Qwen2, Qwen3) as a pure function of its params.
+
+This is step 4 of DESIGN.md's data flow minus the sampling: embed -> layers -> final norm, and
+`compute_logits` for the rows the runner samples from. The model never sees sequence boundaries:
+`input_ids` and `positions` are a packed ragged batch, and the attention function passed in (dense
+causal for tests, paged in the engine) is the only thing that knows which token sees which.
+
+Architecture differences are config flags, not subclasses: Qwen2's q/k/v bias
+(`attention_bias`), Qwen3's per-head q/k RMSNorm (`qk_norm`), Mistral's sliding window (read by
+the attention function), tied embeddings, Llama-3 RoPE scaling.
+
+Params layout (see params.py): one subtree per layer (`layers_{i}`), never a stacked [L, ...]
+array, and [in, out] kernels used as plain `x @ W`, with q/k/v fused into one projection and
+gate/up into another: on XLA:CPU these are the fastest forms measured (FACTS.md).
+Dtypes: params and activations in the params' dtype; RMSNorm, RoPE and softmax in float32;
+logits float32.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxserve.models.config import ModelConfig
+from jaxserve.models.rope import apply_rope, rope_cos_sin
+
+Params = dict  # pytree of jnp arrays, layout in params.py
+
+# attention(layer_idx, q [T, N, H], k [T, K, H], v [T, K, H], kv_cache_layer) -> (out [T, N, H], new cache)
+AttentionFn = Callable[[int, jax.Array, jax.Array, jax.Array, Any], tuple[jax.Array, Any]]
+
+
+def has_o_proj_bias(config: ModelConfig) -> bool:
+    # Llama and Qwen3 put `attention_bias` on o_proj too; Qwen2's bias is on q/k/v only.
+    return config.attention_bias and config.model_type != "qwen2"
+
+
+class RMSNorm(nn.Module):
+    eps: float
+    dtype: Any
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        weight = self.param("weight", nn.initializers.ones, (x.shape[-1],), self.dtype)  # [C]
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (normed * weight.astype(jnp.float32)).astype(self.dtype)
+
+
+class Attention(nn.Module):
+    config: ModelConfig
+    dtype: Any
+    layer_idx: int
+
+    @nn.compact
+    def __call__(self, x, cos, sin, kv_cache, attention: AttentionFn):
+        c = self.config
+        n, k, h = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        t = x.shape[0]
+        qkv = nn.Dense((n + 2 * k) * h, use_bias=c.attention_bias, dtype=self.dtype,
+                       param_dtype=self.dtype, name="qkv_proj")(x)          # [T, (N+2K)*H]
+        q = qkv[:, : n * h].reshape(t, n, h)                                  # [T, N, H]
+        key = qkv[:, n * h : (n + k) * h].reshape(t, k, h)                    # [T, K, H]
+        value = qkv[:, (n + k) * h :].reshape(t, k, h)                        # [T, K, H]
+        if c.qk_norm:
+            q = RMSNorm(c.rms_norm_eps, self.dtype, name="q_norm")(q)
+            key = RMSNorm(c.rms_norm_eps, self.dtype, name="k_norm")(key)
+        q, key = apply_rope(q, cos, sin), apply_rope(key, cos, sin)
+        out, kv_cache = attention(self.layer_idx, q, key, value, kv_cache)  # [T, N, H]
+        out = nn.Dense(c.hidden_size, use_bias=has_o_proj_bias(c), dtype=self.dtype,
+                       param_dtype=self.dtype, name="o_proj")(out.reshape(t, n * h))  # [T, D]
+        return out, kv_cache
+
+
+class MLP(nn.Module):
+    config: ModelConfig
+    dtype: Any
+
+    @nn.compact
+    def __call__(self, x):
+        f = self.config.intermediate_size
+        gate_up = nn.Dense(2 * f, use_bias=False, dtype=self.dtype, param_dtype=self.dtype,
+                           name="gate_up_proj")(x)                           # [T, 2F]
+        hidden = nn.silu(gate_up[:, :f]) * gate_up[:, f:]                    # [T, F]
+        return nn.Dense(self.config.hidden_size, use_bias=False, dtype=self.dtype,
+                        param_dtype=self.dtype, name="down_proj")(hidden)     # [T, D]
+
+
+class DecoderLayer(nn.Module):
+    config: ModelConfig
+    dtype: Any
+    layer_idx: int
+
+    @nn.compact
+    def __call__(self, x, cos, sin, kv_cache, attention: AttentionFn):
+        eps = self.config.rms_norm_eps
+        attn_out, kv_cache = Attention(self.config, self.dtype, self.layer_idx, name="self_attn")(
+            RMSNorm(eps, self.dtype, name="input_layernorm")(x), cos, sin, kv_cache, attention)
+        x = x + attn_out
+        x = x + MLP(self.config, self.dtype, name="mlp")(
+            RMSNorm(eps, self.dtype, name="post_attention_layernorm")(x))
+        return x, kv_cache
+
+
+class LlamaModel(nn.Module):
+    """Embedding, decoder layers and final norm; the LM head is `compute_logits`, applied only
+    to the rows that are sampled."""
+
+    config: ModelConfig
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, input_ids, positions, kv_caches: Sequence[Any], attention: AttentionFn):
+        c = self.config
+        x = nn.Embed(c.vocab_size, c.hidden_size, dtype=self.dtype, param_dtype=self.dtype,
+                     name="embed_tokens")(input_ids)                          # [T, D]
+        cos, sin = rope_cos_sin(c, positions)                                  # [T, H] each
+        new_caches = []
+        for i in range(c.num_hidden_layers):
+            x, cache = DecoderLayer(c, self.dtype, i, name=f"layers_{i}")(
+                x, cos, sin, kv_caches[i], attention)
+            new_caches.append(cache)
+        return RMSNorm(c.rms_norm_eps, self.dtype, name="norm")(x), new_caches
+
+
+def forward(params: Params, config: ModelConfig, input_ids: jax.Array, positions: jax.Array,
+            kv_caches: Sequence[Any] | None, attention: AttentionFn) -> tuple[jax.Array, list]:
+    """input_ids, positions: [T] int32 -> (final-normed hidden [T, D], new per-layer caches).
+
+    kv_caches holds one entry per layer (None entries allowed; None for all layers when the
+    attention function keeps no cache); each is handed to `attention` and replaced by what it
+    returns, so a jitted caller can donate the whole list.
+    """
+    if kv_caches is None:
+        kv_caches = [None] * config.num_hidden_layers
+    if len(kv_caches) != config.num_hidden_layers:
+        raise ValueError(
+            f"len(kv_caches)={len(kv_caches)} but the model has {config.num_hidden_layers} layers")
+    dtype = params["embed_tokens"]["embedding"].dtype
+    model = LlamaModel(config=config, dtype=dtype)
+    # the LM head is not part of the module (compute_logits applies it to sampled rows only)
+    module_params = {k: v for k, v in params.items() if k != "lm_head"}
+    return model.apply({"params": module_params}, input_ids, positions, list(kv_caches), attention)
+
+
+def compute_logits(params: Params, config: ModelConfig, hidden: jax.Array) -> jax.Array:
+    """hidden [S, D] -> logits [S, V] float32 (accumulated in float32 even for bf16 params)."""
+    if config.tie_word_embeddings:
+        embedding = params["embed_tokens"]["embedding"]                         # [V, D]
+        # contract D of both operands; the tied weight is stored once, as [V, D]
+        return jax.lax.dot_general(hidden, embedding, (((1,), (1,)), ((), ())),
+                                   preferred_element_type=jnp.float32)
+    kernel = params["lm_head"]["kernel"]                                        # [D, V]
+    return jnp.matmul(hidden, kernel, preferred_element_type=jnp.float32)
+

@@ -1,0 +1,158 @@
+"""The params pytree: its layout, conversion from HF tensors, and random init.
+
+Layout (every leaf a jnp array in the model dtype; kernels are [in, out], used as `x @ W`):
+
+    embed_tokens/embedding               [V, D]   (also the LM head when tied)
+    layers_{i}/input_layernorm/weight    [D]
+    layers_{i}/self_attn/qkv_proj/kernel [D, (N + 2K) * H]   columns: q | k | v
+    layers_{i}/self_attn/qkv_proj/bias   [(N + 2K) * H]      (attention_bias)
+    layers_{i}/self_attn/q_norm/weight   [H]                 (qk_norm; k_norm likewise)
+    layers_{i}/self_attn/o_proj/kernel   [N * H, D]          (+ bias: Llama/Qwen3 attention_bias)
+    layers_{i}/post_attention_layernorm/weight [D]
+    layers_{i}/mlp/gate_up_proj/kernel   [D, 2F]             columns: gate | up
+    layers_{i}/mlp/down_proj/kernel      [F, D]
+    norm/weight                          [D]
+    lm_head/kernel                       [D, V]   (untied only)
+
+Per-layer subtrees, never stacked [L, ...] arrays, and fused q/k/v and gate/up projections:
+the forms XLA:CPU runs fastest (FACTS.md). `abstract_params` is the single description of this
+layout; conversion, random init and the tests all follow it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxserve.models.config import ModelConfig
+from jaxserve.models.llama import Params, has_o_proj_bias
+
+# HF tensors that carry no weights jaxserve needs
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def abstract_params(config: ModelConfig, dtype: Any) -> Params:
+    """The params pytree as jax.ShapeDtypeStruct leaves (for AOT lowering and layout checks)."""
+    c = config
+    d, f, h = c.hidden_size, c.intermediate_size, c.head_dim
+    n, k = c.num_attention_heads, c.num_key_value_heads
+
+    def leaf(*shape: int) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct(shape, jnp.dtype(dtype))
+
+    tree: dict[str, Any] = {"embed_tokens": {"embedding": leaf(c.vocab_size, d)}}
+    for i in range(c.num_hidden_layers):
+        attn: dict[str, Any] = {"qkv_proj": {"kernel": leaf(d, (n + 2 * k) * h)},
+                                "o_proj": {"kernel": leaf(n * h, d)}}
+        if c.attention_bias:
+            attn["qkv_proj"]["bias"] = leaf((n + 2 * k) * h)
+        if has_o_proj_bias(c):
+            attn["o_proj"]["bias"] = leaf(d)
+        if c.qk_norm:
+            attn["q_norm"] = {"weight": leaf(h)}
+            attn["k_norm"] = {"weight": leaf(h)}
+        tree[f"layers_{i}"] = {
+            "input_layernorm": {"weight": leaf(d)},
+            "self_attn": attn,
+            "post_attention_layernorm": {"weight": leaf(d)},
+            "mlp": {"gate_up_proj": {"kernel": leaf(d, 2 * f)},
+                    "down_proj": {"kernel": leaf(f, d)}},
+        }
+    tree["norm"] = {"weight": leaf(d)}
+    if not c.tie_word_embeddings:
+        tree["lm_head"] = {"kernel": leaf(d, c.vocab_size)}
+    return tree
+
+
+def params_from_hf(config: ModelConfig, tensors: Mapping[str, np.ndarray], dtype: Any) -> Params:
+    """HF-named tensors (Linear weights [out, in]) -> params in `dtype`.
+
+    Raises ValueError naming the tensor when one is missing, has the wrong shape, or is left over
+    (a leftover tensor means the config does not describe the checkpoint, e.g. an MLP bias).
+    """
+    c = config
+    d, f, h = c.hidden_size, c.intermediate_size, c.head_dim
+    n, k = c.num_attention_heads, c.num_key_value_heads
+    used: set[str] = set()
+
+    def get(name: str, shape: tuple[int, ...]) -> np.ndarray:
+        if name not in tensors:
+            raise ValueError(f"missing tensor {name!r} (expected shape {shape} for {c.model_type})")
+        array = np.asarray(tensors[name])
+        if array.shape != shape:
+            raise ValueError(f"tensor {name!r} has shape {array.shape}, the config expects {shape}")
+        used.add(name)
+        return array
+
+    def out(array: np.ndarray) -> jax.Array:
+        return jnp.asarray(array, dtype=dtype)
+
+    def linear_t(name: str, out_features: int, in_features: int) -> np.ndarray:
+        return get(name, (out_features, in_features)).T                     # [in, out]
+
+    params: dict[str, Any] = {"embed_tokens": {"embedding": out(get("model.embed_tokens.weight",
+                                                                    (c.vocab_size, d)))}}
+    for i in range(c.num_hidden_layers):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        qkv = np.concatenate([linear_t(a + "q_proj.weight", n * h, d),
+                              linear_t(a + "k_proj.weight", k * h, d),
+                              linear_t(a + "v_proj.weight", k * h, d)], axis=1)  # [D, (N+2K)H]
+        attn: dict[str, Any] = {"qkv_proj": {"kernel": out(qkv)},
+                                "o_proj": {"kernel": out(linear_t(a + "o_proj.weight", d, n * h))}}
+        if c.attention_bias:
+            attn["qkv_proj"]["bias"] = out(np.concatenate([get(a + "q_proj.bias", (n * h,)),
+                                                           get(a + "k_proj.bias", (k * h,)),
+                                                           get(a + "v_proj.bias", (k * h,))]))
+        if has_o_proj_bias(c):
+            attn["o_proj"]["bias"] = out(get(a + "o_proj.bias", (d,)))
+        if c.qk_norm:
+            attn["q_norm"] = {"weight": out(get(a + "q_norm.weight", (h,)))}
+            attn["k_norm"] = {"weight": out(get(a + "k_norm.weight", (h,)))}
+        m = p + "mlp."
+        gate_up = np.concatenate([linear_t(m + "gate_proj.weight", f, d),
+                                  linear_t(m + "up_proj.weight", f, d)], axis=1)  # [D, 2F]
+        params[f"layers_{i}"] = {
+            "input_layernorm": {"weight": out(get(p + "input_layernorm.weight", (d,)))},
+            "self_attn": attn,
+            "post_attention_layernorm": {
+                "weight": out(get(p + "post_attention_layernorm.weight", (d,)))},
+            "mlp": {"gate_up_proj": {"kernel": out(gate_up)},
+                    "down_proj": {"kernel": out(linear_t(m + "down_proj.weight", d, f))}},
+        }
+    params["norm"] = {"weight": out(get("model.norm.weight", (d,)))}
+    if c.tie_word_embeddings:
+        used.add("lm_head.weight")  # some tied checkpoints store the shared matrix twice
+    else:
+        params["lm_head"] = {"kernel": out(linear_t("lm_head.weight", c.vocab_size, d))}
+
+    leftover = sorted(name for name in tensors
+                      if name not in used and not name.endswith(_IGNORED_SUFFIXES))
+    if leftover:
+        shown = ", ".join(repr(name) for name in leftover[:5])
+        more = f" and {len(leftover) - 5} more" if len(leftover) > 5 else ""
+        raise ValueError(f"tensors the {c.model_type} config does not use: {shown}{more}")
+    return params
+
+
+def init_random_params(config: ModelConfig, key: jax.Array, dtype: Any,
+                       scale: float = 0.02) -> Params:
+    """Random weights in the layout above: norms at 1, everything else N(0, scale^2).
+
+    For speed checks without a checkpoint; a large `scale` (about 0.1-0.3 for tiny models)
+    keeps greedy choices away from near-ties.
+    """
+    shapes = abstract_params(config, dtype)
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+    values = []
+    for index, (path, spec) in enumerate(leaves):
+        parent = str(path[-2].key) if len(path) > 1 else ""
+        if parent.endswith("norm"):
+            values.append(jnp.ones(spec.shape, spec.dtype))
+        else:
+            values.append(scale * jax.random.normal(jax.random.fold_in(key, index), spec.shape,
+                                                    spec.dtype))
+    return jax.tree_util.tree_unflatten(treedef, values)

@@ -1,0 +1,64 @@
+"""Rotary position embeddings in the Hugging Face "rotate_half" layout.
+
+The model computes cos/sin once per step from the packed `positions` and every layer rotates its
+q and k with them. The layout (first half of each head paired with the second half) is the one HF
+checkpoints use; the GGUF loader un-permutes llama.cpp's interleaved q/k into it, so one rotation
+serves every source. Frequencies are host-side numpy constants: they depend only on the config.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxserve.models.config import ModelConfig, RopeScaling
+
+
+def inverse_frequencies(config: ModelConfig) -> np.ndarray:
+    """Per-pair rotation speed, [head_dim // 2] float32, with Llama-3 scaling when configured."""
+    dim = config.head_dim
+    # float32 throughout, as HF computes them, so angles match HF's to the last bit where possible
+    exponents = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim)
+    inv_freq = (np.float32(1.0) / (np.float32(config.rope_theta) ** exponents)).astype(np.float32)
+    if config.rope_scaling is not None:
+        inv_freq = _llama3_scaled(inv_freq, config.rope_scaling)
+    return inv_freq
+
+
+def _llama3_scaled(inv_freq: np.ndarray, s: RopeScaling) -> np.ndarray:
+    # Long wavelengths (beyond what pretraining saw) are slowed by `factor`, short ones are kept,
+    # and the band between is interpolated smoothly between the two.
+    old_len = np.float32(s.original_max_position_embeddings)
+    low_freq_wavelen = old_len / np.float32(s.low_freq_factor)
+    high_freq_wavelen = old_len / np.float32(s.high_freq_factor)
+    wavelen = np.float32(2 * math.pi) / inv_freq
+    scaled = np.where(wavelen > low_freq_wavelen, inv_freq / np.float32(s.factor), inv_freq)
+    smooth = (old_len / wavelen - np.float32(s.low_freq_factor)) / np.float32(
+        s.high_freq_factor - s.low_freq_factor
+    )
+    smoothed = (1 - smooth) * scaled / np.float32(s.factor) + smooth * scaled
+    medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def rope_cos_sin(config: ModelConfig, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """positions [T] int -> (cos, sin), each [T, head_dim] float32."""
+    inv_freq = jnp.asarray(inverse_frequencies(config))              # [H/2]
+    angles = positions.astype(jnp.float32)[:, None] * inv_freq[None]  # [T, H/2]
+    angles = jnp.concatenate([angles, angles], axis=-1)               # [T, H]
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """x [T, heads, H] in any dtype, cos/sin [T, H] float32 -> x rotated, in x's dtype.
+
+    The rotation runs in float32 so bf16 models lose no position precision here.
+    """
+    x32 = x.astype(jnp.float32)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)  # rotate_half
+    out = x32 * cos[:, None, :] + rotated * sin[:, None, :]
+    return out.astype(x.dtype)
