@@ -1,0 +1,88 @@
+"""Random ragged paged-attention inputs that expose stray reads.
+
+Every sequence's blocks are drawn at random from the pool (so tables are non-contiguous and
+interleaved), the null block 0 and every slot no sequence owns hold NaN, and padding rows of q hold
+random values: a kernel that reads past a sequence's length, or lets a padding row leak, gives NaN
+or a mismatch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Case:
+    """One batch; q_lens/kv_lens per real sequence, the rest are static padded shapes."""
+    q_lens: tuple[int, ...]
+    kv_lens: tuple[int, ...]
+    num_kv_heads: int = 2
+    group: int = 1
+    head_dim: int = 64
+    block_size: int = 16
+    dtype: str = "float32"
+    num_tokens: int = 16        # packed query rows (>= sum(q_lens)); the rest are padding
+    max_seqs: int = 4           # rows of kv_lens / block_tables (>= len(q_lens))
+    width: int = 4              # block-table width (pages per sequence)
+    num_blocks: int = 16        # physical blocks, block 0 the null block
+    sliding_window: int | None = None
+    soft_cap: float | None = None
+    seed: int = 0
+
+    def __post_init__(self):
+        if len(self.q_lens) != len(self.kv_lens) or len(self.q_lens) > self.max_seqs:
+            raise ValueError(f"q_lens {self.q_lens} / kv_lens {self.kv_lens} / max_seqs {self.max_seqs}")
+        if sum(self.q_lens) > self.num_tokens:
+            raise ValueError(f"sum(q_lens)={sum(self.q_lens)} > num_tokens={self.num_tokens}")
+        for ql, kl in zip(self.q_lens, self.kv_lens):
+            if not 1 <= ql <= kl or -(-kl // self.block_size) > self.width:
+                raise ValueError(f"q_len {ql} kv_len {kl} width {self.width} block_size {self.block_size}")
+        pages = sum(-(-kl // self.block_size) for kl in self.kv_lens)
+        if pages > self.num_blocks - 1:
+            raise ValueError(f"needs {pages} pages, pool has {self.num_blocks - 1}")
+
+    @property
+    def num_heads(self) -> int:
+        return self.num_kv_heads * self.group
+
+    def label(self) -> str:
+        extra = "".join([f"-w{self.sliding_window}" if self.sliding_window else "",
+                         f"-cap{self.soft_cap:g}" if self.soft_cap else ""])
+        return (f"q{list(self.q_lens)}-kv{list(self.kv_lens)}-K{self.num_kv_heads}g{self.group}"
+                f"-H{self.head_dim}-bs{self.block_size}-{self.dtype}{extra}")
+
+
+def make_inputs(case: Case) -> dict:
+    """Arrays in the reference's signature order plus the keyword arguments."""
+    rng = np.random.default_rng(case.seed)
+    dtype = jnp.dtype(case.dtype)
+    shape = (case.num_blocks, case.block_size, case.num_kv_heads, case.head_dim)
+    k_cache = np.full(shape, np.nan, np.float32)
+    v_cache = np.full(shape, np.nan, np.float32)
+    tables = np.zeros((case.max_seqs, case.width), np.int32)   # padding entries: null block 0
+    free = rng.permutation(np.arange(1, case.num_blocks))       # random, non-contiguous pages
+    used = 0
+    for s, kl in enumerate(case.kv_lens):
+        n_pages = -(-kl // case.block_size)
+        tables[s, :n_pages] = free[used:used + n_pages]
+        used += n_pages
+        for j in range(n_pages):
+            n = min(case.block_size, kl - j * case.block_size)   # tail slots stay NaN
+            k_cache[tables[s, j], :n] = rng.standard_normal((n, case.num_kv_heads, case.head_dim))
+            v_cache[tables[s, j], :n] = rng.standard_normal((n, case.num_kv_heads, case.head_dim))
+    q = rng.standard_normal((case.num_tokens, case.num_heads, case.head_dim)).astype(np.float32)
+    kv_lens = np.zeros(case.max_seqs, np.int32)
+    kv_lens[:len(case.kv_lens)] = case.kv_lens
+    cu = np.zeros(case.max_seqs + 1, np.int32)
+    cu[1:len(case.q_lens) + 1] = np.cumsum(case.q_lens)
+    cu[len(case.q_lens) + 1:] = cu[len(case.q_lens)]
+    return dict(
+        q=jnp.asarray(q, dtype), k_cache=jnp.asarray(k_cache, dtype), v_cache=jnp.asarray(v_cache, dtype),
+        kv_lens=jnp.asarray(kv_lens), block_tables=jnp.asarray(tables), cu_q_lens=jnp.asarray(cu),
+        num_seqs=jnp.asarray([len(case.q_lens)], jnp.int32),
+        sm_scale=1.0 / np.sqrt(case.head_dim), sliding_window=case.sliding_window,
+        soft_cap=case.soft_cap,
+    )
