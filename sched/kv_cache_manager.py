@@ -1,0 +1,172 @@
+"""Block tables of requests: allocation, sharing (prefix hits, forks), copy-on-write, caching.
+
+The scheduler decides who runs and how many tokens; this module turns that into blocks. It owns
+the `BlockPool` and, with prefix caching on, the `PrefixCache`, and keeps for every request the
+tree nodes of its leading full blocks, so that newly full blocks can be inserted under them.
+
+Rules that keep the K/V correct:
+  - a request only writes slots at positions >= num_computed_tokens, so only its block holding
+    that position can be partially computed; if that block is shared (a fork), the writer gets a
+    private copy first (copy-on-write: the runner copies src -> dst before the step);
+  - a block enters the prefix cache in `cache_computed_blocks`, after the step that filled it,
+    so a request admitted in the same step can never hit K/V no step has computed yet;
+  - a hit never covers the last known token: something must be computed to get logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from jaxserve.sched.block_pool import BlockPool
+from jaxserve.sched.prefix_cache import Node, PrefixCache
+from jaxserve.sched.request import Request
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(slots=True)
+class SharedPrefix:
+    """Blocks a request starts with instead of computing them: a prefix-cache hit or a fork."""
+
+    block_ids: list[int] = field(default_factory=list)
+    nodes: list[Node] = field(default_factory=list)  # tree nodes of the leading full blocks
+    num_tokens: int = 0  # tokens whose K/V those blocks hold
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        self.pool = BlockPool(num_blocks, block_size)
+        self.block_size = block_size
+        self.cache = PrefixCache(self.pool) if enable_prefix_caching else None
+        self._nodes: dict[str, list[Node]] = {}  # request id -> nodes of its leading cached blocks
+        self.prefix_cache_queries = 0  # prompt tokens looked up at first admission
+        self.prefix_cache_hits = 0  # of those, tokens served from the cache
+
+    # ---- capacity -----------------------------------------------------------------------------
+    @property
+    def num_available(self) -> int:
+        """Blocks that can be handed out now: free ones plus evictable cached ones."""
+        return self.pool.num_free + self.pool.num_cached
+
+    def blocks_needed(self, req: Request, num_new_tokens: int, prefix: SharedPrefix | None = None) -> int:
+        """New blocks (including a copy-on-write copy) that scheduling num_new_tokens would take,
+        counting prefix blocks that would leave the evictable set when shared."""
+        bs = self.block_size
+        if prefix is None:
+            held, computed = req.block_ids, req.num_computed_tokens
+            revived = 0
+        else:
+            held, computed = prefix.block_ids, prefix.num_tokens
+            revived = sum(1 for b in prefix.block_ids if self.pool.refcount(b) == 0)
+        n = max(0, cdiv(computed + num_new_tokens, bs) - len(held)) + revived
+        i = computed // bs
+        if num_new_tokens > 0 and i < len(held) and self._shared_after(held[i], prefix is not None):
+            n += 1
+        return n
+
+    def _shared_after(self, b: int, joining: bool) -> bool:
+        # a joining request adds its own reference to the prefix blocks
+        return self.pool.refcount(b) + (1 if joining else 0) > 1
+
+    # ---- admission ----------------------------------------------------------------------------
+    def find_cached_prefix(self, req: Request) -> SharedPrefix:
+        """Longest prefix of req's tokens cached in the tree, leaving at least the last token to
+        compute. Counts the lookup in the hit statistics on a request's first admission."""
+        if self.cache is None:
+            return SharedPrefix()
+        tokens = req.all_token_ids
+        max_blocks = (len(tokens) - 1) // self.block_size
+        nodes = self.cache.match(req.cache_salt, tokens, max_blocks)
+        return SharedPrefix([n.block_id for n in nodes], nodes, len(nodes) * self.block_size)
+
+    def fork_prefix(self, parent: Request, child: Request) -> SharedPrefix:
+        """The parent's computed blocks that the child can share: the common computed prefix of
+        their tokens, leaving at least the child's last token to compute."""
+        if parent.cache_salt != child.cache_salt:
+            return SharedPrefix()  # tenants never share, not even through a fork
+        limit = min(parent.num_computed_tokens, child.num_tokens - 1)
+        a, b = parent.all_token_ids, child.all_token_ids
+        t = 0
+        while t < limit and a[t] == b[t]:
+            t += 1
+        blocks = parent.block_ids[: cdiv(t, self.block_size)]
+        nodes = self._nodes.get(parent.request_id, [])[: t // self.block_size]
+        return SharedPrefix(list(blocks), list(nodes), t)
+
+    def record_lookup(self, req: Request, prefix: SharedPrefix) -> None:
+        self.prefix_cache_queries += req.num_prompt_tokens
+        self.prefix_cache_hits += min(prefix.num_tokens, req.num_prompt_tokens)
+
+    # ---- allocation ---------------------------------------------------------------------------
+    def allocate_slots(
+        self,
+        req: Request,
+        num_new_tokens: int,
+        copies: list[tuple[int, int]],
+        prefix: SharedPrefix | None = None,
+        reserve: int = 0,
+    ) -> bool:
+        """Give req the blocks to write num_new_tokens more tokens, sharing `prefix` first when it
+        joins (a hit or a fork). Returns False and changes nothing if fewer than
+        `blocks_needed + reserve` blocks are available. Appends any copy-on-write to `copies`."""
+        need = self.blocks_needed(req, num_new_tokens, prefix)
+        if need + reserve > self.num_available:
+            return False
+        if prefix is not None:
+            self.pool.incref(prefix.block_ids)
+            req.block_ids = list(prefix.block_ids)
+            req.num_computed_tokens = prefix.num_tokens
+            self._nodes[req.request_id] = list(prefix.nodes)
+            if self.cache is not None:
+                self.cache.touch(prefix.nodes)
+        bs = self.block_size
+        i = req.num_computed_tokens // bs
+        if num_new_tokens > 0 and i < len(req.block_ids) and self.pool.refcount(req.block_ids[i]) > 1:
+            (dst,) = self._take(1)
+            src = req.block_ids[i]
+            copies.append((src, dst))
+            self.pool.free([src])  # still held by the other sharers
+            req.block_ids[i] = dst
+        grow = cdiv(req.num_computed_tokens + num_new_tokens, bs) - len(req.block_ids)
+        if grow > 0:
+            req.block_ids.extend(self._take(grow))
+        return True
+
+    def _take(self, n: int) -> list[int]:
+        short = n - self.pool.num_free
+        if short > 0 and self.cache is not None:
+            self.cache.evict(short)
+        return self.pool.allocate(n)
+
+    # ---- after a step -------------------------------------------------------------------------
+    def cache_computed_blocks(self, req: Request) -> None:
+        """Insert req's full, computed blocks into the prefix cache. If another request already
+        cached the same block, switch to that block and free our copy (same K/V: same salt, same
+        token prefix) so the cache never holds two copies of one prefix."""
+        if self.cache is None:
+            return
+        nodes = self._nodes.setdefault(req.request_id, [])
+        num_full = req.num_computed_tokens // self.block_size
+        if num_full <= len(nodes):
+            return
+        bs = self.block_size
+        tokens = req.all_token_ids
+        for j in range(len(nodes), num_full):
+            parent = nodes[-1] if nodes else None
+            own = req.block_ids[j]
+            node = self.cache.insert(req.cache_salt, parent, tuple(tokens[j * bs : (j + 1) * bs]), own)
+            if node.block_id != own:
+                self.pool.incref([node.block_id])
+                req.block_ids[j] = node.block_id
+                self.pool.free([own])
+            nodes.append(node)
+
+    def free(self, req: Request) -> None:
+        """Let go of all of req's blocks; its cached full blocks stay in the tree (evictable)."""
+        self.pool.free(req.block_ids)
+        req.block_ids = []
+        nodes = self._nodes.pop(req.request_id, None)
+        if nodes and self.cache is not None:
+            self.cache.release(nodes)

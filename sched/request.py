@@ -1,0 +1,118 @@
+"""One generation request as the scheduler sees it: its tokens, limits and progress.
+
+The engine builds a `Request` at the door (after validating the user's input) and hands it to the
+scheduler, which mutates its state fields every step: how many tokens have K/V in the cache
+(`num_computed_tokens`), which blocks hold them (`block_ids`), the tokens sampled so far, and how
+it ended. `payload` is opaque here: the engine keeps its sampling parameters there, so `sched`
+needs neither a tokenizer nor jax.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import KW_ONLY, dataclass, field
+from typing import Any
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"  # never ran, or a fork child waiting for its parent's prefill
+    RUNNING = "running"  # holds blocks and a seat
+    PREEMPTED = "preempted"  # evicted by recompute: back in the waiting queue, no blocks
+    SWAPPED = "swapped"  # evicted by swap: waiting, its blocks live in the host pool
+    FINISHED_STOPPED = "finished_stopped"  # EOS, a stop token, or a stop string (engine)
+    FINISHED_LENGTH = "finished_length"  # max_tokens or max_model_len
+    FINISHED_ABORTED = "finished_aborted"
+
+    @property
+    def is_finished(self) -> bool:
+        return self in _FINISHED
+
+    @property
+    def is_waiting(self) -> bool:
+        return self in _WAITING
+
+
+_FINISHED = frozenset(
+    {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED}
+)
+_WAITING = frozenset({RequestStatus.WAITING, RequestStatus.PREEMPTED, RequestStatus.SWAPPED})
+
+FINISH_REASONS = {
+    "stop": RequestStatus.FINISHED_STOPPED,
+    "length": RequestStatus.FINISHED_LENGTH,
+    "abort": RequestStatus.FINISHED_ABORTED,
+}
+
+
+@dataclass(slots=True)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    max_tokens: int
+    _: KW_ONLY
+    min_tokens: int = 0
+    eos_token_ids: frozenset[int] = frozenset()
+    stop_token_ids: frozenset[int] = frozenset()
+    ignore_eos: bool = False
+    priority: int = 0  # lower = more urgent (as in vLLM)
+    arrival_time: float = field(default_factory=time.time)
+    cache_salt: str | None = None  # prefix-cache namespace; None = the public one
+    payload: Any = None  # opaque to sched (the engine's sampling params)
+
+    # ---- state, mutated by the scheduler ----
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0  # tokens whose K/V are in the cache
+    block_ids: list[int] = field(default_factory=list)  # logical block i -> physical block_ids[i]
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    stop_reason: int | str | None = None  # the stop token id, or a stop string set by the engine
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
+    num_preemptions: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.request_id, str):
+            raise ValueError(f"request_id must be a str, got {self.request_id!r}")
+        self.prompt_token_ids = list(self.prompt_token_ids)
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+        if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(
+                f"min_tokens must be an int in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}"
+            )
+        if not isinstance(self.priority, int):
+            raise ValueError(f"priority must be an int, got {self.priority!r}")
+        self.eos_token_ids = frozenset(self.eos_token_ids)
+        self.stop_token_ids = frozenset(self.stop_token_ids)
+        self.output_token_ids = list(self.output_token_ids)
+
+    # ---- derived ----
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        """Prompt + outputs (a new list)."""
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def token_slice(self, start: int, end: int) -> tuple[int, ...]:
+        """all_token_ids[start:end] without concatenating the whole sequence (decodes read 1)."""
+        p = len(self.prompt_token_ids)
+        if end <= p:
+            return tuple(self.prompt_token_ids[start:end])
+        if start >= p:
+            return tuple(self.output_token_ids[start - p : end - p])
+        return tuple(self.prompt_token_ids[start:]) + tuple(self.output_token_ids[: end - p])

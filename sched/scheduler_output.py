@@ -1,0 +1,65 @@
+"""What crosses the boundary between the scheduler and the rest of the engine, once per step.
+
+`Scheduler.schedule()` returns a `SchedulerOutput`: for each request that runs this step, the
+input tokens to compute and the block table to write their K/V into, plus the block operations the
+runner performs before the step (copy-on-write copies, swaps). `Scheduler.update()` returns one
+`RequestUpdate` per request it touched, which the engine turns into streamed outputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from jaxserve.sched.request import Request
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledRequest:
+    request_id: str
+    # input tokens this step = all_token_ids[num_computed_tokens : num_computed_tokens + len(token_ids)]
+    token_ids: tuple[int, ...]
+    num_computed_tokens: int  # tokens whose K/V are already cached (the context before this step)
+    block_ids: tuple[int, ...]  # the full block table after allocation for this step
+    sample: bool  # True iff this step reaches the last known token, so a new token is sampled
+    num_output_tokens: int  # outputs generated so far (a seeded sampler's step index)
+    payload: Any = None
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            raise ValueError(f"request {self.request_id!r} scheduled with 0 tokens")
+        if self.num_computed_tokens < 0:
+            raise ValueError(f"num_computed_tokens must be >= 0, got {self.num_computed_tokens}")
+
+    @property
+    def num_new_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerOutput:
+    requests: tuple[ScheduledRequest, ...]
+    num_batched_tokens: int
+    # (src, dst): copy block src into block dst before the step (copy-on-write of a shared block)
+    block_copies: tuple[tuple[int, int], ...] = ()
+    preempted_ids: tuple[str, ...] = ()  # requests evicted this step (they resume later)
+    # (device block, host block): copy out of the arena before the step (preemption by swap)
+    swap_out: tuple[tuple[int, int], ...] = ()
+    # (host block, device block): copy into the arena before the step (a swapped request resumes)
+    swap_in: tuple[tuple[int, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        total = sum(len(r.token_ids) for r in self.requests)
+        if total != self.num_batched_tokens:
+            raise ValueError(f"num_batched_tokens={self.num_batched_tokens} but the requests hold {total}")
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.requests
+
+
+@dataclass(frozen=True, slots=True)
+class RequestUpdate:
+    request: Request  # the live request (its state after this update)
+    new_token_ids: tuple[int, ...]  # tokens appended this step (empty for a prefill chunk)
+    finished: bool

@@ -1,0 +1,26 @@
+"""When a request stops, decided right after a token is appended (token-level conditions only).
+
+Stop strings need text, so the engine's incremental detokenizer handles them and ends the request
+through `Scheduler.finish_requests`. Here: EOS, stop token ids, max_tokens, max_model_len.
+A token that is both a stop and the last allowed one reports "stop": the model chose to end.
+"""
+
+from __future__ import annotations
+
+from jaxserve.sched.request import Request
+
+
+def check_stop(req: Request, max_model_len: int) -> tuple[str, int | None] | None:
+    """(finish_reason, stop_reason) if req must finish after its last appended token, else None."""
+    n_out = req.num_output_tokens
+    if n_out == 0:
+        return None
+    if n_out >= req.min_tokens:
+        last = req.output_token_ids[-1]
+        if not req.ignore_eos and last in req.eos_token_ids:
+            return ("stop", None)
+        if last in req.stop_token_ids:
+            return ("stop", last)
+    if n_out >= req.max_tokens or req.num_tokens >= max_model_len:
+        return ("length", None)
+    return None

@@ -1,0 +1,192 @@
+"""Test support for the scheduler: a fake runner whose "model" reads its context back from a fake
+KV arena, a loop that drives the scheduler to completion, and the invariants checked every step.
+
+The fake arena stores token ids in slots (block, offset). The fake model's next token is a hash of
+the context it reads back through the block table, so a wrong block table, a missing copy-on-write
+copy or a reused block that still held someone else's K/V changes the output tokens, and outputs
+can be compared with `reference_output`, which runs the same model with no scheduler at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
+
+from jaxserve.sched.request import Request, RequestStatus
+from jaxserve.sched.scheduler import Scheduler
+from jaxserve.sched.scheduler_output import SchedulerOutput
+
+EOS = 2
+VOCAB = 64
+
+
+def _mix(x: int) -> int:
+    # splitmix64's finaliser: every output bit depends on every input bit
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 % (1 << 64)
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB % (1 << 64)
+    return x ^ (x >> 31)
+
+
+def next_token(context: Sequence[int], vocab: int = VOCAB) -> int:
+    """A deterministic 'model': a hash of the whole context; ids 0 and 1 never come out."""
+    h = 0x9E3779B97F4A7C15
+    for t in context:
+        h = _mix(h + int(t) + 1)
+    return 2 + h % (vocab - 2)
+
+
+def make_request(rid: str, prompt: Sequence[int] | int, max_tokens: int = 8, *, seed: int = 0, **kw) -> Request:
+    """A request whose prompt is given, or `prompt` random tokens (ids >= 3, so never EOS)."""
+    if isinstance(prompt, int):
+        rng = np.random.default_rng(abs(hash((rid, seed))) % (1 << 32))
+        prompt = rng.integers(3, VOCAB, size=prompt).tolist()
+    kw.setdefault("eos_token_ids", frozenset({EOS}))
+    return Request(rid, list(prompt), max_tokens, **kw)
+
+
+def reference_output(req: Request, max_model_len: int) -> tuple[list[int], str, int | None]:
+    """What the request must produce: the fake model run alone, with the stop rules restated."""
+    tokens = list(req.prompt_token_ids)
+    out: list[int] = []
+    while True:
+        t = next_token(tokens)
+        tokens.append(t)
+        out.append(t)
+        if len(out) >= req.min_tokens:
+            if not req.ignore_eos and t in req.eos_token_ids:
+                return out, "stop", None
+            if t in req.stop_token_ids:
+                return out, "stop", t
+        if len(out) >= req.max_tokens or len(tokens) >= max_model_len:
+            return out, "length", None
+
+
+class FakeRunner:
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        self.block_size = block_size
+        self.kv = np.full((num_blocks, block_size), -1, dtype=np.int64)  # [block, offset] -> token
+        self.host: dict[int, np.ndarray] = {}  # host pool for swapped blocks
+        self.num_copies = 0
+        self.num_swapped_out = 0
+
+    def execute(self, out: SchedulerOutput, sched: Scheduler) -> dict[str, int]:
+        bs = self.block_size
+        for dev, host in out.swap_out:
+            self.host[host] = self.kv[dev].copy()
+            self.kv[dev] = -1  # the device block is free now: poison it
+            self.num_swapped_out += 1
+        for host, dev in out.swap_in:
+            self.kv[dev] = self.host.pop(host)
+        for src, dst in out.block_copies:
+            assert src != dst and 0 not in (src, dst)
+            self.kv[dst] = self.kv[src]
+            self.num_copies += 1
+        written: set[tuple[int, int]] = set()
+        for sr in out.requests:
+            assert 0 not in sr.block_ids, "the null block is never in a real block table"
+            end = sr.num_computed_tokens + len(sr.token_ids)
+            assert len(sr.block_ids) * bs >= end
+            for p, t in zip(range(sr.num_computed_tokens, end), sr.token_ids):
+                slot = (sr.block_ids[p // bs], p % bs)
+                assert slot not in written, f"two requests write slot {slot} in one step"
+                written.add(slot)
+                self.kv[slot] = t
+        sampled = {}
+        for sr in out.requests:
+            end = sr.num_computed_tokens + len(sr.token_ids)
+            ctx = [int(self.kv[sr.block_ids[p // bs], p % bs]) for p in range(end)]
+            req = sched.get_request(sr.request_id)
+            assert ctx == req.all_token_ids[:end], f"{sr.request_id}: the KV arena holds the wrong context"
+            if sr.sample:
+                sampled[sr.request_id] = next_token(ctx)
+        return sampled
+
+
+def check_invariants(sched: Scheduler) -> None:
+    """Block accounting after any step: every reference is a live request's, nothing leaks."""
+    pool = sched.kv.pool
+    assert pool.num_free + pool.num_cached + pool.num_in_use == pool.num_total
+    held: dict[int, int] = {}
+    live = list(sched.running) + list(sched.waiting)
+    for req in live:
+        if req.status is not RequestStatus.SWAPPED:
+            assert len(set(req.block_ids)) == len(req.block_ids), f"{req.request_id} holds a block twice"
+            for b in req.block_ids:
+                held[b] = held.get(b, 0) + 1
+        if req.status.is_waiting and req.status is not RequestStatus.SWAPPED:
+            assert not req.block_ids and req.num_computed_tokens == 0
+    free = pool.free_block_ids()
+    for b in range(1, pool.num_blocks):
+        assert pool.refcount(b) == held.get(b, 0), f"block {b}: refcount {pool.refcount(b)}, held {held.get(b, 0)}"
+        assert not (b in free and b in held), f"block {b} is both free and referenced"
+        assert not (b in free and pool.is_cached(b)), f"block {b} is both free and cached"
+    assert pool.num_in_use == len(held)
+    assert len(sched.running) <= sched.config.max_num_seqs
+    cache = sched.kv.cache
+    if cache is not None:
+        nodes = cache.all_nodes()
+        assert len({n.block_id for n in nodes}) == len(nodes), "a block appears twice in the tree"
+        assert sum(1 for n in nodes if pool.refcount(n.block_id) == 0) == pool.num_cached
+        for req in sched.running:  # each request's cached nodes are exactly its leading blocks
+            for j, n in enumerate(sched.kv._nodes.get(req.request_id, [])):
+                assert n.attached and n.block_id == req.block_ids[j]
+
+
+def check_drained(sched: Scheduler) -> None:
+    """After a workload: no request left, and free + cached == total."""
+    assert not sched.has_unfinished_requests()
+    assert sched.num_running == 0 and sched.num_waiting == 0
+    pool = sched.kv.pool
+    assert pool.num_in_use == 0
+    assert pool.num_free + pool.num_cached == pool.num_total
+    check_invariants(sched)
+
+
+def drive(
+    sched: Scheduler,
+    requests: Iterable[Request] = (),
+    *,
+    arrivals: dict[int, list[Request]] | None = None,
+    on_step: Callable[[int, SchedulerOutput], None] | None = None,
+    runner: FakeRunner | None = None,
+    max_steps: int = 20_000,
+) -> dict[str, Request]:
+    """Run until every request finished. `arrivals[step]` are added before that step's schedule().
+    Returns all requests by id (finished)."""
+    cfg = sched.config
+    runner = runner or FakeRunner(cfg.num_blocks, cfg.block_size)
+    seen: dict[str, Request] = {}
+    for r in requests:
+        sched.add_request(r)
+        seen[r.request_id] = r
+    arrivals = dict(arrivals or {})
+    step = 0
+    while sched.has_unfinished_requests() or arrivals:
+        for r in arrivals.pop(step, []):
+            sched.add_request(r)
+            seen[r.request_id] = r
+        out = sched.schedule()
+        assert out.num_batched_tokens <= cfg.max_num_batched_tokens
+        assert len({s.request_id for s in out.requests}) == len(out.requests)
+        if sched.has_unfinished_requests() and not arrivals:
+            assert out.requests or out.preempted_ids, f"step {step}: nothing scheduled, the scheduler is stuck"
+        check_invariants(sched)
+        sampled = runner.execute(out, sched)
+        sched.update(out, sampled)
+        check_invariants(sched)
+        if on_step is not None:
+            on_step(step, out)
+        step += 1
+        assert step < max_steps, "the workload did not finish"
+    check_drained(sched)
+    return seen
+
+
+def assert_outputs_match_reference(reqs: Iterable[Request], max_model_len: int) -> None:
+    for r in reqs:
+        if r.finish_reason == "abort":
+            continue
+        want, reason, stop_reason = reference_output(r, max_model_len)
+        assert r.output_token_ids == want, f"{r.request_id}: outputs differ from the model run alone"
+        assert (r.finish_reason, r.stop_reason) == (reason, stop_reason), r.request_id

@@ -1,0 +1,61 @@
+"""Random workloads: whatever the configuration, arrivals and aborts, every request produces what
+the model alone would produce, the block accounting holds after every step, and nothing leaks."""
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sched_testkit import assert_outputs_match_reference, drive, make_request
+
+from jaxserve.sched import Scheduler, SchedulerConfig
+
+
+@st.composite
+def workloads(draw):
+    block_size = draw(st.sampled_from([1, 2, 4, 8]))
+    max_model_len = draw(st.integers(8, 48))
+    chunked = draw(st.booleans())
+    budget = draw(st.integers(1, 64)) if chunked else draw(st.integers(max_model_len, max_model_len + 16))
+    need_blocks = -(-max_model_len // block_size)
+    cfg = SchedulerConfig(
+        num_blocks=1 + draw(st.integers(need_blocks, 2 * need_blocks)),
+        block_size=block_size,
+        max_num_seqs=draw(st.integers(1, 6)),
+        max_num_batched_tokens=budget,
+        max_model_len=max_model_len,
+        enable_chunked_prefill=chunked,
+        long_prefill_token_threshold=draw(st.integers(0, 8)) if chunked else 0,
+        enable_prefix_caching=draw(st.booleans()),
+    )
+    shared = draw(st.lists(st.integers(3, 63), min_size=0, max_size=12))  # a common prefix
+    arrivals: dict[int, list] = {}
+    for i in range(draw(st.integers(1, 10))):
+        own = draw(st.lists(st.integers(3, 63), min_size=1, max_size=20))
+        prompt = (shared + own)[: max_model_len - 1]
+        max_tokens = draw(st.integers(1, max_model_len - len(prompt)))
+        req = make_request(
+            f"r{i}",
+            prompt,
+            max_tokens,
+            min_tokens=draw(st.integers(0, max_tokens)),
+            ignore_eos=draw(st.booleans()),
+            stop_token_ids=frozenset(draw(st.lists(st.integers(3, 63), max_size=2))),
+            cache_salt=draw(st.sampled_from([None, None, "tenant"])),
+        )
+        arrivals.setdefault(draw(st.integers(0, 12)), []).append(req)
+    aborts = draw(st.dictionaries(st.integers(0, 30), st.sampled_from([f"r{i}" for i in range(10)]), max_size=2))
+    return cfg, arrivals, aborts
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads())
+def test_random_workloads_match_the_model_alone_and_leak_no_blocks(w):
+    cfg, arrivals, aborts = w
+    sched = Scheduler(cfg)
+
+    def on_step(step, out):
+        if step in aborts:
+            sched.abort_requests([aborts[step]])
+
+    reqs = drive(sched, arrivals=arrivals, on_step=on_step)
+    assert_outputs_match_reference(reqs.values(), cfg.max_model_len)
+    for r in reqs.values():
+        assert r.is_finished and not r.block_ids
