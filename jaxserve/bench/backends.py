@@ -1,0 +1,46 @@
+"""Backends the benchmarks compare; `make_backend` builds one by name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jaxserve.bench.backend_base import Backend, BackendRun, RunOptions, UnsupportedBackend
+from jaxserve.bench.model_files import ModelSpec
+
+BACKENDS = ("jaxserve", "hf", "hf-cb", "vllm")
+
+
+def make_backend(name: str, spec: ModelSpec, *, engine_kwargs: dict[str, Any] | None = None,
+                 label: str | None = None, hf_batch_size: int = 16, hf_cb_max_requests: int = 16,
+                 hf_cb_max_batch_tokens: int = 512, jaxserve_api: str = "auto") -> Backend:
+    """Load a backend (weights, compilation, warm threads): nothing here is timed."""
+    if name == "jaxserve":
+        from jaxserve.bench.backend_jaxserve import JaxServeBackend
+
+        return JaxServeBackend(spec.path, engine_kwargs, label=label, api=jaxserve_api)
+    if name == "hf":
+        from jaxserve.bench.backend_hf import HFStaticBackend
+
+        return HFStaticBackend(spec, batch_size=hf_batch_size, label=label)
+    if name == "hf-cb":
+        from jaxserve.bench.backend_hf_cb import HFContinuousBackend
+
+        return HFContinuousBackend(spec, hf_cb_max_requests, hf_cb_max_batch_tokens, label=label)
+    if name == "vllm":
+        from jaxserve.bench.backend_vllm import VLLMBackend
+
+        return VLLMBackend(spec, label=label)
+    raise ValueError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
+
+
+def parse_backends(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise ValueError("--backend names no backend")
+    for n in names:
+        if n not in BACKENDS:
+            raise ValueError(f"unknown backend {n!r}; choose from {', '.join(BACKENDS)}")
+    return names
+
+
+__all__ = ["BACKENDS", "Backend", "BackendRun", "RunOptions", "UnsupportedBackend", "make_backend", "parse_backends"]

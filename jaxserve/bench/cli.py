@@ -1,0 +1,48 @@
+"""`jaxserve bench ...` and `jaxserve plan ...`: the parsers the lead's CLI (jaxserve/cli.py) mounts.
+
+    def main(argv=None):
+        parser = argparse.ArgumentParser(prog="jaxserve")
+        sub = parser.add_subparsers(dest="command", required=True)
+        add_bench_parser(sub)
+        add_plan_parser(sub)
+        args = parser.parse_args(argv)
+        return args.func(args)
+
+Each subcommand sets `func`, which takes the parsed namespace and returns the result dict.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
+    from jaxserve.bench import cmd_interference, cmd_latency, cmd_prefix, cmd_report, cmd_serve, cmd_throughput
+
+    p = subparsers.add_parser("bench", help="comparative benchmarks (jaxserve against the PyTorch path)")
+    sub = p.add_subparsers(dest="bench_command", metavar="{throughput,latency,prefix,interference,serve,report}",
+                           required=True)
+    for mod in (cmd_throughput, cmd_latency, cmd_prefix, cmd_interference, cmd_serve, cmd_report):
+        mod.add_parser(sub)
+    return p
+
+
+def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
+    from jaxserve.bench import cmd_plan
+
+    return cmd_plan.add_parser(subparsers)
+
+
+def main(argv: list[str] | None = None) -> Any:
+    """Stand-alone entry (`python -m jaxserve.bench.cli bench throughput ...`), same parsers."""
+    parser = argparse.ArgumentParser(prog="jaxserve")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_bench_parser(sub)
+    add_plan_parser(sub)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,4 @@
+"""placeholder"""
+
+def add_parser(sub):
+    return sub.add_parser("serve")

@@ -1,0 +1,73 @@
+"""`jaxserve bench throughput`: one workload through each backend, side by side.
+
+Default: the foundation issue's workload (32 requests, prompts of 32-512 tokens of real text,
+outputs of 16-256 tokens, EOS ignored, greedy), every request sent at once, through jaxserve and
+HF static batching. `--request-rate` takes several rates for a sweep (TTFT against rate plot).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any
+
+from jaxserve.bench import plots
+from jaxserve.bench.args import add_arrivals, add_common, add_dataset, parse_rates
+from jaxserve.bench.backends import parse_backends
+from jaxserve.bench.session import Session, log
+from jaxserve.bench.workloads import (
+    LengthRange, Workload, random_workload, shared_prefix_workload, sharegpt_workload, warmup_requests, with_arrivals,
+)
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("throughput", help="offline or rate-limited throughput, backends side by side",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_common(p, "jaxserve,hf")
+    add_dataset(p, num_prompts=32, input_len="32:512", output_len="16:256")
+    add_arrivals(p)
+    p.set_defaults(func=run)
+
+
+def build_workload(session: Session) -> Workload:
+    a = session.args
+    tok = session.tokenizer
+    if a.dataset == "random":
+        return random_workload(tok, a.num_prompts, LengthRange.parse(a.input_len, a.range_ratio),
+                               LengthRange.parse(a.output_len, a.range_ratio), seed=a.seed)
+    if a.dataset == "sharegpt":
+        if not a.dataset_path:
+            raise SystemExit("--dataset sharegpt needs --dataset-path FILE.json (a local ShareGPT file)")
+        return sharegpt_workload(tok, a.dataset_path, a.num_prompts, a.seed, a.sharegpt_output_len)
+    return shared_prefix_workload(tok, a.num_groups, a.prompts_per_group, a.system_prompt_len,
+                                  a.question_len, a.answer_len, a.seed)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    session = Session(args, "throughput")
+    names = parse_backends(args.backend)
+    rates = parse_rates(args.request_rate)
+    base = build_workload(session)
+    warmup = warmup_requests(base, args.num_warmup)
+    runs = []
+    for name in names:
+        backend = session.build(name)
+        if backend is None:
+            continue
+        try:
+            session.warm(backend, warmup)
+            for rate in rates:
+                workload = with_arrivals(base, rate, args.burstiness, args.seed)
+                log(f"running {backend.label} at request rate {rate}")
+                r = session.run(backend, workload.requests,
+                                session.options(not math.isinf(rate), args.max_concurrency),
+                                {"request_rate": "inf" if math.isinf(rate) else rate,
+                                 "burstiness": args.burstiness, "max_concurrency": args.max_concurrency})
+                if r is not None:
+                    if len(rates) > 1:
+                        r.label = f"{r.label}@{'inf' if math.isinf(rate) else rate}"
+                    runs.append(r)
+        finally:
+            backend.close()
+    chosen = [plots.throughput_bars, plots.latency_cdfs] + ([plots.ttft_vs_rate] if len(rates) > 1 else [])
+    return session.finish(base, runs, plots=chosen)

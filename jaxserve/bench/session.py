@@ -1,0 +1,99 @@
+"""One benchmark invocation: resolve the model once, build backends one after the other, write results.
+
+Backends are built, run and closed in turn (never two models in memory at once). A backend that
+cannot run here (not installed, feature missing) is skipped with a message that says why, and
+the skip is recorded in the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any, Callable, Sequence
+
+from jaxserve.bench.args import engine_kwargs, jsonable_args
+from jaxserve.bench.backend_base import Backend, BackendRun, RunOptions, UnsupportedBackend
+from jaxserve.bench.backends import make_backend
+from jaxserve.bench.environment import environment
+from jaxserve.bench.model_files import files_sha256, load_tokenizer, resolve_model
+from jaxserve.bench.results import build_result, write_result
+from jaxserve.bench.summary import format_result
+from jaxserve.bench.workloads import BenchRequest, Workload
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+class Session:
+    def __init__(self, args: argparse.Namespace, subcommand: str) -> None:
+        self.args = args
+        self.subcommand = subcommand
+        self.spec = resolve_model(args.model)
+        self._tokenizer: Any = None
+        self.skipped: list[dict[str, str]] = []
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            log(f"loading the tokenizer of {self.spec.path}")
+            self._tokenizer = load_tokenizer(self.spec)
+        return self._tokenizer
+
+    def stop_ids(self) -> list[int]:
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        return [eos] if isinstance(eos, int) else []
+
+    def options(self, timed_arrivals: bool = False, max_concurrency: int | None = None) -> RunOptions:
+        return RunOptions(max_concurrency=max_concurrency, progress=not self.args.no_progress,
+                          timed_arrivals=timed_arrivals)
+
+    def build(self, name: str, label: str | None = None, overrides: dict[str, Any] | None = None) -> Backend | None:
+        a = self.args
+        log(f"building backend {label or name} (loading weights, compiling: not timed)")
+        try:
+            return make_backend(
+                name, self.spec, engine_kwargs={**engine_kwargs(a), **(overrides or {})}, label=label,
+                hf_batch_size=a.hf_batch_size, hf_cb_max_requests=a.hf_cb_max_requests,
+                hf_cb_max_batch_tokens=a.hf_cb_max_batch_tokens, jaxserve_api=a.jaxserve_api,
+            )
+        except UnsupportedBackend as e:
+            log(f"skipping backend {label or name}: {e}")
+            self.skipped.append({"backend": label or name, "reason": str(e)})
+            return None
+
+    def warm(self, backend: Backend, warmup: Sequence[BenchRequest]) -> None:
+        if warmup and hasattr(backend, "warmup"):
+            log(f"warming up {backend.label} with {len(warmup)} request(s)")
+            backend.warmup(warmup)
+
+    def run(self, backend: Backend, requests: Sequence[BenchRequest], options: RunOptions,
+            config: dict[str, Any] | None = None) -> BackendRun | None:
+        try:
+            run = backend.run(requests, options)
+        except UnsupportedBackend as e:
+            log(f"skipping {backend.label}: {e}")
+            self.skipped.append({"backend": backend.label, "reason": str(e)})
+            return None
+        run.config.update(config or {})
+        return run
+
+    def finish(self, workload: Workload, runs: list[BackendRun], extra: dict[str, Any] | None = None,
+               plots: Sequence[Callable[[dict[str, Any], str], str]] = ()) -> dict[str, Any]:
+        if not runs:
+            raise SystemExit(f"no backend ran: {self.skipped}")
+        model = {"path": self.spec.path, "kind": self.spec.kind, "files_sha256": files_sha256(self.spec)}
+        result = build_result(self.subcommand, jsonable_args(self.args), environment(), model,
+                              workload.summary(), runs, self.stop_ids(),
+                              extra={**(extra or {}), "skipped": self.skipped})
+        path = write_result(result, self.args.output_dir, self.args.name)
+        print(format_result(result))
+        written = [path]
+        if not self.args.no_plots:
+            stem = os.path.splitext(path)[0]
+            for plot in plots:
+                written.append(plot(result, f"{stem}-{plot.__name__.replace('_', '-')}.png"))
+        result["files"] = written
+        print("\nwrote " + ", ".join(written))
+        return result
