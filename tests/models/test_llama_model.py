@@ -15,6 +15,9 @@ from jaxserve.models import (LlamaModel, ModelConfig, RopeScaling, abstract_para
 from jaxserve.models.rope import inverse_frequencies
 
 
+FAST_COMPILE = {"xla_backend_optimization_level": 0}
+
+
 def _config(model_type="llama", **overrides) -> ModelConfig:
     fields = dict(model_type=model_type, vocab_size=96, hidden_size=32, intermediate_size=48,
                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
@@ -66,9 +69,11 @@ def _hf_tensors(config: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def _jit_forward(config, attention):
-    # eager op-by-op dispatch of even a tiny model costs seconds on a shared 2-core machine
+    # eager op-by-op dispatch of even a tiny model costs seconds on a shared 2-core machine;
+    # optimization level 0 halves the compile time, which dominates at these sizes
     return jax.jit(lambda params, ids, positions, caches=None:
-                   forward(params, config, ids, positions, caches, attention))
+                   forward(params, config, ids, positions, caches, attention),
+                   compiler_options=FAST_COMPILE)
 
 
 def _shapes(tree):
@@ -242,7 +247,7 @@ def test_jitted_step_with_donated_caches_and_random_params():
         hidden, caches = forward(params, config, ids, positions, caches, attention)
         return compute_logits(params, config, hidden[-1:]), caches
 
-    step = jax.jit(step, donate_argnums=3)
+    step = jax.jit(step, donate_argnums=3, compiler_options=FAST_COMPILE)
     caches = [jnp.zeros((8, 2, 8), jnp.bfloat16) for _ in range(2)]
     logits, caches = step(params, jnp.arange(6, dtype=jnp.int32), jnp.arange(6, dtype=jnp.int32),
                           caches)
