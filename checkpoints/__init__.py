@@ -6,7 +6,7 @@ time (only `convert` and loading a converted checkpoint do, through orbax), and 
 """
 
 from .checkpoint import Checkpoint
-from .convert import convert
+from .convert import convert, save_converted
 from .embedded import embedded_model_path
 from .errors import (
     CheckpointError,
@@ -33,4 +33,5 @@ __all__ = [
     "convert",
     "embedded_model_path",
     "load_checkpoint",
+    "save_converted",
 ]

@@ -22,8 +22,8 @@ FORMATS = ("gguf", "hf", "jaxserve")
 class Checkpoint:
     config: dict[str, Any]                 # HF config.json-style dict (ModelConfig.from_hf_config reads it)
     tensors: Mapping[str, np.ndarray]      # HF name -> array in HF layout; float dtypes as stored, GGUF quants as float32
-    tokenizer: "PreTrainedTokenizerFast | None"  # chat_template set when the source has one; None: an HF
-                                                 # directory saved without tokenizer files
+    tokenizer: "PreTrainedTokenizerFast | None"  # chat_template set when the source has one; None when
+                                                 # the source has no tokenizer (no files, no GGUF vocab)
     identity: str                          # "sha256:<hex>" of the source files (a converted checkpoint keeps its source's)
     source: str                            # the path it was loaded from
     format: str                            # "gguf" | "hf" | "jaxserve"

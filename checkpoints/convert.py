@@ -31,15 +31,17 @@ def is_converted_directory(path: str | os.PathLike) -> bool:
 
 def convert(src: str | os.PathLike | None, dst: str | os.PathLike, *, overwrite: bool = False) -> str:
     """Write `src` (None = the embedded model) as a converted checkpoint at `dst`; returns `dst`."""
-    import orbax.checkpoint as ocp
-
     from .loader import load_checkpoint
 
-    dst = os.path.abspath(os.fspath(dst))
-    if os.path.exists(dst) and (not os.path.isdir(dst) or os.listdir(dst)):
-        if not overwrite:
-            raise FileExistsError(f"convert destination {dst!r} exists and is not empty (pass overwrite=True)")
-    ckpt = load_checkpoint(src)
+    _check_destination(dst, overwrite)
+    return save_converted(load_checkpoint(src), dst, overwrite=overwrite)
+
+
+def save_converted(ckpt: Checkpoint, dst: str | os.PathLike, *, overwrite: bool = False) -> str:
+    """Write an already loaded checkpoint as a converted checkpoint at `dst`; returns `dst`."""
+    import orbax.checkpoint as ocp
+
+    dst = _check_destination(dst, overwrite)
     # Written beside the destination and renamed into place, so a crash never leaves a
     # half-written directory that loads.
     partial = dst + ".partial"
@@ -55,8 +57,15 @@ def convert(src: str | os.PathLike | None, dst: str | os.PathLike, *, overwrite:
         json.dump({"identity": ckpt.identity, "source": ckpt.source, "source_format": ckpt.format,
                    "format_version": FORMAT_VERSION}, f, indent=2)
     if os.path.exists(dst):
-        shutil.rmtree(dst)
+        shutil.rmtree(dst) if os.path.isdir(dst) else os.remove(dst)
     os.rename(partial, dst)
+    return dst
+
+
+def _check_destination(dst: str | os.PathLike, overwrite: bool) -> str:
+    dst = os.path.abspath(os.fspath(dst))
+    if os.path.exists(dst) and (not os.path.isdir(dst) or os.listdir(dst)) and not overwrite:
+        raise FileExistsError(f"convert destination {dst!r} exists and is not empty (pass overwrite=True)")
     return dst
 
 

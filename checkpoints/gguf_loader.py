@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -56,18 +57,24 @@ def load_gguf(path: str | os.PathLike) -> Checkpoint:
     metadata = {key: field.contents() for key, field in reader.fields.items()}
     tensor_names = [t.name for t in reader.tensors]
     config = gguf_config(metadata, tensor_names)
-    tensors = {}
+    names = {}
     for t in reader.tensors:
-        name = hf_name(t.name)
-        if name is None:
+        if (name := hf_name(t.name)) is None:
             raise UnsupportedArchitectureError(
                 f"GGUF tensor {t.name!r} has no counterpart in a {config['model_type']} model"
             )
-        values = _dequantize(t)
+        names[t.name] = name
+
+    def load(t) -> tuple[str, np.ndarray]:
+        name, values = names[t.name], _dequantize(t)
         if config["model_type"] == "llama" and (".q_proj." in name or ".k_proj." in name):
             heads = config["num_attention_heads"] if ".q_proj." in name else config["num_key_value_heads"]
             values = unpermute_rows(values, heads)
-        tensors[name] = values
+        return name, values
+
+    # numpy releases the GIL in the dequantization arithmetic, so tensors decode in parallel
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        tensors = dict(pool.map(load, reader.tensors))
     return Checkpoint(
         config=config,
         tensors=check_tensors(config, tensors),

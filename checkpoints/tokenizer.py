@@ -46,13 +46,14 @@ _SPECIAL_TOKEN_IDS = {
 }
 
 
-def gguf_tokenizer(metadata: Mapping[str, Any]) -> "PreTrainedTokenizerFast":
-    """The tokenizer described by a GGUF's metadata (key -> decoded value, as `gguf` reads it)."""
+def gguf_tokenizer(metadata: Mapping[str, Any]) -> "PreTrainedTokenizerFast | None":
+    """The tokenizer a GGUF's metadata describes (key -> decoded value, as `gguf` reads it), or None
+    when the file carries no vocabulary."""
     from transformers import PreTrainedTokenizerFast
     from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
 
     if "tokenizer.ggml.tokens" not in metadata:
-        raise ValueError("the GGUF file has no tokenizer (no 'tokenizer.ggml.tokens' in its metadata)")
+        return None
     tokenizer_dict = {
         name: metadata[f"tokenizer.{key}"]
         for key, name in _GGUF_TOKENIZER_KEYS.items()
