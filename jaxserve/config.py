@@ -1,0 +1,72 @@
+"""EngineConfig: every knob of the engine in one frozen dataclass, validated once.
+
+`LLM(**kwargs)`, the CLI (`--max-num-seqs` <-> max_num_seqs) and the server are all built from
+these fields, so the three front doors always agree. Each field's metadata holds its help text.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+
+
+def _f(default, help: str, **kw):
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model: str | None = _f(None, "GGUF file, HF directory or converted checkpoint; default: the embedded SmolLM2-135M-Instruct")
+    dtype: str = _f("auto", "weights and KV cache dtype: auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16",
+                    choices=("auto", "float32", "bfloat16"))
+    max_model_len: int | None = _f(None, "longest prompt + output in tokens; default: the model's limit, at most 8192")
+    block_size: int = _f(16, "tokens per KV block")
+    max_num_seqs: int = _f(32, "most sequences in one step")
+    max_num_batched_tokens: int = _f(512, "token budget of one step (prefill chunks + decodes)")
+    kv_cache_memory: int | None = _f(None, "bytes for the KV arena (default 1 GiB unless num_kv_blocks is set)")
+    num_kv_blocks: int | None = _f(None, "KV blocks in the arena (overrides kv_cache_memory)")
+    usable_kv_blocks: int | None = _f(None, "cap on the blocks the scheduler may use (tests create pressure this way)")
+    seed: int = _f(0, "seed for requests that bring none")
+    enable_prefix_caching: bool = _f(True, "share KV blocks of common prompt prefixes")
+    enable_chunked_prefill: bool = _f(True, "split long prompts into chunks across steps")
+    long_prefill_token_threshold: int = _f(0, "most prompt tokens of one request per step (0: no cap)")
+    prefill_tile: int = _f(32, "query rows per prefill attention tile")
+    decode_buckets: tuple[int, ...] | None = _f(None, "compiled decode batch sizes (default: 1, 4, 16, ... max_num_seqs)")
+    prefill_buckets: tuple[int, ...] | None = _f(None, "compiled prefill tile counts (default: 0, 1, 4, ... max)")
+    max_prefill_seqs: int = _f(4, "most prompts mid-prefill in one step (bounds the prefill tiles)")
+    attention_impl: str = _f("auto", "attention implementation: auto, xla, reference, mosaic, triton, *_interpret")
+    compilation_cache_dir: str | None = _f(
+        os.path.join(os.path.expanduser("~"), ".cache", "jaxserve", "xla"),
+        "persistent XLA compilation cache ('' disables it)")
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("auto", "float32", "bfloat16"):
+            raise ValueError(f"dtype={self.dtype!r} must be one of auto, float32, bfloat16")
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "prefill_tile", "max_prefill_seqs"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v <= 0:
+                raise ValueError(f"{name}={v!r} must be a positive integer")
+        for name in ("max_model_len", "kv_cache_memory", "num_kv_blocks", "usable_kv_blocks"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or v <= 0):
+                raise ValueError(f"{name}={v!r} must be a positive integer or None")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError(f"long_prefill_token_threshold={self.long_prefill_token_threshold} must be >= 0")
+        if (self.usable_kv_blocks is not None and self.num_kv_blocks is not None
+                and self.usable_kv_blocks > self.num_kv_blocks):
+            raise ValueError(f"usable_kv_blocks={self.usable_kv_blocks} exceeds num_kv_blocks={self.num_kv_blocks}")
+        for name in ("decode_buckets", "prefill_buckets"):
+            v = getattr(self, name)
+            if v is not None:
+                v = tuple(int(x) for x in v)
+                if list(v) != sorted(set(v)) or (v and v[0] < 0):
+                    raise ValueError(f"{name}={v} must be increasing non-negative integers")
+                object.__setattr__(self, name, v)
+
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> "EngineConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise ValueError(f"unknown engine argument(s) {unknown}; known: {sorted(known)}")
+        return cls(**kwargs)

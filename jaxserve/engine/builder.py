@@ -1,0 +1,97 @@
+"""Building an Engine from an EngineConfig: checkpoint -> params -> KV arena -> compiled buckets.
+
+All compilation happens here, before the engine accepts a request; the compile counter is
+snapshotted at the end so `num_compilations_after_warmup` measures the serving path alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import jax
+import jax.numpy as jnp
+
+from jaxserve.checkpoints import Checkpoint, load_checkpoint
+from jaxserve.config import EngineConfig
+from jaxserve.engine.engine import Engine
+from jaxserve.models.config import ModelConfig
+from jaxserve.models.params import params_from_hf
+from jaxserve.runner import compile_counter
+from jaxserve.runner.buckets import default_decode_buckets, default_prefill_buckets, max_prefill_tiles
+from jaxserve.runner.kv_arena import plan_arena
+from jaxserve.runner.model_runner import ModelRunner, RunnerShapes
+from jaxserve.sched.scheduler import Scheduler
+from jaxserve.sched.scheduler_config import SchedulerConfig
+
+log = logging.getLogger(__name__)
+
+DEFAULT_KV_CACHE_MEMORY = 1 << 30
+MAX_DEFAULT_MODEL_LEN = 8192
+
+
+def resolve_dtype(name: str) -> str:
+    if name == "auto":
+        return "float32" if jax.default_backend() == "cpu" else "bfloat16"
+    return name
+
+
+def enable_compilation_cache(path: str | None) -> None:
+    if not path:
+        return
+    os.makedirs(path, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+
+
+def runner_shapes(config: EngineConfig, max_model_len: int) -> RunnerShapes:
+    tiles = max_prefill_tiles(config.max_num_batched_tokens, config.prefill_tile,
+                              min(config.max_num_seqs, max(1, config.max_prefill_seqs)))
+    return RunnerShapes(
+        block_size=config.block_size,
+        max_model_len=max_model_len,
+        prefill_tile=config.prefill_tile,
+        decode_buckets=config.decode_buckets or default_decode_buckets(config.max_num_seqs),
+        prefill_buckets=config.prefill_buckets or default_prefill_buckets(tiles),
+    )
+
+
+def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, progress: bool = True) -> Engine:
+    enable_compilation_cache(config.compilation_cache_dir)
+    ckpt = checkpoint if checkpoint is not None else load_checkpoint(config.model)
+    model_config = ModelConfig.from_hf_config(ckpt.config)
+    dtype = resolve_dtype(config.dtype)
+    params = params_from_hf(model_config, ckpt.tensors, jnp.dtype(dtype))
+
+    max_model_len = config.max_model_len or min(model_config.max_position_embeddings, MAX_DEFAULT_MODEL_LEN)
+    if max_model_len > model_config.max_position_embeddings:
+        raise ValueError(f"max_model_len={max_model_len} exceeds the model's max_position_embeddings="
+                         f"{model_config.max_position_embeddings}")
+    kv_memory = config.kv_cache_memory or DEFAULT_KV_CACHE_MEMORY
+    arena = plan_arena(model_config, block_size=config.block_size, dtype=dtype,
+                       num_kv_blocks=config.num_kv_blocks, kv_cache_memory=kv_memory)
+    shapes = runner_shapes(config, max_model_len)
+    runner = ModelRunner(model_config, params, arena, shapes, attention_impl=config.attention_impl)
+    runner.compile_all(progress=progress)
+
+    usable = arena.num_blocks if config.usable_kv_blocks is None else config.usable_kv_blocks + 1
+    scheduler = Scheduler(SchedulerConfig(
+        num_blocks=usable,
+        block_size=config.block_size,
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_model_len=max_model_len,
+        enable_chunked_prefill=config.enable_chunked_prefill,
+        long_prefill_token_threshold=config.long_prefill_token_threshold,
+        enable_prefix_caching=config.enable_prefix_caching,
+    ))
+    eos = set(model_config.eos_token_ids)
+    if ckpt.tokenizer is not None and ckpt.tokenizer.eos_token_id is not None:
+        eos.add(ckpt.tokenizer.eos_token_id)
+    return Engine(
+        scheduler=scheduler, runner=runner, tokenizer=ckpt.tokenizer, vocab_size=model_config.vocab_size,
+        max_model_len=max_model_len, eos_token_ids=eos, seed=config.seed,
+        checkpoint_identity=ckpt.identity, model_name=os.path.basename(ckpt.source.rstrip("/")),
+        compilations_at_warmup=compile_counter.compilations(), compile_counter=compile_counter.compilations,
+    )

@@ -1,0 +1,54 @@
+"""Incremental detokenization and stop strings, on the engine side (sched has no tokenizer).
+
+Decoding only a short window of recent tokens each step keeps the cost per token constant; text
+is emitted only once it is stable (no trailing U+FFFD from a split multi-byte character).
+"""
+
+from __future__ import annotations
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer, prompt_ids: list[int], *, skip_special_tokens: bool = True,
+                 stop: tuple[str, ...] | None = None, include_stop_str_in_output: bool = False):
+        self._tok = tokenizer
+        self._skip = skip_special_tokens
+        self._stop = tuple(stop or ())
+        self._include_stop = include_stop_str_in_output
+        # Context: the tail of the prompt, so the first output token decodes as it would mid-text.
+        self._ids: list[int] = list(prompt_ids[-6:])
+        self._prefix_offset = 0
+        self._read_offset = len(self._ids)
+        self.text = ""
+        self.stopped_by: str | None = None
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=self._skip, clean_up_tokenization_spaces=False)
+
+    def append(self, token_ids) -> str:
+        """Add sampled tokens; returns the new text. Sets `stopped_by` when a stop string appears
+        (the text is then cut at it)."""
+        if self.stopped_by is not None:
+            return ""
+        before = len(self.text)
+        for t in token_ids:
+            self._ids.append(t)
+            prefix = self._decode(self._ids[self._prefix_offset:self._read_offset])
+            full = self._decode(self._ids[self._prefix_offset:])
+            if len(full) > len(prefix) and not full.endswith("\ufffd"):
+                self.text += full[len(prefix):]
+                self._prefix_offset = self._read_offset
+                self._read_offset = len(self._ids)
+            if self._stop and self._check_stop(before):
+                break
+        return self.text[before:]
+
+    def _check_stop(self, before: int) -> bool:
+        longest = max(len(s) for s in self._stop)
+        start = max(0, before - longest)
+        for s in self._stop:
+            i = self.text.find(s, start)
+            if i >= 0:
+                self.stopped_by = s
+                self.text = self.text[: i + len(s)] if self._include_stop else self.text[:i]
+                return True
+        return False

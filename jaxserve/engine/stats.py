@@ -1,0 +1,42 @@
+"""EngineStats: one snapshot of the engine's counters; the server's ServerInfo and the Prometheus
+metrics are derived from it, never computed twice."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    num_kv_blocks_total: int
+    num_kv_blocks_free: int
+    num_kv_blocks_cached: int
+    num_requests_running: int
+    num_requests_waiting: int
+    num_preemptions: int
+    num_compilations_after_warmup: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    num_requests_finished: int
+    uptime_s: float
+    num_preemptions_recompute: int = 0
+    num_preemptions_swap: int = 0
+    num_swapped_blocks: int = 0
+
+    @property
+    def kv_usage(self) -> float:
+        """Fraction of KV blocks held by live requests (cached-evictable blocks count as free)."""
+        total = self.num_kv_blocks_total
+        return 0.0 if not total else (total - self.num_kv_blocks_free - self.num_kv_blocks_cached) / total
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return 0.0 if not self.prefix_cache_queries else self.prefix_cache_hits / self.prefix_cache_queries
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["kv_usage"] = self.kv_usage
+        d["prefix_hit_rate"] = self.prefix_hit_rate
+        return d

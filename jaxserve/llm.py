@@ -1,0 +1,107 @@
+"""LLM: the offline Python API, in the shape of vLLM's.
+
+    llm = LLM()                                  # the embedded SmolLM2-135M-Instruct
+    outs = llm.generate(["Tell me about tides."], SamplingParams(max_tokens=64))
+
+Every constructor argument is a field of EngineConfig (and a flag of the CLI).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from jaxserve.config import EngineConfig
+from jaxserve.engine.builder import build_engine
+from jaxserve.engine.stats import EngineStats
+from jaxserve.outputs import RequestOutput
+from jaxserve.sampling_params import SamplingParams
+
+
+class LLM:
+    def __init__(self, model: str | None = None, **kwargs: Any):
+        progress = kwargs.pop("progress", True)
+        self.config = EngineConfig.from_kwargs(model=model, **kwargs)
+        self.engine = build_engine(self.config, progress=progress)
+
+    # -- generation --------------------------------------------------------------------------
+    def generate(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+                 use_tqdm: bool = True, priority: int | Sequence[int] = 0) -> list[RequestOutput]:
+        """Run prompts to completion; returns one RequestOutput per prompt, in input order.
+
+        prompts: a string, a dict ({"prompt": str} or {"prompt_token_ids": [...]}, optionally
+        "cache_salt"), or a list of those. sampling_params: one for all, or one per prompt.
+        """
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        n = len(prompts)
+        params = self._per_prompt(sampling_params, n, "sampling_params", SamplingParams())
+        priorities = self._per_prompt(priority, n, "priority", 0)
+        ids = []
+        try:
+            for prompt, p, prio in zip(prompts, params, priorities):
+                ids.append(self.engine.add_request(None, prompt, p, priority=prio))
+        except Exception:
+            self.engine.abort(ids)   # a bad prompt rejects the whole call; nothing stays queued
+            raise
+        return self._run(ids, use_tqdm)
+
+    def chat(self, messages, sampling_params=None, *, use_tqdm: bool = True, add_generation_prompt: bool = True,
+             chat_template: str | None = None) -> list[RequestOutput]:
+        """messages: one conversation (a list of {"role", "content"} dicts) or a list of them."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        tok = self.get_tokenizer()
+        prompts = []
+        for conv in conversations:
+            ids = tok.apply_chat_template(conv, add_generation_prompt=add_generation_prompt, tokenize=True,
+                                          chat_template=chat_template)
+            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+                ids = ids["input_ids"]
+            prompts.append({"prompt_token_ids": list(ids)})
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        wanted = set(ids)
+        done: dict[str, RequestOutput] = {}
+        bar = None
+        if use_tqdm:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=len(ids), desc="generating", unit="req")
+        try:
+            while len(done) < len(ids):
+                for out in self.engine.step():
+                    if out.finished and out.request_id in wanted:
+                        done[out.request_id] = out
+                        if bar is not None:
+                            bar.update(1)
+                if not self.engine.has_unfinished_requests() and len(done) < len(ids):
+                    missing = sorted(wanted - set(done))
+                    raise RuntimeError(f"requests {missing[:5]} vanished without finishing")
+        except BaseException:
+            self.engine.abort([i for i in ids if i not in done])
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        return [done[i] for i in ids]
+
+    @staticmethod
+    def _per_prompt(value, n: int, name: str, default):
+        if value is None:
+            return [default] * n
+        if isinstance(value, (list, tuple)):
+            if len(value) != n:
+                raise ValueError(f"{name} has {len(value)} entries for {n} prompts")
+            return list(value)
+        return [value] * n
+
+    # -- introspection -----------------------------------------------------------------------
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()
+
+    @property
+    def checkpoint_identity(self) -> str:
+        return self.engine.checkpoint_identity

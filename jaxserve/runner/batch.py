@@ -1,0 +1,114 @@
+"""Packing a SchedulerOutput into the fixed-shape arrays of one compiled step.
+
+Layout of the T = D + P * tile query rows of a (D, P) bucket:
+  rows [0, D)          one decode (or one-token chunk) per row
+  rows [D, D + P*tile) prefill chunks, each cut into tiles of `tile` rows; a tile is one slot of
+                       the uniform-slot attention, with kv_len = its last row's position + 1
+Padding rows read the null block and write their K/V into it; their outputs are discarded.
+Everything here is numpy on the host; the arrays go to the device once per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from jaxserve.runner.buckets import pick_bucket
+from jaxserve.runner.sampler import sampling_arrays
+
+
+@dataclass(frozen=True, slots=True)
+class PackedStep:
+    bucket: tuple[int, int]                 # (decode rows D, prefill tiles P)
+    arrays: dict[str, np.ndarray]           # the step's inputs
+    sampling: dict[str, np.ndarray]         # the sampler's inputs, one row per logits row
+    sample_rows: tuple[tuple[str, int], ...]  # (request_id, logits row) for requests that sample
+
+
+def num_tiles(n: int, tile: int) -> int:
+    return -(-n // tile)
+
+
+def bucket_for(sched_out, tile: int, decode_buckets, prefill_buckets) -> tuple[int, int]:
+    d = sum(1 for r in sched_out.requests if len(r.token_ids) == 1)
+    p = sum(num_tiles(len(r.token_ids), tile) for r in sched_out.requests if len(r.token_ids) > 1)
+    return pick_bucket(max(d, 1), decode_buckets), pick_bucket(p, prefill_buckets)
+
+
+def sample_rows_bucket(D: int, P: int) -> int:
+    """Logits rows of a (D, P) step: a power of two holding D + P (the sampler's buckets)."""
+    return 1 << (D + P - 1).bit_length()
+
+
+def pack_step(sched_out, *, block_size: int, tile: int, table_width: int, decode_buckets,
+              prefill_buckets) -> PackedStep:
+    D, P = bucket_for(sched_out, tile, decode_buckets, prefill_buckets)
+    T = D + P * tile
+    R = sample_rows_bucket(D, P)
+    input_ids = np.zeros(T, np.int32)
+    positions = np.zeros(T, np.int32)
+    slots = np.zeros(T, np.int32)          # 0 = first slot of the null block
+    dec_lens = np.zeros(D, np.int32)
+    dec_tables = np.zeros((D, table_width), np.int32)
+    pre_lens = np.zeros(P, np.int32)
+    pre_tables = np.zeros((P, table_width), np.int32)
+    logits_rows = np.zeros(R, np.int32)
+    row_sampling: list = [None] * R
+    sample_rows = []
+    d = 0
+    p = 0
+    r = 0
+
+    for req in sched_out.requests:
+        n = len(req.token_ids)
+        start = req.num_computed_tokens
+        table = np.asarray(req.block_ids, np.int32)
+        pos = np.arange(start, start + n, dtype=np.int32)
+        token_slots = table[pos // block_size] * block_size + pos % block_size
+        if n == 1:
+            row = d
+            input_ids[row] = req.token_ids[0]
+            positions[row] = start
+            slots[row] = token_slots[0]
+            dec_lens[d] = start + 1
+            dec_tables[d, :len(table)] = table
+            last_row = row
+            d += 1
+        else:
+            base = D + p * tile
+            input_ids[base:base + n] = req.token_ids
+            tiles = num_tiles(n, tile)
+            # padding rows of the last tile continue the positions (their outputs are discarded)
+            positions[base:base + tiles * tile] = np.arange(start, start + tiles * tile, dtype=np.int32)
+            slots[base:base + n] = token_slots
+            for j in range(tiles):
+                pre_lens[p + j] = start + (j + 1) * tile
+                pre_tables[p + j, :len(table)] = table
+            last_row = base + n - 1
+            p += tiles
+        if req.sample:
+            logits_rows[r] = last_row
+            row_sampling[r] = (req.payload, req.num_output_tokens)
+            sample_rows.append((req.request_id, r))
+            r += 1
+
+    arrays = dict(
+        input_ids=input_ids, positions=positions, slot_mapping=slots,
+        dec_kv_lens=dec_lens, dec_tables=dec_tables, dec_num=np.array([d], np.int32),
+        pre_kv_lens=pre_lens, pre_tables=pre_tables, pre_num=np.array([p], np.int32),
+        logits_rows=logits_rows,
+    )
+    return PackedStep((D, P), arrays, sampling_arrays(row_sampling, R), tuple(sample_rows))
+
+
+def batch_shapes(D: int, P: int, *, tile: int, table_width: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Shapes and dtypes of a (D, P) bucket's step inputs, for ahead-of-time compilation."""
+    T, R = D + P * tile, sample_rows_bucket(D, P)
+    i32 = np.dtype(np.int32)
+    return dict(
+        input_ids=((T,), i32), positions=((T,), i32), slot_mapping=((T,), i32),
+        dec_kv_lens=((D,), i32), dec_tables=((D, table_width), i32), dec_num=((1,), i32),
+        pre_kv_lens=((P,), i32), pre_tables=((P, table_width), i32), pre_num=((1,), i32),
+        logits_rows=((R,), i32),
+    )

@@ -1,0 +1,59 @@
+"""The KV arena: one preallocated pytree of per-layer (k, v) caches, donated to every step.
+
+Per layer k and v are [num_blocks, block_size, K, H] (the layout pallas_kernels documents).
+Block 0 is the null block: padding rows write there and padding table entries point there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxserve.models.config import ModelConfig
+
+
+@dataclass(frozen=True, slots=True)
+class ArenaSpec:
+    num_layers: int
+    num_blocks: int          # including the null block
+    block_size: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+
+    @property
+    def bytes_per_block(self) -> int:
+        # k and v, every layer
+        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * np.dtype(self.dtype).itemsize
+
+    @property
+    def layer_shape(self) -> tuple[int, int, int, int]:
+        return (self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
+
+    def shape_dtype(self):
+        s = jax.ShapeDtypeStruct(self.layer_shape, jnp.dtype(self.dtype))
+        return [(s, s) for _ in range(self.num_layers)]
+
+
+def plan_arena(model: ModelConfig, *, block_size: int, dtype: str, num_kv_blocks: int | None,
+               kv_cache_memory: int | None) -> ArenaSpec:
+    spec = ArenaSpec(model.num_hidden_layers, 2, block_size, model.num_key_value_heads, model.head_dim, dtype)
+    if num_kv_blocks is not None:
+        blocks = num_kv_blocks + 1
+    else:
+        blocks = kv_cache_memory // spec.bytes_per_block
+        if blocks < 2:
+            raise ValueError(
+                f"kv_cache_memory={kv_cache_memory} bytes holds no KV block "
+                f"({spec.bytes_per_block} bytes per block of {block_size} tokens)")
+    return ArenaSpec(model.num_hidden_layers, int(blocks), block_size, model.num_key_value_heads,
+                     model.head_dim, dtype)
+
+
+def allocate_arena(spec: ArenaSpec, device=None):
+    def zeros():
+        return jnp.zeros(spec.layer_shape, jnp.dtype(spec.dtype), device=device)
+    return [(zeros(), zeros()) for _ in range(spec.num_layers)]

@@ -1,0 +1,167 @@
+"""ModelRunner: the device side. Owns the weights, the KV arena and one compiled step per bucket.
+
+It turns a SchedulerOutput into arrays (runner/batch.py), calls the bucket's compiled step with
+the arena donated, and hands back the sampled tokens. It makes no scheduling decisions.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import dataclass, field
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxserve.models.config import ModelConfig
+from jaxserve.runner import compile_counter
+from jaxserve.runner.attention import select_attention
+from jaxserve.runner.batch import batch_shapes, pack_step, sample_rows_bucket
+from jaxserve.runner.sampler import sample, sampling_arrays
+from jaxserve.runner.kv_arena import ArenaSpec, allocate_arena
+from jaxserve.runner.step import make_step
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class SampledToken:
+    token_id: int
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRunnerOutput:
+    sampled: dict[str, SampledToken] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerShapes:
+    block_size: int
+    max_model_len: int
+    prefill_tile: int
+    decode_buckets: tuple[int, ...]
+    prefill_buckets: tuple[int, ...]
+
+    @property
+    def table_width(self) -> int:
+        # a prefill tile's padding rows may reach max_model_len + tile - 1
+        return -(-(self.max_model_len + self.prefill_tile) // self.block_size)
+
+    def buckets(self) -> list[tuple[int, int]]:
+        return list(itertools.product(self.decode_buckets, self.prefill_buckets))
+
+
+class ModelRunner:
+    def __init__(self, model_config: ModelConfig, params, arena: ArenaSpec, shapes: RunnerShapes,
+                 attention_impl: str = "auto"):
+        self.model_config = model_config
+        self.params = params
+        self.arena_spec = arena
+        self.shapes = shapes
+        self.kv_caches = allocate_arena(arena)
+        self._attention = select_attention(attention_impl)
+        self._compiled: dict[tuple[int, int], object] = {}
+        self._samplers: dict[int, object] = {}
+        compile_counter.install()
+
+    # -- compilation -------------------------------------------------------------------------
+    def _lower(self, bucket: tuple[int, int]):
+        D, P = bucket
+        fn = make_step(self.model_config, self._attention, decode_rows=D, prefill_tiles=P,
+                       tile=self.shapes.prefill_tile)
+        specs = {k: jax.ShapeDtypeStruct(s, d) for k, (s, d) in
+                 batch_shapes(D, P, tile=self.shapes.prefill_tile, table_width=self.shapes.table_width).items()}
+        kv = self.arena_spec.shape_dtype()
+        return jax.jit(fn, donate_argnums=(1,)).lower(self.params, kv, specs)
+
+    def _lower_sampler(self, rows: int):
+        logits = jax.ShapeDtypeStruct((rows, self.model_config.vocab_size), jnp.float32)
+        specs = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in sampling_arrays([None] * rows, rows).items()}
+        return jax.jit(sample).lower(logits, specs)
+
+    def compile_all(self, progress: bool = True) -> None:
+        """Compile every bucket (and the sampler for every row count) ahead of time, two at a time
+        (XLA releases the GIL while compiling); nothing compiles while serving."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        jobs = [("step", b) for b in self.shapes.buckets() if b not in self._compiled]
+        rows = sorted({sample_rows_bucket(*b) for b in self.shapes.buckets()} - set(self._samplers))
+        jobs += [("sampler", r) for r in rows]
+        bar = None
+        if progress and jobs:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=len(jobs), desc="compiling", unit="shape", leave=False)
+
+        def build(job):
+            kind, key = job
+            lowered = self._lower(key) if kind == "step" else self._lower_sampler(key)
+            return job, lowered.compile()
+
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            for (kind, key), compiled in pool.map(build, jobs):
+                (self._compiled if kind == "step" else self._samplers)[key] = compiled
+                if bar is not None:
+                    bar.update(1)
+        if bar is not None:
+            bar.close()
+        self._warm_helpers()
+
+    def _warm_helpers(self) -> None:
+        # Host<->device transfers of each input dtype and the block copy used by copy-on-write
+        # are compiled here too, so serving compiles nothing.
+        self.copy_blocks([(0, 0)])
+
+    # -- execution ---------------------------------------------------------------------------
+    def execute(self, sched_out) -> ModelRunnerOutput:
+        if sched_out.block_copies:
+            self.copy_blocks(sched_out.block_copies)
+        if not sched_out.requests:
+            return ModelRunnerOutput()
+        packed = pack_step(sched_out, block_size=self.shapes.block_size, tile=self.shapes.prefill_tile,
+                           table_width=self.shapes.table_width, decode_buckets=self.shapes.decode_buckets,
+                           prefill_buckets=self.shapes.prefill_buckets)
+        step = self._compiled.get(packed.bucket)
+        if step is None:
+            raise RuntimeError(f"bucket {packed.bucket} was not compiled at start-up")
+        self.kv_caches, logits = step(self.params, self.kv_caches, packed.arrays)
+        if not packed.sample_rows:
+            return ModelRunnerOutput()
+        out = self._samplers[logits.shape[0]](logits, packed.sampling)
+        tokens = np.asarray(out["tokens"])
+        wants = packed.sampling["want_logprobs"]
+        lp = top_ids = top_lp = None
+        if wants.any():
+            lp, top_ids, top_lp = (np.asarray(out[k]) for k in ("logprob", "top_ids", "top_logprobs"))
+        sampled = {}
+        for request_id, row in packed.sample_rows:
+            if wants[row]:
+                sampled[request_id] = SampledToken(
+                    int(tokens[row]), float(lp[row]),
+                    tuple(zip(top_ids[row].tolist(), top_lp[row].tolist())))
+            else:
+                sampled[request_id] = SampledToken(int(tokens[row]))
+        return ModelRunnerOutput(sampled)
+
+    def copy_blocks(self, pairs) -> None:
+        """Copy whole blocks (src -> dst) in every layer, COPY_BATCH pairs per compiled call;
+        padding pairs copy the null block onto itself."""
+        pairs = list(pairs)
+        for i in range(0, len(pairs), COPY_BATCH):
+            chunk = pairs[i:i + COPY_BATCH]
+            chunk += [(0, 0)] * (COPY_BATCH - len(chunk))
+            src = np.array([p[0] for p in chunk], np.int32)
+            dst = np.array([p[1] for p in chunk], np.int32)
+            self.kv_caches = _copy_blocks(self.kv_caches, src, dst)
+
+
+COPY_BATCH = 16
+
+
+def _copy_blocks_impl(kv_caches, src, dst):
+    return [(k.at[dst].set(k[src]), v.at[dst].set(v[src])) for k, v in kv_caches]
+
+
+_copy_blocks = jax.jit(_copy_blocks_impl, donate_argnums=(0,))

@@ -1,0 +1,57 @@
+"""The step function: one forward pass over a packed batch, compiled per bucket.
+
+Each layer's attention writes the new K/V into the donated arena by slot mapping, then runs
+ragged paged attention twice: over the decode rows (one query per slot) and over the prefill
+tiles (`tile` queries per slot). It returns the logits of the rows that sample; sampling is its
+own compiled function (runner/sampler.py), so the vocabulary sort is compiled once per row count
+rather than once per bucket.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from jaxserve.models import llama
+from jaxserve.models.config import ModelConfig
+
+
+def write_kv(k_cache, v_cache, k, v, slots):
+    # caches: [num_blocks, block_size, K, H]; k, v: [T, K, H]; slots: [T] flat slot ids
+    shape = k_cache.shape
+    flat_k = k_cache.reshape(-1, shape[2], shape[3]).at[slots].set(k.astype(k_cache.dtype))
+    flat_v = v_cache.reshape(-1, shape[2], shape[3]).at[slots].set(v.astype(v_cache.dtype))
+    return flat_k.reshape(shape), flat_v.reshape(shape)
+
+
+def make_step(config: ModelConfig, attention_impl: Callable, *, decode_rows: int, prefill_tiles: int,
+              tile: int) -> Callable:
+    """attention_impl has the signature of pallas_kernels' ragged paged attention, plus
+    `uniform_q_len` (the number of query rows of every slot)."""
+    D, P = decode_rows, prefill_tiles
+    sm_scale = config.head_dim ** -0.5
+    window = config.sliding_window
+
+    def step(params, kv_caches, b):
+        dec_cu = jnp.arange(D + 1, dtype=jnp.int32)
+        pre_cu = jnp.arange(P + 1, dtype=jnp.int32) * tile
+
+        def attention(layer, q, k, v, cache):
+            # q: [T, N, H], k, v: [T, K, H]
+            k_cache, v_cache = write_kv(cache[0], cache[1], k, v, b["slot_mapping"])
+            out = attention_impl(q[:D], k_cache, v_cache, b["dec_kv_lens"], b["dec_tables"], dec_cu,
+                                 b["dec_num"], sm_scale=sm_scale, sliding_window=window, uniform_q_len=1)
+            if P:
+                pre = attention_impl(q[D:], k_cache, v_cache, b["pre_kv_lens"], b["pre_tables"], pre_cu,
+                                     b["pre_num"], sm_scale=sm_scale, sliding_window=window,
+                                     uniform_q_len=tile)
+                out = jnp.concatenate([out, pre], axis=0)
+            return out, (k_cache, v_cache)
+
+        hidden, kv_caches = llama.forward(params, config, b["input_ids"], b["positions"], kv_caches, attention)
+        logits = llama.compute_logits(params, config, hidden[b["logits_rows"]])   # [R, V] float32
+        return kv_caches, logits
+
+    return step
