@@ -1,4 +1,139 @@
-"""placeholder"""
+"""`jaxserve bench interference`: short chats decoding while long prompts arrive, per chunk size.
 
-def add_parser(sub):
-    return sub.add_parser("interference")
+Default (the scheduling issue): 16 chats (64-token prompts, 128-token answers) sent at once;
+once every chat has its first token, 4 prompts of 4,096 tokens arrive 0.5 s apart. Variants:
+the chats alone (the ITL baseline), the engine's default chunking, each `--chunk-sizes` value as
+`long_prefill_token_threshold`, and `none` = chunked prefill off. Each variant is a fresh engine
+(the chunk size is an engine setting) driven by the step loop with timed arrivals.
+
+Reported per variant: the chats' ITL p50/p99 and the long prompts' TTFT, and the targets:
+default chunking keeps the chats' p99 ITL <= 2x the baseline p50 ITL (the requirement), and the
+long prompts' TTFT within 1.5x of unchunked (reported against).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from typing import Any
+
+from jaxserve.bench import plots
+from jaxserve.bench.args import add_common
+from jaxserve.bench.metrics import LatencyStats
+from jaxserve.bench.session import Session, log
+from jaxserve.bench.workloads import interference_workload, warmup_requests
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("interference", help="chat inter-token latency while long prompts prefill",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_common(p, "jaxserve")
+    p.add_argument("--num-chats", type=int, default=16)
+    p.add_argument("--chat-prompt-len", type=int, default=64)
+    p.add_argument("--chat-output-len", type=int, default=128)
+    p.add_argument("--num-long", type=int, default=4)
+    p.add_argument("--long-prompt-len", type=int, default=4096)
+    p.add_argument("--long-output-len", type=int, default=8)
+    p.add_argument("--long-interval", type=float, default=0.5, help="seconds between long prompts")
+    p.add_argument("--chunk-sizes", default="64,256,1024,none",
+                   help="long_prefill_token_threshold values; 'none' = chunked prefill off")
+    p.set_defaults(func=run)
+
+
+def _variants(text: str) -> list[tuple[str, dict[str, Any]]]:
+    out: list[tuple[str, dict[str, Any]]] = [("default", {})]
+    for t in (t.strip() for t in text.split(",") if t.strip()):
+        if t == "none":
+            out.append(("unchunked", {"enable_chunked_prefill": False}))
+        else:
+            if int(t) < 1:
+                raise ValueError(f"--chunk-sizes values must be >= 1 or 'none', got {t!r}")
+            out.append((f"chunk={int(t)}", {"long_prefill_token_threshold": int(t)}))
+    return out
+
+
+def row(records: list[Any]) -> dict[str, Any]:
+    chats = [r for r in records if r.group == "chat"]
+    longs = [r for r in records if r.group == "long"]
+    itl = LatencyStats.of(x for r in chats for x in r.itls)
+    ttft = LatencyStats.of(r.ttft for r in longs)
+    return {"chat_itl_p50_s": itl.median, "chat_itl_p99_s": itl.p99, "chat_itl_mean_s": itl.mean,
+            "long_ttft_mean_s": ttft.mean, "long_ttft_max_s": ttft.max}
+
+
+def targets(table: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    base, default, unchunked = table.get("chats alone"), table.get("default"), table.get("unchunked")
+    out: dict[str, Any] = {}
+    if base and default:
+        ratio = default["chat_itl_p99_s"] / base["chat_itl_p50_s"]
+        out["chat_p99_itl_over_baseline_p50"] = ratio
+        out["itl_target_met (<= 2)"] = bool(ratio <= 2.0)
+    if default and unchunked and unchunked["long_ttft_mean_s"]:
+        ratio = default["long_ttft_mean_s"] / unchunked["long_ttft_mean_s"]
+        out["long_ttft_over_unchunked"] = ratio
+        out["ttft_target_met (<= 1.5)"] = bool(ratio <= 1.5)
+    return out
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    session = Session(args, "interference")
+    if args.backend != "jaxserve":
+        log("interference compares jaxserve engine settings; ignoring --backend other than jaxserve")
+    workload = interference_workload(session.tokenizer, args.num_chats, args.chat_prompt_len, args.chat_output_len,
+                                     args.num_long, args.long_prompt_len, args.long_output_len,
+                                     args.long_interval, args.seed)
+    # the baseline runs on the same engine as "default" just before it: other prompts (seed + 1),
+    # so the default run's chats are not served from the prefix cache
+    chats_only = interference_workload(session.tokenizer, args.num_chats, args.chat_prompt_len, args.chat_output_len,
+                                       0, args.long_prompt_len, args.long_output_len, args.long_interval, args.seed + 1)
+    base_overrides: dict[str, Any] = {}
+    if args.max_model_len is None:  # the long prompts must fit; round up to a block multiple
+        need = workload.summary()["max_seq_len"]
+        base_overrides["max_model_len"] = -(-need // 256) * 256
+    warmup = warmup_requests(chats_only, args.num_warmup)
+    runs, table = [], {}
+    for label, overrides in _variants(args.chunk_sizes):
+        backend = session.build("jaxserve", f"jaxserve[{label}]", {**base_overrides, **overrides})
+        if backend is None:
+            continue
+        try:
+            session.warm(backend, warmup)
+            jobs = [("chats alone", chats_only)] if label == "default" else []
+            jobs.append((label, workload))
+            for name, wl in jobs:
+                log(f"running {name}")
+                reqs = [replace(r, request_id=f"{r.request_id}-{name.replace(' ', '-')}") for r in wl.requests]
+                r = session.run(backend, reqs, session.options(timed_arrivals=True), {"variant": name, **overrides})
+                if r is None:
+                    continue
+                r.label = f"jaxserve[{name}]"
+                runs.append(r)
+                table[name] = row(r.records)
+        except ValueError as e:  # an engine that rejects a setting: record it, keep the other variants
+            log(f"variant {label} failed: {e}")
+            session.skipped.append({"backend": f"jaxserve[{label}]", "reason": str(e)})
+        finally:
+            backend.close()
+    met = targets(table)
+    print(f"{'variant':<14}{'chat ITL p50 ms':>16}{'chat ITL p99 ms':>16}{'long TTFT mean s':>18}")
+    for name, t in table.items():
+        f = lambda v, k: "n/a" if v is None or v != v else f"{v * k:.2f}"  # noqa: E731
+        print(f"{name:<14}{f(t['chat_itl_p50_s'], 1e3):>16}{f(t['chat_itl_p99_s'], 1e3):>16}"
+              f"{f(t['long_ttft_mean_s'], 1):>18}")
+    for k, v in met.items():
+        print(f"{k}: {v}")
+
+    def itl_bars(result: dict[str, Any], path: str) -> str:
+        labels = list(table)
+        return plots.grouped_bars("chats' inter-token latency while long prompts prefill", "milliseconds", labels,
+                                  {"p50": [1e3 * table[k]["chat_itl_p50_s"] for k in labels],
+                                   "p99": [1e3 * table[k]["chat_itl_p99_s"] for k in labels]}, path)
+
+    def long_ttft_bars(result: dict[str, Any], path: str) -> str:
+        labels = [k for k in table if k != "chats alone"]
+        return plots.grouped_bars("long prompts' time to first token", "seconds", labels,
+                                  {"mean": [table[k]["long_ttft_mean_s"] for k in labels],
+                                   "max": [table[k]["long_ttft_max_s"] for k in labels]}, path)
+
+    return session.finish(workload, runs, extra={"interference_table": table, "targets": met},
+                          plots=[itl_bars, long_ttft_bars, plots.latency_cdfs])

@@ -1,4 +1,121 @@
-"""placeholder"""
+"""`jaxserve bench prefix`: the shared-prefix workload with jaxserve's prefix cache on and off.
 
-def add_parser(sub):
-    return sub.add_parser("prefix")
+Default (the prefix-caching issue): 8 groups x 8 prompts, a 1,024-token system prompt per group,
+64-token questions, 64-token answers, all sent at once. Reports output throughput, mean/p99 TTFT
+and the prefix hit rate per variant, the on/off ratios, and, for n parallel samples of one long
+prompt, the peak KV blocks used against n independent requests (cache off).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from jaxserve.bench import plots
+from jaxserve.bench.args import add_common, add_shared_prefix
+from jaxserve.bench.backends import parse_backends
+from jaxserve.bench.metrics import summarize
+from jaxserve.bench.session import Session, log
+from jaxserve.bench.workloads import TokenSource, shared_prefix_workload, warmup_requests
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("prefix", help="shared-prefix workload, prefix cache on against off",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_common(p, "jaxserve")
+    add_shared_prefix(p)
+    p.add_argument("--parallel-samples", type=int, default=4, help="n of the parallel-sampling block count (0: skip)")
+    p.add_argument("--parallel-prompt-len", type=int, default=1000)
+    p.add_argument("--parallel-output-len", type=int, default=32)
+    p.set_defaults(func=run)
+
+
+def peak_blocks(llm: Any, prompt: list[int], params: list[Any]) -> int:
+    """Peak KV blocks in use (total - free - evictable cached) while these requests run together."""
+    from jaxserve.bench.backend_jaxserve import _stats_dict
+
+    eng, peak = llm.engine, 0
+    tag = f"blocks-{time.monotonic_ns()}"
+    for i, p in enumerate(params):
+        eng.add_request(f"{tag}-{i}", {"prompt_token_ids": list(prompt)}, p)
+    while eng.has_unfinished_requests():
+        eng.step()
+        s = _stats_dict(llm)
+        peak = max(peak, int(s["num_kv_blocks_total"]) - int(s["num_kv_blocks_free"])
+                   - int(s.get("num_kv_blocks_cached", 0) or 0))
+    return peak
+
+
+def parallel_sampling_blocks(session: Session, backend: Any, cache_on: bool) -> dict[str, Any]:
+    """n samples of one prompt with cache on, or n independent copies with it off."""
+    from jaxserve.bench import backend_jaxserve as bj
+    import numpy as np
+
+    a = session.args
+    prompt = list(TokenSource(session.tokenizer).window(np.random.default_rng(a.seed + 1), a.parallel_prompt_len))
+    n, m = a.parallel_samples, a.parallel_output_len
+    try:
+        if cache_on:
+            params = [bj.sampling_params(n=n, max_tokens=m, ignore_eos=True, temperature=0.8, seed=a.seed)]
+        else:
+            params = [bj.sampling_params(max_tokens=m, ignore_eos=True, temperature=0.8, seed=a.seed + i)
+                      for i in range(n)]
+        return {"peak_blocks": peak_blocks(backend.llm, prompt, params)}
+    except (NotImplementedError, ValueError, TypeError) as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    session = Session(args, "prefix")
+    workload = shared_prefix_workload(session.tokenizer, args.num_groups, args.prompts_per_group,
+                                      args.system_prompt_len, args.question_len, args.answer_len, args.seed)
+    warmup = warmup_requests(workload, args.num_warmup)
+    variants = []
+    for name in parse_backends(args.backend):
+        if name == "jaxserve":
+            variants += [(name, "jaxserve[prefix-cache=on]", {"enable_prefix_caching": True}),
+                         (name, "jaxserve[prefix-cache=off]", {"enable_prefix_caching": False})]
+        else:
+            variants.append((name, None, {}))
+    runs, blocks = [], {}
+    for name, label, overrides in variants:
+        backend = session.build(name, label, overrides)
+        if backend is None:
+            continue
+        try:
+            session.warm(backend, warmup)
+            log(f"running {backend.label}")
+            r = session.run(backend, workload.requests, session.options(), {"overrides": overrides})
+            if r is not None:
+                runs.append(r)
+            if name == "jaxserve" and args.parallel_samples > 0:
+                key = "n_samples_cache_on" if overrides["enable_prefix_caching"] else "independent_cache_off"
+                log(f"{backend.label}: KV blocks for {args.parallel_samples} samples ({key})")
+                blocks[key] = parallel_sampling_blocks(session, backend, overrides["enable_prefix_caching"])
+        finally:
+            backend.close()
+    table = {}
+    for r in runs:
+        m = summarize(r.records, r.duration_s)
+        table[r.label] = {"ttft_mean_s": m.ttft.mean, "ttft_p99_s": m.ttft.p99, "output_tok_s": m.output_throughput,
+                          "prefix_hit_rate": m.prefix_hit_rate}
+    on, off = table.get("jaxserve[prefix-cache=on]"), table.get("jaxserve[prefix-cache=off]")
+    ratios = {}
+    if on and off:
+        ratios = {"ttft_mean_off_over_on": off["ttft_mean_s"] / on["ttft_mean_s"],
+                  "throughput_on_over_off": on["output_tok_s"] / off["output_tok_s"]}
+    extra = {"prefix_table": table, "ratios": ratios,
+             "parallel_sampling": {"n": args.parallel_samples, "prompt_len": args.parallel_prompt_len, **blocks}}
+    for k, v in ratios.items():
+        print(f"{k}: {v:.2f}")
+    if blocks:
+        print(f"parallel sampling KV blocks: {blocks}")
+
+    def ttft_bars(result: dict[str, Any], path: str) -> str:
+        labels = list(table)
+        return plots.grouped_bars("time to first token, prefix cache on/off", "seconds", labels,
+                                  {"mean": [table[k]["ttft_mean_s"] for k in labels],
+                                   "p99": [table[k]["ttft_p99_s"] for k in labels]}, path)
+
+    return session.finish(workload, runs, extra=extra, plots=[plots.throughput_bars, plots.latency_cdfs, ttft_bars])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from dataclasses import replace
 from typing import Any
 
 from jaxserve.bench import plots
@@ -29,25 +30,40 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def build_workload(session: Session) -> Workload:
+def build_workload(session: Session, seed: int | None = None) -> Workload:
     a = session.args
     tok = session.tokenizer
+    seed = a.seed if seed is None else seed
     if a.dataset == "random":
         return random_workload(tok, a.num_prompts, LengthRange.parse(a.input_len, a.range_ratio),
-                               LengthRange.parse(a.output_len, a.range_ratio), seed=a.seed)
+                               LengthRange.parse(a.output_len, a.range_ratio), seed=seed)
     if a.dataset == "sharegpt":
         if not a.dataset_path:
             raise SystemExit("--dataset sharegpt needs --dataset-path FILE.json (a local ShareGPT file)")
-        return sharegpt_workload(tok, a.dataset_path, a.num_prompts, a.seed, a.sharegpt_output_len)
+        return sharegpt_workload(tok, a.dataset_path, a.num_prompts, seed, a.sharegpt_output_len)
     return shared_prefix_workload(tok, a.num_groups, a.prompts_per_group, a.system_prompt_len,
-                                  a.question_len, a.answer_len, a.seed)
+                                  a.question_len, a.answer_len, seed)
+
+
+def rate_workloads(session: Session, rates: list[float]) -> list[Workload]:
+    """One workload per rate, the same for every backend. Each rate gets its own prompts (seed + i):
+    a backend serves all rates in turn, and repeated prompts would be answered from its prefix cache."""
+    a = session.args
+    out = []
+    for i, rate in enumerate(rates):
+        wl = with_arrivals(build_workload(session, a.seed + i), rate, a.burstiness, a.seed + i)
+        if len(rates) > 1:  # distinct ids too, so cross-backend comparisons pair the same prompts
+            wl = replace(wl, requests=tuple(replace(r, request_id=f"{r.request_id}@{i}") for r in wl.requests))
+        out.append(wl)
+    return out
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     session = Session(args, "throughput")
     names = parse_backends(args.backend)
     rates = parse_rates(args.request_rate)
-    base = build_workload(session)
+    workloads = rate_workloads(session, rates)
+    base = workloads[0]
     warmup = warmup_requests(base, args.num_warmup)
     runs = []
     for name in names:
@@ -56,8 +72,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             continue
         try:
             session.warm(backend, warmup)
-            for rate in rates:
-                workload = with_arrivals(base, rate, args.burstiness, args.seed)
+            for rate, workload in zip(rates, workloads):
                 log(f"running {backend.label} at request rate {rate}")
                 r = session.run(backend, workload.requests,
                                 session.options(not math.isinf(rate), args.max_concurrency),

@@ -77,11 +77,13 @@ def build_result(subcommand: str, config: dict[str, Any], environment: dict[str,
                  extra: dict[str, Any] | None = None) -> dict[str, Any]:
     stop_ids = list(stop_ids)
     out_runs = []
-    for run in runs:
+    for i, run in enumerate(runs):
         d = run_to_json(run)
-        if runs and run is not runs[0] and run.output_token_ids and runs[0].output_token_ids:
-            d["agreement"] = {"reference": runs[0].label,
-                              **agreement(runs[0].output_token_ids, run.output_token_ids, stop_ids)}
+        # compare with the earliest run of another backend that served the same request ids
+        ref = next((r for r in runs[:i] if r.backend != run.backend
+                    and set(r.output_token_ids) & set(run.output_token_ids)), None)
+        if ref is not None:
+            d["agreement"] = {"reference": ref.label, **agreement(ref.output_token_ids, run.output_token_ids, stop_ids)}
         out_runs.append(d)
     return _clean({
         "schema": SCHEMA,

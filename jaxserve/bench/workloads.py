@@ -226,8 +226,13 @@ def at_once(r: BenchRequest) -> BenchRequest:
 
 
 def warmup_requests(workload: Workload, num_warmup: int) -> tuple[BenchRequest, ...]:
-    """Copies of the first requests (ids prefixed), sent at once before the timed run and not timed."""
+    """Requests shaped like the first ones, sent at once before the timed run and not timed.
+
+    Their prompts are the originals reversed: same lengths, but no shared prefix, so a prefix
+    cache is not primed with the timed requests' prompts.
+    """
     if num_warmup < 0:
         raise ValueError(f"num_warmup must be >= 0, got {num_warmup}")
-    return tuple(replace(r, request_id=f"warmup-{r.request_id}", arrival_offset=0.0, after_group=None)
+    return tuple(replace(r, request_id=f"warmup-{r.request_id}", prompt_token_ids=r.prompt_token_ids[::-1],
+                         arrival_offset=0.0, after_group=None)
                  for r in workload.requests[:num_warmup])

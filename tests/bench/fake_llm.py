@@ -20,6 +20,7 @@ class FakeParams:
     ignore_eos: bool = True
     temperature: float = 0.0
     n: int = 1
+    seed: int | None = None
 
 
 @dataclass
@@ -72,6 +73,8 @@ class FakeEngine:
         self.steps = 0
 
     def add_request(self, request_id: str, prompt: dict, params: FakeParams, priority: int = 0) -> None:
+        if params.n != 1:
+            raise NotImplementedError("FakeLLM samples one sequence per request")
         ids = list(prompt["prompt_token_ids"])
         self.waiting.append((request_id, ids, params))
         self.params[request_id] = params
