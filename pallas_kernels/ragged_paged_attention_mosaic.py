@@ -136,7 +136,7 @@ def _kernel(items_ref, q_ref, k_ref, v_ref, o_ref, lse_ref,
                 # The tile holding the sequence's end: zero V past it (0 * NaN is NaN).
                 v_row = plgpu.broadcasted_iota(jnp.int32, (tile_keys, head_dim), 0,
                                                layout=plgpu.Layout.WGMMA)
-                v_tile = plgpu.load(v_smem.at[slot], (), layout=plgpu.Layout.WGMMA)
+                v_tile = plgpu.load(v_smem.at[slot], layout=plgpu.Layout.WGMMA)
                 v_smem.at[slot][...] = jnp.where(tile * tile_keys + v_row < kv_len, v_tile,
                                                  jnp.zeros_like(v_tile))
                 plgpu.commit_smem()

@@ -1,4 +1,4 @@
-"""Random ragged paged-attention inputs that expose stray reads.
+"""Random ragged paged-attention inputs that expose stray reads, and the case grid for kernel tests.
 
 Every sequence's blocks are drawn at random from the pool (so tables are non-contiguous and
 interleaved), the null block 0 and every slot no sequence owns hold NaN, and padding rows of q hold
@@ -9,6 +9,7 @@ or a mismatch.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import jax.numpy as jnp
 import numpy as np
@@ -86,3 +87,55 @@ def make_inputs(case: Case) -> dict:
         sm_scale=1.0 / np.sqrt(case.head_dim), sliding_window=case.sliding_window,
         soft_cap=case.soft_cap,
     )
+
+
+# --- the case grid ---------------------------------------------------------------------------
+# Three batch kinds share static shapes (16 query rows, 4 sequence slots, 4 pages of 16 per
+# sequence), so they differ only in data; each puts a context of length 1, one ending on a
+# block boundary and one at the table's maximum in the same batch where it can.
+BATCHES = {
+    # q_lens, kv_lens
+    "decode": ((1, 1, 1, 1), (1, 16, 64, 33)),
+    "prefill": ((6, 10), (64, 10)),              # a chunk ending at the maximum, a fresh prompt
+    "mixed": ((1, 8, 1, 3), (1, 32, 64, 17)),
+}
+GROUPS = (1, 3, 4, 8)
+HEAD_DIMS = (64, 128)
+DTYPES = ("float32", "bfloat16", "float16")
+
+# Max |kernel - reference| allowed, as atol + rtol * |reference|. The reference accumulates in
+# float32 from inputs of the given dtype; kernels also round P to the input dtype before P V,
+# and the output is rounded to it: one or two ulps of the dtype.
+TOLERANCES = {
+    "float32": (2e-5, 2e-5),
+    "bfloat16": (3e-2, 2e-2),
+    "float16": (4e-3, 4e-3),
+}
+
+
+def case(kind: str, *, group: int, head_dim: int, dtype: str, **extra) -> Case:
+    q_lens, kv_lens = BATCHES[kind]
+    return Case(q_lens=q_lens, kv_lens=kv_lens, group=group, head_dim=head_dim, dtype=dtype, **extra)
+
+
+def full_grid(dtypes=DTYPES) -> list[Case]:
+    return [case(kind, group=g, head_dim=h, dtype=d, seed=i)
+            for i, (kind, g, h, d) in enumerate(itertools.product(BATCHES, GROUPS, HEAD_DIMS, dtypes))]
+
+
+def with_options(c: Case, **changes) -> Case:
+    return dataclasses.replace(c, **changes)
+
+
+def assert_matches_reference(got, want, c: Case) -> None:
+    """Within the dtype's tolerance everywhere, no NaN, and padding query rows exactly zero."""
+    got = np.asarray(got.astype(jnp.float32))
+    want = np.asarray(want.astype(jnp.float32))
+    assert got.shape == want.shape
+    assert not np.isnan(got).any(), f"NaN in the kernel's output: a stray read ({c.label()})"
+    atol, rtol = TOLERANCES[c.dtype]
+    err = np.abs(got - want)
+    worst = np.unravel_index(np.argmax(err - rtol * np.abs(want)), err.shape)
+    assert np.all(err <= atol + rtol * np.abs(want)), (
+        f"{c.label()}: max error {err.max():.3g}, worst at {worst}: {got[worst]} vs {want[worst]}")
+    assert np.all(got[sum(c.q_lens):] == 0), "padding query rows must come out as zeros"

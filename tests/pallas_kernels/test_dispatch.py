@@ -1,0 +1,64 @@
+"""The dispatcher: platform defaults, the forced override, and fallbacks for what a kernel declines."""
+
+import types
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernel_cases import case, make_inputs
+from pallas_kernels import dispatch, ragged_paged_attention, ragged_paged_attention_reference
+
+
+def fake_device(platform, compute_capability=None, kind=""):
+    return types.SimpleNamespace(platform=platform, compute_capability=compute_capability, device_kind=kind)
+
+
+def test_platform_defaults_are_mosaic_on_hopper_triton_on_older_gpus_xla_on_cpu():
+    assert dispatch.default_implementation(fake_device("gpu", "9.0", "NVIDIA H200")) == "mosaic"
+    assert dispatch.default_implementation(fake_device("gpu", "10.0", "NVIDIA B200")) == "mosaic"
+    assert dispatch.default_implementation(fake_device("gpu", "8.0", "NVIDIA A100")) == "triton"
+    assert dispatch.default_implementation(fake_device("cpu")) == "xla"
+    assert dispatch.default_implementation() == "xla"          # this machine
+
+
+def test_environment_variable_forces_and_argument_wins(monkeypatch):
+    monkeypatch.setenv(dispatch.ENV_VAR, "triton_interpret")
+    assert dispatch.resolve_implementation() == "triton_interpret"
+    assert dispatch.resolve_implementation("reference") == "reference"
+    monkeypatch.delenv(dispatch.ENV_VAR)
+    assert dispatch.resolve_implementation() == "xla"
+
+
+def test_unknown_implementation_names_the_value(monkeypatch):
+    with pytest.raises(ValueError, match="'cuda'"):
+        dispatch.resolve_implementation("cuda")
+    monkeypatch.setenv(dispatch.ENV_VAR, "fast")
+    with pytest.raises(ValueError, match="JAXSERVE_ATTENTION_IMPL='fast'"):
+        dispatch.resolve_implementation()
+
+
+@pytest.mark.parametrize("name, dtype, block_size, want", [
+    ("mosaic", "bfloat16", 16, "mosaic"),
+    ("mosaic_interpret", "float16", 16, "mosaic_interpret"),
+    ("mosaic", "float32", 16, "triton"),                       # wgmma has no float32 P V
+    ("mosaic_interpret", "float32", 16, "triton_interpret"),   # stays interpreted
+    ("triton", "bfloat16", 8, "xla"),                          # Triton dots need >= 16 rows
+    ("mosaic", "bfloat16", 24, "xla"),                         # neither kernel tiles 24
+    ("reference", "bfloat16", 16, "reference"),
+])
+def test_declined_shapes_fall_back_mosaic_then_triton_then_xla(name, dtype, block_size, want):
+    q = jnp.zeros((4, 4, 64), dtype)
+    k_cache = jnp.zeros((8, block_size, 2, 64), dtype)
+    used, _, _ = dispatch.choose(name, q, k_cache)
+    assert used == want
+
+
+@pytest.mark.parametrize("forced", ["reference", "xla", "triton_interpret"])
+def test_forced_implementations_give_the_reference_result(monkeypatch, forced):
+    c = case("mixed", group=4, head_dim=64, dtype="float32", sliding_window=20)
+    inputs = make_inputs(c)
+    want = np.asarray(ragged_paged_attention_reference(**inputs))
+    monkeypatch.setenv(dispatch.ENV_VAR, forced)
+    got = np.asarray(ragged_paged_attention(**inputs))
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5)

@@ -1,0 +1,66 @@
+"""The Mosaic GPU kernel, run by the Mosaic GPU interpreter on the CPU, against the reference.
+
+The interpreter simulates SMEM (initialised to NaN), bulk copies, barriers and wgmma, and raises
+on out-of-bounds reads, so a missing wait or a stray page shows here. Every ref operation is a
+host callback: cases stay tiny and use one split unless the split itself is under test.
+"""
+
+import jax.numpy as jnp
+import pytest
+
+from pallas_kernel_cases import assert_matches_reference, case, full_grid, make_inputs, with_options
+from pallas_kernels import ragged_paged_attention_reference
+from pallas_kernels.ragged_paged_attention_mosaic import (
+    ragged_paged_attention_mosaic,
+    unsupported_reason,
+)
+
+# A pairwise cover of kind x group x head dim x 16-bit dtype x block size, plus the options.
+CI_CASES = [
+    case("decode", group=1, head_dim=64, dtype="bfloat16"),
+    case("prefill", group=3, head_dim=128, dtype="float16", seed=1),
+    case("mixed", group=4, head_dim=64, dtype="bfloat16", sliding_window=20, seed=2),
+    case("mixed", group=8, head_dim=128, dtype="float16", soft_cap=3.0, seed=3),
+    with_options(case("prefill", group=4, head_dim=64, dtype="bfloat16", seed=4), block_size=64,
+                 width=1, num_blocks=4),
+    with_options(case("decode", group=3, head_dim=64, dtype="float16", seed=5), block_size=32,
+                 width=2, num_blocks=10),
+]
+
+
+def run(c, **kw):
+    inputs = make_inputs(c)
+    want = ragged_paged_attention_reference(**inputs)
+    got = ragged_paged_attention_mosaic(**inputs, interpret=True, **kw)
+    assert_matches_reference(got, want, c)
+
+
+@pytest.mark.parametrize("c", CI_CASES, ids=lambda c: c.label())
+def test_mosaic_kernel_matches_reference_in_interpreter(c):
+    run(c, num_splits=1)
+
+
+def test_flash_decoding_splits_merge_to_the_same_result():
+    # Tiles of 64 keys: with 2 splits the longest sequences span both, the short ones leave one empty.
+    c = with_options(case("decode", group=8, head_dim=64, dtype="bfloat16", seed=6),
+                     kv_lens=(1, 64, 128, 65), width=8, num_blocks=24)
+    run(c, num_splits=2)
+
+
+def test_float32_is_declined_so_dispatch_can_route_it_elsewhere():
+    inputs = make_inputs(case("decode", group=1, head_dim=64, dtype="float32"))
+    assert "bf16/f16" in unsupported_reason(inputs["q"], inputs["k_cache"])
+    with pytest.raises(ValueError, match="bf16/f16"):
+        ragged_paged_attention_mosaic(**inputs, interpret=True)
+
+
+@pytest.mark.full_grid
+@pytest.mark.parametrize("c", full_grid(dtypes=("bfloat16", "float16")), ids=lambda c: c.label())
+def test_mosaic_kernel_full_grid(c):
+    run(c)
+
+
+def test_block_sizes_it_cannot_tile_are_declined():
+    q = jnp.zeros((4, 2, 64), jnp.bfloat16)
+    assert "block_size" in unsupported_reason(q, jnp.zeros((4, 24, 2, 64), jnp.bfloat16))
+    assert "head_dim" in unsupported_reason(q[..., :32], jnp.zeros((4, 16, 2, 32), jnp.bfloat16))
