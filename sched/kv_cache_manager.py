@@ -33,6 +33,7 @@ class SharedPrefix:
     block_ids: list[int] = field(default_factory=list)
     nodes: list[Node] = field(default_factory=list)  # tree nodes of the leading full blocks
     num_tokens: int = 0  # tokens whose K/V those blocks hold
+    forked: bool = False  # shared from a live parent, not found in the prefix cache
 
 
 class KVCacheManager:
@@ -93,7 +94,7 @@ class KVCacheManager:
             t += 1
         blocks = parent.block_ids[: cdiv(t, self.block_size)]
         nodes = self._nodes.get(parent.request_id, [])[: t // self.block_size]
-        return SharedPrefix(list(blocks), list(nodes), t)
+        return SharedPrefix(list(blocks), list(nodes), t, forked=True)
 
     def record_lookup(self, req: Request, prefix: SharedPrefix) -> None:
         self.prefix_cache_queries += req.num_prompt_tokens

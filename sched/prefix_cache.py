@@ -47,6 +47,7 @@ class PrefixCache:
         self._heap: list[tuple[int, int, Node]] = []
         self._pushes = 0
         self._num_nodes = 0
+        self.num_evictions = 0  # blocks evicted so far
 
     @property
     def num_nodes(self) -> int:
@@ -142,6 +143,7 @@ class PrefixCache:
             node.parent = None
             self._num_nodes -= 1
             self.pool.uncache(node.block_id)
+            self.num_evictions += 1
             out.append(node.block_id)
             if parent.parent is not None and not parent.children and self.pool.refcount(parent.block_id) == 0:
                 self._push(parent)  # it keeps its own last_access: it may be older than others

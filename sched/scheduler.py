@@ -11,7 +11,13 @@ When a running request needs a block and none is left, the most recently admitte
 is preempted by recompute: its blocks are freed, it keeps its output tokens and goes back in front
 of the waiting queue, and later re-prefills prompt + outputs, so its output does not change.
 
-The engine's loop is: `schedule()` -> runner executes -> `update(out, sampled)`.
+With prefix caching on, a request admitted from the waiting queue first shares the longest
+cached prefix of its tokens (full blocks that earlier steps computed) and computes only the rest.
+A fork child (`fork_request`: a parallel sample or a beam) waits until its parent has computed
+their common prefix, then shares the parent's blocks; whoever first writes into a shared, partly
+filled block gets a copy (`SchedulerOutput.block_copies`).
+
+The engine's loop is: `schedule()` -> runner executes (copies first) -> `update(out, sampled)`.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ class Scheduler:
         self.waiting = WaitingQueue()
         self.running: list[Request] = []  # admission order: the last is the first victim
         self.num_preemptions = 0
+        self.num_kv_blocks_in_use_peak = 0  # most blocks in use after any schedule()
 
     # ---- the door -----------------------------------------------------------------------------
     def _validate(self, req: Request) -> None:
@@ -141,12 +148,14 @@ class Scheduler:
                 self._fork_parent.pop(req.request_id, None)
                 if first:
                     req.num_cached_tokens = min(prefix.num_tokens, req.num_prompt_tokens)
-                    self.kv.record_lookup(req, prefix)
+                    if not prefix.forked:  # the hit statistics describe the tree, not forks
+                        self.kv.record_lookup(req, prefix)
                 req.status = RequestStatus.RUNNING
                 self.running.append(req)
                 out.append(self._scheduled(req, n))
                 budget -= n
 
+        self.num_kv_blocks_in_use_peak = max(self.num_kv_blocks_in_use_peak, self.kv.pool.num_in_use)
         return SchedulerOutput(
             requests=tuple(out),
             num_batched_tokens=c.max_num_batched_tokens - budget,

@@ -42,20 +42,38 @@ def workloads(draw):
         )
         arrivals.setdefault(draw(st.integers(0, 12)), []).append(req)
     aborts = draw(st.dictionaries(st.integers(0, 30), st.sampled_from([f"r{i}" for i in range(10)]), max_size=2))
-    return cfg, arrivals, aborts
+    # forks: at a step, a child continuing some live request's tokens (a sample or a beam)
+    forks = draw(
+        st.dictionaries(
+            st.integers(0, 30),
+            st.tuples(st.integers(0, 9), st.lists(st.integers(3, 63), max_size=3), st.integers(1, 8)),
+            max_size=3,
+        )
+    )
+    return cfg, arrivals, aborts, forks
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads())
 def test_random_workloads_match_the_model_alone_and_leak_no_blocks(w):
-    cfg, arrivals, aborts = w
+    cfg, arrivals, aborts, forks = w
     sched = Scheduler(cfg)
+    children = []
 
     def on_step(step, out):
         if step in aborts:
             sched.abort_requests([aborts[step]])
+        if step in forks:
+            i, extra, max_tokens = forks[step]
+            parent = sched.get_request(f"r{i}")
+            if parent is not None:
+                prompt = (parent.all_token_ids + extra)[: cfg.max_model_len - 1]
+                child = make_request(f"fork{step}", prompt, min(max_tokens, cfg.max_model_len - len(prompt)),
+                                     cache_salt=parent.cache_salt)
+                sched.fork_request(parent.request_id, child)
+                children.append(child)
 
     reqs = drive(sched, arrivals=arrivals, on_step=on_step)
-    assert_outputs_match_reference(reqs.values(), cfg.max_model_len)
-    for r in reqs.values():
+    assert_outputs_match_reference(list(reqs.values()) + children, cfg.max_model_len)
+    for r in list(reqs.values()) + children:
         assert r.is_finished and not r.block_ids
