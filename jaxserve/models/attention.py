@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxserve.models.config import ModelConfig
-from jaxserve.models.llama import AttentionFn
+from jaxserve.models.llama import AttentionFn, matmul_precision
 
 
 def dense_causal_attention(config: ModelConfig, sm_scale: float | None = None) -> AttentionFn:
@@ -26,7 +26,8 @@ def dense_causal_attention(config: ModelConfig, sm_scale: float | None = None) -
         kv_heads = k.shape[1]
         group = n // kv_heads                     # query head i reads kv head i // group (HF repeat_kv)
         qg = q.reshape(t, kv_heads, group, h)                                  # [T, K, G, H]
-        scores = jnp.einsum("tkgh,skh->kgts", qg, k,
+        precision = matmul_precision(q.dtype)
+        scores = jnp.einsum("tkgh,skh->kgts", qg, k, precision=precision,
                             preferred_element_type=jnp.float32) * scale        # [K, G, T, S]
         qi = jnp.arange(t)[:, None]
         kj = jnp.arange(t)[None, :]
@@ -35,7 +36,7 @@ def dense_causal_attention(config: ModelConfig, sm_scale: float | None = None) -
             visible &= kj > qi - window           # a token sees itself and window-1 before it
         scores = jnp.where(visible, scores, -jnp.inf)
         probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)                # [K, G, T, S]
-        out = jnp.einsum("kgts,skh->tkgh", probs, v)                           # [T, K, G, H]
+        out = jnp.einsum("kgts,skh->tkgh", probs, v, precision=precision)    # [T, K, G, H]
         return out.reshape(t, n, h).astype(q.dtype), kv_cache
 
     return attention

@@ -33,6 +33,16 @@ Params = dict  # pytree of jnp arrays, layout in params.py
 AttentionFn = Callable[[int, jax.Array, jax.Array, jax.Array, Any], tuple[jax.Array, Any]]
 
 
+def matmul_precision(dtype: Any) -> jax.lax.Precision | None:
+    """float32 models get true float32 matmuls everywhere.
+
+    JAX's default precision lets GPUs run float32 dots as TF32 (10-bit mantissa), which breaks
+    parity with the PyTorch fp32 path; bf16 is the fast path, fp32 the accurate one. XLA:CPU
+    computes float32 dots exactly either way.
+    """
+    return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
+
+
 def has_o_proj_bias(config: ModelConfig) -> bool:
     # Llama and Qwen3 put `attention_bias` on o_proj too; Qwen2's bias is on q/k/v only.
     return config.attention_bias and config.model_type != "qwen2"
@@ -61,7 +71,8 @@ class Attention(nn.Module):
         n, k, h = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         t = x.shape[0]
         qkv = nn.Dense((n + 2 * k) * h, use_bias=c.attention_bias, dtype=self.dtype,
-                       param_dtype=self.dtype, name="qkv_proj")(x)          # [T, (N+2K)*H]
+                       param_dtype=self.dtype, precision=matmul_precision(self.dtype),
+                       name="qkv_proj")(x)          # [T, (N+2K)*H]
         q = qkv[:, : n * h].reshape(t, n, h)                                  # [T, N, H]
         key = qkv[:, n * h : (n + k) * h].reshape(t, k, h)                    # [T, K, H]
         value = qkv[:, (n + k) * h :].reshape(t, k, h)                        # [T, K, H]
@@ -71,7 +82,8 @@ class Attention(nn.Module):
         q, key = apply_rope(q, cos, sin), apply_rope(key, cos, sin)
         out, kv_cache = attention(self.layer_idx, q, key, value, kv_cache)  # [T, N, H]
         out = nn.Dense(c.hidden_size, use_bias=has_o_proj_bias(c), dtype=self.dtype,
-                       param_dtype=self.dtype, name="o_proj")(out.reshape(t, n * h))  # [T, D]
+                       param_dtype=self.dtype, precision=matmul_precision(self.dtype),
+                       name="o_proj")(out.reshape(t, n * h))  # [T, D]
         return out, kv_cache
 
 
@@ -82,11 +94,12 @@ class MLP(nn.Module):
     @nn.compact
     def __call__(self, x):
         f = self.config.intermediate_size
+        precision = matmul_precision(self.dtype)
         gate_up = nn.Dense(2 * f, use_bias=False, dtype=self.dtype, param_dtype=self.dtype,
-                           name="gate_up_proj")(x)                           # [T, 2F]
+                           precision=precision, name="gate_up_proj")(x)  # [T, 2F]
         hidden = nn.silu(gate_up[:, :f]) * gate_up[:, f:]                    # [T, F]
         return nn.Dense(self.config.hidden_size, use_bias=False, dtype=self.dtype,
-                        param_dtype=self.dtype, name="down_proj")(hidden)     # [T, D]
+                        param_dtype=self.dtype, precision=precision, name="down_proj")(hidden)  # [T, D]
 
 
 class DecoderLayer(nn.Module):
@@ -148,11 +161,12 @@ def forward(params: Params, config: ModelConfig, input_ids: jax.Array, positions
 
 def compute_logits(params: Params, config: ModelConfig, hidden: jax.Array) -> jax.Array:
     """hidden [S, D] -> logits [S, V] float32 (accumulated in float32 even for bf16 params)."""
+    precision = matmul_precision(hidden.dtype)
     if config.tie_word_embeddings:
         embedding = params["embed_tokens"]["embedding"]                         # [V, D]
         # contract D of both operands; the tied weight is stored once, as [V, D]
         return jax.lax.dot_general(hidden, embedding, (((1,), (1,)), ((), ())),
-                                   preferred_element_type=jnp.float32)
+                                   precision=precision, preferred_element_type=jnp.float32)
     kernel = params["lm_head"]["kernel"]                                        # [D, V]
-    return jnp.matmul(hidden, kernel, preferred_element_type=jnp.float32)
+    return jnp.matmul(hidden, kernel, precision=precision, preferred_element_type=jnp.float32)
 
