@@ -5,6 +5,9 @@ metadata (`tokenizer.ggml.*`, `tokenizer.chat_template`). transformers can rebui
 them, but its GGUF reader needs torch, which the runtime must not. So we read the metadata with
 `gguf` ourselves and hand it to transformers' own GGUF tokenizer builders (which need no torch),
 giving the same tokenizer `AutoTokenizer.from_pretrained(dir, gguf_file=...)` would.
+
+An HF directory's tokenizer comes from AutoTokenizer; note that transformers' config module
+imports torch when torch is installed, so that path pulls torch in (it never requires it).
 """
 
 from __future__ import annotations
@@ -50,7 +53,6 @@ def gguf_tokenizer(metadata: Mapping[str, Any]) -> "PreTrainedTokenizerFast | No
     """The tokenizer a GGUF's metadata describes (key -> decoded value, as `gguf` reads it), or None
     when the file carries no vocabulary."""
     from transformers import PreTrainedTokenizerFast
-    from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
 
     if "tokenizer.ggml.tokens" not in metadata:
         return None
@@ -71,8 +73,26 @@ def gguf_tokenizer(metadata: Mapping[str, Any]) -> "PreTrainedTokenizerFast | No
     for name, key in _SPECIAL_TOKEN_IDS.items():
         token_id = metadata.get(key)
         tokenizer_config[name] = tokens[token_id] if token_id is not None else None
-    backend, extra = convert_gguf_tokenizer(metadata["general.architecture"], tokenizer_dict)
-    return PreTrainedTokenizerFast(tokenizer_object=backend, **tokenizer_config, **extra)
+    backend, extra = _convert_gguf_tokenizer(metadata["general.architecture"], tokenizer_dict)
+    return PreTrainedTokenizerFast(tokenizer_object=backend, **(extra | tokenizer_config))
+
+
+def _convert_gguf_tokenizer(architecture: str, tokenizer_dict: dict) -> tuple[Any, dict]:
+    """(tokenizers.Tokenizer, extra constructor kwargs) from transformers' GGUF tokenizer builders.
+
+    transformers moved them between releases: up to about 5.17 (our GPU machines) they are
+    converter classes in `integrations.ggml`, later builders in `integrations.gguf`. Both take the
+    same dict; the old converters also return special token strings, which we drop because we
+    set them from the file's ids ourselves (some old converters mixed up bos and eos).
+    """
+    try:
+        from transformers.integrations.ggml import convert_gguf_tokenizer
+    except ImportError:
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
+
+        return convert_gguf_tokenizer(architecture, tokenizer_dict)
+    backend, extra = convert_gguf_tokenizer(architecture, tokenizer_dict)
+    return backend, {k: v for k, v in extra.items() if k not in _SPECIAL_TOKEN_IDS}
 
 
 def has_tokenizer_files(directory: str | os.PathLike) -> bool:

@@ -136,10 +136,11 @@ def gguf_name(hf_name: str) -> str:
 
 
 def write_gguf(path, arch: str, config: dict, tensors: dict, *, types: Callable[[str], object] | None = None,
-               tokenizer: bool = True, metadata: dict | None = None, raw: dict | None = None) -> str:
+               tokenizer: bool | str = True, metadata: dict | None = None, raw: dict | None = None) -> str:
     """A GGUF file as llama.cpp would write `tensors` (HF names, float32): q/k permuted for llama,
     each tensor quantized to `types(hf_name)` (default F32). `raw` adds pre-encoded tensors:
-    gguf name -> (array, GGMLQuantizationType)."""
+    gguf name -> (array, GGMLQuantizationType). `tokenizer`: True or "gpt2" (byte-level BPE),
+    "llama" (sentencepiece BPE with byte fallback), False (none)."""
     import gguf
     from gguf import GGMLQuantizationType as Q
 
@@ -161,18 +162,7 @@ def write_gguf(path, arch: str, config: dict, tensors: dict, *, types: Callable[
         w.add_key_length(config["head_dim"])
         w.add_value_length(config["head_dim"])
     if tokenizer:
-        tokens = byte_tokens()
-        w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("default")
-        w.add_token_list(tokens)
-        w.add_token_types([3 if t in SPECIALS else 1 for t in tokens])
-        w.add_token_merges([" ".join(m) for m in MERGES])
-        w.add_bos_token_id(1)
-        w.add_eos_token_id(2)
-        w.add_unk_token_id(0)
-        w.add_pad_token_id(2)
-        w.add_add_bos_token(False)
-        w.add_chat_template(CHAT_TEMPLATE)
+        write_tokenizer_metadata(w, "gpt2" if tokenizer is True else tokenizer)
     for key, value in (metadata or {}).items():
         if isinstance(value, int):
             w.add_uint32(key, value)
@@ -196,3 +186,31 @@ def write_gguf(path, arch: str, config: dict, tensors: dict, *, types: Callable[
     w.write_tensors_to_file()
     w.close()
     return str(path)
+
+
+SENTENCEPIECE_PIECES = ["\u2581", "t", "h", "e", "l", "o", "w", "r", "d", "\u2581t", "he", "\u2581the", "ll",
+                        "\u2581h", "\u2581w", "or", "ld", "\u2581wor", "\u2581world", "lo", "\u2581hel"]
+
+
+def write_tokenizer_metadata(w, kind: str) -> None:
+    """llama.cpp's tokenizer keys for a tiny byte-level BPE ("gpt2") or sentencepiece ("llama") vocab."""
+    if kind == "gpt2":
+        tokens = byte_tokens()
+        types = [3 if t in SPECIALS else 1 for t in tokens]
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("default")
+        w.add_token_merges([" ".join(m) for m in MERGES])
+        w.add_add_bos_token(False)
+        w.add_pad_token_id(2)
+        w.add_chat_template(CHAT_TEMPLATE)
+    else:
+        tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + SENTENCEPIECE_PIECES
+        types = [2, 3, 3] + [6] * 256 + [1] * len(SENTENCEPIECE_PIECES)
+        w.add_tokenizer_model("llama")
+        w.add_token_scores([0.0] * 259 + [-float(i) for i in range(len(SENTENCEPIECE_PIECES))])
+        w.add_add_space_prefix(True)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)

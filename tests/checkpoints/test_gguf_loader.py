@@ -161,3 +161,31 @@ def test_config_is_accepted_by_model_config(tmp_path):
         mc = ModelConfig.from_hf_config(ckpt.config)
         assert (mc.model_type, mc.head_dim, mc.num_key_value_heads) == (arch, 16, 2)
         assert mc.attention_bias == (arch == "qwen2") and mc.qk_norm == (arch == "qwen3")
+
+
+TOKENIZER_TEXTS = ["the hello world", "  the  world  ", "tabs\tand\nnew lines", "héllo wörld 😀 日本",
+                   "<s>the</s> <|im_end|>", ""]
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_tiny_gguf_tokenizers_encode_like_transformers(tmp_path, kind):
+    from transformers import AutoTokenizer
+
+    config = tiny_config("llama")
+    path = write_gguf(tmp_path / "m.gguf", "llama", config, tiny_tensors(config), tokenizer=kind)
+    ours = load_checkpoint(path).tokenizer
+    reference = AutoTokenizer.from_pretrained(tmp_path, gguf_file="m.gguf")
+    for text in TOKENIZER_TEXTS:
+        assert ours(text).input_ids == reference(text).input_ids, text
+        assert ours.decode(ours(text).input_ids) == reference.decode(reference(text).input_ids), text
+    assert (ours.bos_token, ours.eos_token, ours.unk_token) == (reference.bos_token, reference.eos_token,
+                                                                reference.unk_token)
+    assert ours.chat_template == reference.chat_template
+    if kind == "llama":  # sentencepiece files add BOS unless they say otherwise, as llama.cpp does
+        assert ours("the").input_ids[0] == 1
+
+
+def test_a_gguf_without_a_vocabulary_has_no_tokenizer(tmp_path):
+    config = tiny_config("llama")
+    path = write_gguf(tmp_path / "m.gguf", "llama", config, tiny_tensors(config), tokenizer=False)
+    assert load_checkpoint(path).tokenizer is None
