@@ -24,7 +24,7 @@ def dense_causal_attention(config: ModelConfig, sm_scale: float | None = None) -
         del layer_idx
         t, n, h = q.shape
         kv_heads = k.shape[1]
-        group = n // kv_heads                     # query head i reads kv head i // group (HF repeat_kv)
+        group = n // kv_heads              # query head i reads kv head i // group (HF's repeat_kv)
         qg = q.reshape(t, kv_heads, group, h)                                  # [T, K, G, H]
         precision = matmul_precision(q.dtype)
         scores = jnp.einsum("tkgh,skh->kgts", qg, k, precision=precision,

@@ -29,7 +29,8 @@ from jaxserve.models.rope import apply_rope, rope_cos_sin
 
 Params = dict  # pytree of jnp arrays, layout in params.py
 
-# attention(layer_idx, q [T, N, H], k [T, K, H], v [T, K, H], kv_cache_layer) -> (out [T, N, H], new cache)
+# attention(layer_idx, q [T, N, H], k [T, K, H], v [T, K, H], kv_cache_layer)
+#   -> (out [T, N, H], new kv_cache_layer); q and k arrive RoPE'd (and q/k-normed for Qwen3)
 AttentionFn = Callable[[int, jax.Array, jax.Array, jax.Array, Any], tuple[jax.Array, Any]]
 
 
@@ -72,7 +73,7 @@ class Attention(nn.Module):
         t = x.shape[0]
         qkv = nn.Dense((n + 2 * k) * h, use_bias=c.attention_bias, dtype=self.dtype,
                        param_dtype=self.dtype, precision=matmul_precision(self.dtype),
-                       name="qkv_proj")(x)          # [T, (N+2K)*H]
+                       name="qkv_proj")(x)                                  # [T, (N+2K)*H]
         q = qkv[:, : n * h].reshape(t, n, h)                                  # [T, N, H]
         key = qkv[:, n * h : (n + k) * h].reshape(t, k, h)                    # [T, K, H]
         value = qkv[:, (n + k) * h :].reshape(t, k, h)                        # [T, K, H]
@@ -83,7 +84,7 @@ class Attention(nn.Module):
         out, kv_cache = attention(self.layer_idx, q, key, value, kv_cache)  # [T, N, H]
         out = nn.Dense(c.hidden_size, use_bias=has_o_proj_bias(c), dtype=self.dtype,
                        param_dtype=self.dtype, precision=matmul_precision(self.dtype),
-                       name="o_proj")(out.reshape(t, n * h))  # [T, D]
+                       name="o_proj")(out.reshape(t, n * h))               # [T, D]
         return out, kv_cache
 
 
@@ -96,10 +97,11 @@ class MLP(nn.Module):
         f = self.config.intermediate_size
         precision = matmul_precision(self.dtype)
         gate_up = nn.Dense(2 * f, use_bias=False, dtype=self.dtype, param_dtype=self.dtype,
-                           precision=precision, name="gate_up_proj")(x)  # [T, 2F]
+                           precision=precision, name="gate_up_proj")(x)     # [T, 2F]
         hidden = nn.silu(gate_up[:, :f]) * gate_up[:, f:]                    # [T, F]
         return nn.Dense(self.config.hidden_size, use_bias=False, dtype=self.dtype,
-                        param_dtype=self.dtype, precision=precision, name="down_proj")(hidden)  # [T, D]
+                        param_dtype=self.dtype, precision=precision,
+                        name="down_proj")(hidden)                             # [T, D]
 
 
 class DecoderLayer(nn.Module):

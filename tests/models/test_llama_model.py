@@ -142,7 +142,8 @@ def test_wrong_shape_is_named_with_both_shapes():
     tensors = _hf_tensors(config)
     # a transposed (GGUF-like [in, out]) projection must not slip through
     tensors["model.layers.0.mlp.up_proj.weight"] = tensors["model.layers.0.mlp.up_proj.weight"].T
-    with pytest.raises(ValueError, match=r"'model\.layers\.0\.mlp\.up_proj\.weight' has shape \(32, 48\).*\(48, 32\)"):
+    name = r"'model\.layers\.0\.mlp\.up_proj\.weight'"
+    with pytest.raises(ValueError, match=name + r" has shape \(32, 48\).*\(48, 32\)"):
         params_from_hf(config, tensors, jnp.float32)
 
 
