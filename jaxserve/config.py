@@ -35,6 +35,8 @@ class EngineConfig:
     prefill_buckets: tuple[int, ...] | None = _f(None, "compiled prefill tile counts (default: 0, 1, 4, ... max)")
     max_prefill_seqs: int = _f(4, "most prompts mid-prefill in one step (bounds the prefill tiles)")
     attention_impl: str = _f("auto", "attention implementation: auto, xla, reference, mosaic, triton, *_interpret")
+    xla_optimization_level: int | None = _f(
+        None, "XLA backend optimization level (tests use 0: half the compile time, slower steps)")
     compilation_cache_dir: str | None = _f(
         os.path.join(os.path.expanduser("~"), ".cache", "jaxserve", "xla"),
         "persistent XLA compilation cache ('' disables it)")

@@ -23,6 +23,21 @@ class LLM:
         self.config = EngineConfig.from_kwargs(model=model, **kwargs)
         self.engine = build_engine(self.config, progress=progress)
 
+    @classmethod
+    def sharing_runner(cls, other: "LLM", **overrides: Any) -> "LLM":
+        """A second LLM on `other`'s compiled runner and KV arena with a fresh scheduler whose
+        knobs come from `overrides` (e.g. usable_kv_blocks): no load, no compile."""
+        shape_free = {"usable_kv_blocks", "enable_prefix_caching", "enable_chunked_prefill",
+                      "long_prefill_token_threshold", "seed"}
+        if set(overrides) - shape_free:
+            raise ValueError(f"sharing a runner can only change {sorted(shape_free)}, "
+                             f"not {sorted(set(overrides) - shape_free)}")
+        llm = cls.__new__(cls)
+        fields = {k: getattr(other.config, k) for k in other.config.__dataclass_fields__}
+        llm.config = EngineConfig.from_kwargs(**{**fields, **overrides})
+        llm.engine = build_engine(llm.config, share_runner_of=other.engine)
+        return llm
+
     # -- generation --------------------------------------------------------------------------
     def generate(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
                  use_tqdm: bool = True, priority: int | Sequence[int] = 0) -> list[RequestOutput]:

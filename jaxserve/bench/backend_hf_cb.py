@@ -3,13 +3,15 @@
 transformers runs its scheduler in a background thread; we add requests when the dispatcher says
 they are due (so timed arrivals work) and read streamed partial outputs from its queue. Its
 `record_timestamps` stamps every generated token (perf_counter), its `lifespan` gives the first
-scheduled and finished times. `eos_token_id=-1` disables EOS, so lengths are exact. The manager
+scheduled and finished times. `eos_token_id=-1` disables EOS, so lengths are exact. The KV
+cache is sized for max_requests sequences of the workload's longest prompt + output. The manager
 is started and warmed up (one tiny request) when the backend is built: the first step of a fresh
 manager takes seconds of one-off set-up that is not part of serving.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Sequence
 
@@ -26,7 +28,8 @@ class HFContinuousBackend:
     name = "hf-cb"
 
     def __init__(self, spec: ModelSpec, max_requests: int = 16, max_batch_tokens: int = 512,
-                 label: str | None = None, dtype: str = "float32") -> None:
+                 label: str | None = None, dtype: str = "float32", max_seq_len: int = 2048,
+                 page_size: int = 256) -> None:
         try:
             from transformers import GenerationConfig
             from transformers.generation import ContinuousBatchingConfig
@@ -37,7 +40,11 @@ class HFContinuousBackend:
         if not hasattr(self.model, "init_continuous_batching"):
             raise UnsupportedBackend("this transformers' models have no init_continuous_batching")
         self.label = label or f"hf-cb[seqs={max_requests},tokens={max_batch_tokens}]"
-        self.config = {"max_requests_per_batch": max_requests, "max_batch_tokens": max_batch_tokens}
+        # Size the KV cache for the workload: left unset, transformers takes 90% of free memory,
+        # which on a CPU host means most of the machine's RAM.
+        num_blocks = max_requests * math.ceil(max_seq_len / page_size) + max_requests
+        self.config = {"max_requests_per_batch": max_requests, "max_batch_tokens": max_batch_tokens,
+                       "num_blocks": num_blocks, "page_size": page_size}
         self.manager = self.model.init_continuous_batching(
             generation_config=GenerationConfig(do_sample=False, max_new_tokens=16),
             continuous_batching_config=ContinuousBatchingConfig(**self.config),

@@ -131,8 +131,9 @@ class JaxServeBackend:
         with progress_bar(len(requests), "jaxserve", options.progress) as bar:
             while disp.has_waiting or eng.has_unfinished_requests():
                 for r in disp.pop_due(time.perf_counter()):
+                    # the engine's arrival is the request's due time, not when this loop got round to it
                     eng.add_request(r.request_id, {"prompt_token_ids": list(r.prompt_token_ids)},
-                                    greedy_params(r.output_len))
+                                    greedy_params(r.output_len), arrival_time=disp.sent_at[r.request_id])
                 if not eng.has_unfinished_requests():
                     nxt = disp.next_due()
                     if nxt is None:

@@ -12,7 +12,7 @@ BACKENDS = ("jaxserve", "hf", "hf-cb", "vllm")
 
 def make_backend(name: str, spec: ModelSpec, *, engine_kwargs: dict[str, Any] | None = None,
                  label: str | None = None, hf_batch_size: int = 16, hf_cb_max_requests: int = 16,
-                 hf_cb_max_batch_tokens: int = 512, jaxserve_api: str = "auto") -> Backend:
+                 hf_cb_max_batch_tokens: int = 512, jaxserve_api: str = "auto", max_seq_len: int = 2048) -> Backend:
     """Load a backend (weights, compilation, warm threads): nothing here is timed."""
     if name == "jaxserve":
         from jaxserve.bench.backend_jaxserve import JaxServeBackend
@@ -25,7 +25,8 @@ def make_backend(name: str, spec: ModelSpec, *, engine_kwargs: dict[str, Any] | 
     if name == "hf-cb":
         from jaxserve.bench.backend_hf_cb import HFContinuousBackend
 
-        return HFContinuousBackend(spec, hf_cb_max_requests, hf_cb_max_batch_tokens, label=label)
+        return HFContinuousBackend(spec, hf_cb_max_requests, hf_cb_max_batch_tokens, label=label,
+                                   max_seq_len=max_seq_len)
     if name == "vllm":
         from jaxserve.bench.backend_vllm import VLLMBackend
 

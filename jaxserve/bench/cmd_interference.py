@@ -91,6 +91,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         need = workload.summary()["max_seq_len"]
         base_overrides["max_model_len"] = -(-need // 256) * 256
     warmup = warmup_requests(chats_only, args.num_warmup)
+    session.sized_for(workload)
     runs, table = [], {}
     for label, overrides in _variants(args.chunk_sizes):
         backend = session.build("jaxserve", f"jaxserve[{label}]", {**base_overrides, **overrides})

@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     pool = random_workload(session.tokenizer, sum(sizes) * per_size, *fixed, seed=args.seed)
     offsets = {b: sum(sizes[:j]) * per_size for j, b in enumerate(sizes)}
     runs, sweep = [], {}
+    session.sized_for(pool)
     for name in parse_backends(args.backend):
         backend = session.build(name)
         if backend is None:

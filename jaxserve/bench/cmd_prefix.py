@@ -71,6 +71,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     workload = shared_prefix_workload(session.tokenizer, args.num_groups, args.prompts_per_group,
                                       args.system_prompt_len, args.question_len, args.answer_len, args.seed)
     warmup = warmup_requests(workload, args.num_warmup)
+    session.sized_for(workload)
     variants = []
     for name in parse_backends(args.backend):
         if name == "jaxserve":

@@ -65,6 +65,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     workloads = rate_workloads(session, rates)
     base = workloads[0]
     warmup = warmup_requests(base, args.num_warmup)
+    session.sized_for(*workloads)
     runs = []
     for name in names:
         backend = session.build(name)

@@ -33,6 +33,7 @@ class Session:
         self.spec = resolve_model(args.model)
         self._tokenizer: Any = None
         self.skipped: list[dict[str, str]] = []
+        self.max_seq_len = 2048  # longest prompt + output of the workload; commands set it before building
 
     @property
     def tokenizer(self) -> Any:
@@ -57,11 +58,16 @@ class Session:
                 name, self.spec, engine_kwargs={**engine_kwargs(a), **(overrides or {})}, label=label,
                 hf_batch_size=a.hf_batch_size, hf_cb_max_requests=a.hf_cb_max_requests,
                 hf_cb_max_batch_tokens=a.hf_cb_max_batch_tokens, jaxserve_api=a.jaxserve_api,
+                max_seq_len=self.max_seq_len,
             )
         except UnsupportedBackend as e:
             log(f"skipping backend {label or name}: {e}")
             self.skipped.append({"backend": label or name, "reason": str(e)})
             return None
+
+    def sized_for(self, *workloads: Workload) -> None:
+        """Backends that preallocate (hf-cb) size their caches for the longest sequence of these."""
+        self.max_seq_len = max(w.summary()["max_seq_len"] for w in workloads)
 
     def warm(self, backend: Backend, warmup: Sequence[BenchRequest]) -> None:
         if warmup and hasattr(backend, "warmup"):

@@ -57,7 +57,13 @@ def runner_shapes(config: EngineConfig, max_model_len: int) -> RunnerShapes:
     )
 
 
-def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, progress: bool = True) -> Engine:
+def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, progress: bool = True,
+                 share_runner_of: Engine | None = None) -> Engine:
+    """Load, compile and wire an Engine. `share_runner_of` reuses another engine's compiled runner
+    and arena (same model and shapes) under a new scheduler: tests use it to create KV pressure
+    with a capped pool without compiling again."""
+    if share_runner_of is not None:
+        return _engine_on_shared_runner(config, share_runner_of)
     enable_compilation_cache(config.compilation_cache_dir)
     ckpt = checkpoint if checkpoint is not None else load_checkpoint(config.model)
     model_config = ModelConfig.from_hf_config(ckpt.config)
@@ -72,11 +78,23 @@ def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, 
     arena = plan_arena(model_config, block_size=config.block_size, dtype=dtype,
                        num_kv_blocks=config.num_kv_blocks, kv_cache_memory=kv_memory)
     shapes = runner_shapes(config, max_model_len)
-    runner = ModelRunner(model_config, params, arena, shapes, attention_impl=config.attention_impl)
+    runner = ModelRunner(model_config, params, arena, shapes, attention_impl=config.attention_impl,
+                         xla_optimization_level=config.xla_optimization_level)
     runner.compile_all(progress=progress)
+    eos = set(model_config.eos_token_ids)
+    if ckpt.tokenizer is not None and ckpt.tokenizer.eos_token_id is not None:
+        eos.add(ckpt.tokenizer.eos_token_id)
+    return Engine(
+        scheduler=_scheduler(config, arena.num_blocks, max_model_len), runner=runner, tokenizer=ckpt.tokenizer,
+        vocab_size=model_config.vocab_size, max_model_len=max_model_len, eos_token_ids=eos, seed=config.seed,
+        checkpoint_identity=ckpt.identity, model_name=os.path.basename(ckpt.source.rstrip("/")),
+        compilations_at_warmup=compile_counter.compilations(), compile_counter=compile_counter.compilations,
+    )
 
-    usable = arena.num_blocks if config.usable_kv_blocks is None else config.usable_kv_blocks + 1
-    scheduler = Scheduler(SchedulerConfig(
+
+def _scheduler(config: EngineConfig, arena_blocks: int, max_model_len: int) -> Scheduler:
+    usable = arena_blocks if config.usable_kv_blocks is None else min(arena_blocks, config.usable_kv_blocks + 1)
+    return Scheduler(SchedulerConfig(
         num_blocks=usable,
         block_size=config.block_size,
         max_num_seqs=config.max_num_seqs,
@@ -86,12 +104,18 @@ def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, 
         long_prefill_token_threshold=config.long_prefill_token_threshold,
         enable_prefix_caching=config.enable_prefix_caching,
     ))
-    eos = set(model_config.eos_token_ids)
-    if ckpt.tokenizer is not None and ckpt.tokenizer.eos_token_id is not None:
-        eos.add(ckpt.tokenizer.eos_token_id)
+
+
+def _engine_on_shared_runner(config: EngineConfig, other: Engine) -> Engine:
+    """The new engine will overwrite arena blocks that `other`'s prefix cache still names, so
+    that cache is emptied first (its KV would no longer be what its keys say)."""
+    if other.has_unfinished_requests():
+        raise ValueError("cannot share the runner of an engine that still has requests")
+    other.reset_prefix_cache()
     return Engine(
-        scheduler=scheduler, runner=runner, tokenizer=ckpt.tokenizer, vocab_size=model_config.vocab_size,
-        max_model_len=max_model_len, eos_token_ids=eos, seed=config.seed,
-        checkpoint_identity=ckpt.identity, model_name=os.path.basename(ckpt.source.rstrip("/")),
-        compilations_at_warmup=compile_counter.compilations(), compile_counter=compile_counter.compilations,
+        scheduler=_scheduler(config, other.runner.arena_spec.num_blocks, other.max_model_len), runner=other.runner,
+        tokenizer=other.tokenizer, vocab_size=other.vocab_size, max_model_len=other.max_model_len,
+        eos_token_ids=other.eos_token_ids, seed=config.seed, checkpoint_identity=other.checkpoint_identity,
+        model_name=other.model_name, compilations_at_warmup=compile_counter.compilations(),
+        compile_counter=compile_counter.compilations,
     )

@@ -199,6 +199,14 @@ class Engine:
         self._counters.finished += 1
         self._counters.finished_by_reason[reason] = self._counters.finished_by_reason.get(reason, 0) + 1
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix block (they return to the free pool)."""
+        reset = getattr(self.scheduler, "reset_prefix_cache", None)
+        if reset is not None:
+            reset()
+        elif self.scheduler.kv.cache is not None:   # until sched grows reset_prefix_cache()
+            self.scheduler.kv.cache.evict(self.scheduler.num_kv_blocks_total)
+
     # -- introspection -----------------------------------------------------------------------
     @property
     def finished_by_reason(self) -> dict[str, int]:

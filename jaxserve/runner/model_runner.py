@@ -56,7 +56,7 @@ class RunnerShapes:
 
 class ModelRunner:
     def __init__(self, model_config: ModelConfig, params, arena: ArenaSpec, shapes: RunnerShapes,
-                 attention_impl: str = "auto"):
+                 attention_impl: str = "auto", xla_optimization_level: int | None = None):
         self.model_config = model_config
         self.params = params
         self.arena_spec = arena
@@ -65,6 +65,8 @@ class ModelRunner:
         self._attention = select_attention(attention_impl)
         self._compiled: dict[tuple[int, int], object] = {}
         self._samplers: dict[int, object] = {}
+        self._compiler_options = ({} if xla_optimization_level is None
+                                  else {"xla_backend_optimization_level": xla_optimization_level})
         compile_counter.install()
 
     # -- compilation -------------------------------------------------------------------------
@@ -98,7 +100,7 @@ class ModelRunner:
         def build(job):
             kind, key = job
             lowered = self._lower(key) if kind == "step" else self._lower_sampler(key)
-            return job, lowered.compile()
+            return job, lowered.compile(compiler_options=self._compiler_options or None)
 
         with ThreadPoolExecutor(max_workers=2) as pool:
             for (kind, key), compiled in pool.map(build, jobs):

@@ -1,0 +1,20 @@
+"""Shared fixtures: tiny random-weight models written once per session (never downloaded)."""
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory):
+    from jaxserve.testing.tiny_models import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-llama"), "llama", seed=0)
+
+
+# Small shapes: 4 seats, a 32-token budget in tiles of 8, blocks of 4 tokens; few buckets.
+TINY_ENGINE = dict(max_num_seqs=4, max_model_len=128, block_size=4, prefill_tile=8, max_num_batched_tokens=32,
+                   num_kv_blocks=96, max_prefill_seqs=2, xla_optimization_level=0, compilation_cache_dir="",
+                   progress=False)
