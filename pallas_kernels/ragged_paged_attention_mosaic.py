@@ -202,8 +202,8 @@ def ragged_paged_attention_mosaic(
     group = num_heads // num_kv_heads
     tile_keys = max(MIN_TILE_KEYS, block_size)
     num_items = wp.max_work_items(num_tokens, kv_lens.shape[0], group, ROWS)
-    if num_splits is None:
-        num_splits = default_num_splits(num_items, num_kv_heads)
+    if num_splits is None:   # the interpreters' cost grows with programs: one split there
+        num_splits = 1 if interpret else default_num_splits(num_items, num_kv_heads)
 
     meta, item_start = wp.plan_work(cu_q_lens, kv_lens, num_seqs, group=group, rows=ROWS,
                                     tile_keys=tile_keys, num_items=num_items,

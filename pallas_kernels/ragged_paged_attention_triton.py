@@ -125,8 +125,8 @@ def ragged_paged_attention_triton(
     if reason is not None or not _pow2_at_least_16(rows):
         raise ValueError(f"triton ragged paged attention: {reason or f'rows {rows} is not a power of two >= 16'}")
     num_items = wp.max_work_items(num_tokens, kv_lens.shape[0], group, rows)
-    if num_splits is None:
-        num_splits = default_num_splits(num_items, num_kv_heads)
+    if num_splits is None:   # the interpreters' cost grows with programs: one split there
+        num_splits = 1 if interpret else default_num_splits(num_items, num_kv_heads)
 
     meta, item_start = wp.plan_work(cu_q_lens, kv_lens, num_seqs, group=group, rows=rows,
                                     tile_keys=block_size, num_items=num_items,

@@ -27,7 +27,7 @@ def run(c, **kw):
 
 @pytest.mark.parametrize("c", CI_CASES, ids=lambda c: c.label())
 def test_triton_kernel_matches_reference_in_interpreter(c):
-    run(c, num_splits=1)
+    run(c)   # one split: the interpreted default
 
 
 def test_flash_decoding_splits_merge_to_the_same_result():
@@ -36,7 +36,7 @@ def test_flash_decoding_splits_merge_to_the_same_result():
 
 
 def test_wider_query_tiles_match_reference():
-    run(case("mixed", group=3, head_dim=64, dtype="float32", seed=8), rows=64, num_splits=1)
+    run(case("mixed", group=3, head_dim=64, dtype="float32", seed=8), rows=64)
 
 
 @pytest.mark.full_grid

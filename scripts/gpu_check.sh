@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Kernel check for a machine with an NVIDIA GPU (H100/H200; an A100 runs the Triton half):
+#   1. scripts/gpu_kernel_check.py: every kernel compiled for the GPU against the reference
+#      (the CI cases plus larger Llama-3-8B-shaped ones), one line per case;
+#   2. scripts/gpu_kernel_bench.py: decode attention at batch 1/8/64/256 x context 1k/4k/16k,
+#      achieved KV bytes/s against measured copy bandwidth, for our kernels, the XLA path and
+#      jax's deprecated Triton paged_attention, one line per measurement.
+# Finishes in under 5 minutes (each step has a hard timeout); paste its output into
+# docs/kernels.md ("Numbers on a GPU"). Usage: scripts/gpu_check.sh [python]
+set -u
+cd "$(dirname "$0")/.."
+PY="${1:-${PYTHON:-}}"
+if [ -z "$PY" ]; then
+  if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONWARNINGS="ignore::DeprecationWarning"
+export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.9}"
+
+echo "gpu_check: $(date -u +%FT%TZ) $(git rev-parse --short HEAD 2>/dev/null) $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
+"$PY" -c "import jax; print('gpu_check: jax', jax.__version__, jax.devices())" || exit 1
+
+timeout 110 "$PY" scripts/gpu_kernel_check.py 2> /tmp/gpu_kernel_check.err
+check_rc=$?
+[ $check_rc -ne 0 ] && tail -n 30 /tmp/gpu_kernel_check.err
+
+timeout 170 "$PY" scripts/gpu_kernel_bench.py --time-budget 140 2> /tmp/gpu_kernel_bench.err
+bench_rc=$?
+[ $bench_rc -ne 0 ] && tail -n 30 /tmp/gpu_kernel_bench.err
+
+echo "gpu_check: kernel-check rc=$check_rc (124 = timed out), bench rc=$bench_rc"
+[ $check_rc -eq 0 ] && [ $bench_rc -eq 0 ]
