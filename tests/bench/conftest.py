@@ -33,3 +33,10 @@ def fake_jaxserve(monkeypatch: pytest.MonkeyPatch) -> list[FakeLLM]:
     monkeypatch.setattr(backend_jaxserve, "load_llm", load)
     monkeypatch.setattr(backend_jaxserve, "sampling_params", lambda **kw: FakeParams(**kw))
     return built
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_model_dir: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)

@@ -72,13 +72,14 @@ class FakeEngine:
         self._arrivals: dict[str, float] = {}
         self.steps = 0
 
-    def add_request(self, request_id: str, prompt: dict, params: FakeParams, priority: int = 0) -> None:
+    def add_request(self, request_id: str, prompt: dict, params: FakeParams, priority: int = 0,
+                    arrival_time: float | None = None) -> None:
         if params.n != 1:
             raise NotImplementedError("FakeLLM samples one sequence per request")
         ids = list(prompt["prompt_token_ids"])
         self.waiting.append((request_id, ids, params))
         self.params[request_id] = params
-        self._arrivals[request_id] = time.perf_counter()
+        self._arrivals[request_id] = time.perf_counter() if arrival_time is None else arrival_time
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)

@@ -1,0 +1,152 @@
+"""Every `jaxserve bench` subcommand and `jaxserve plan`, end to end on tiny models.
+
+The jaxserve backend runs on FakeLLM here (no compilation); the PyTorch backends run a tiny
+random Llama for real. test_real_engine.py runs the real jaxserve engine once.
+"""
+
+import json
+import os
+
+import pytest
+
+from jaxserve.bench import cli
+from jaxserve.bench.results import SCHEMA
+
+
+def bench(model_dir, out_dir, *argv):
+    return cli.main(["bench", *argv, "--model", model_dir, "--output-dir", str(out_dir), "--no-progress",
+                     "--num-warmup", "1"])
+
+
+def check_files(result, n_png):
+    files = result["files"]
+    with open(files[0]) as f:
+        data = json.load(f)
+    assert data["schema"] == SCHEMA and data["runs"]
+    pngs = [p for p in files if p.endswith(".png")]
+    assert len(pngs) == n_png
+    import matplotlib.image
+
+    for p in pngs:
+        img = matplotlib.image.imread(p)
+        assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
+    return data
+
+
+def test_throughput_runs_every_backend_side_by_side(tiny_model_dir, fake_jaxserve, tmp_path):
+    res = bench(tiny_model_dir, tmp_path, "throughput", "--backend", "jaxserve,hf,hf-cb", "--num-prompts", "5",
+                "--input-len", "8:40", "--output-len", "2:6", "--hf-batch-size", "2", "--name", "tp")
+    data = check_files(res, 2)
+    assert [r["backend"] for r in data["runs"]] == ["jaxserve", "hf", "hf-cb"]
+    wanted = {f"random-{i}" for i in range(5)}
+    for run in data["runs"]:
+        assert {r["request_id"] for r in run["requests"]} == wanted
+        assert run["metrics"]["completed"] == 5
+        assert run["metrics"]["total_output_tokens"] == data["workload"]["total_output_tokens"]
+        assert all(len(r["token_times"]) == r["output_len"] for r in run["requests"])
+    # the PyTorch paths agree with each other: same weights, same token ids, greedy
+    hf_cb = data["runs"][2]["agreement"]
+    assert hf_cb["reference"] == "jaxserve" and hf_cb["compared"] == 5
+    assert data["runs"][0]["checkpoint_identity"] == "sha256:fake"
+    assert data["runs"][1]["checkpoint_identity"] == data["model"]["files_sha256"]
+    assert data["environment"]["packages"]["torch"]
+    assert fake_jaxserve[0].model == os.path.abspath(tiny_model_dir)
+
+
+def test_throughput_rate_sweep_uses_the_engine_loop_and_plots_ttft_against_rate(tiny_model_dir, fake_jaxserve,
+                                                                                tmp_path):
+    res = bench(tiny_model_dir, tmp_path, "throughput", "--backend", "jaxserve", "--num-prompts", "4",
+                "--input-len", "8:16", "--output-len", "2:4", "--request-rate", "200,inf", "--max-concurrency", "3")
+    data = check_files(res, 3)
+    assert [r["config"]["request_rate"] for r in data["runs"]] == [200.0, "inf"]
+    assert all(r["config"]["api"] == "engine" for r in data["runs"])     # the cap needs the step loop
+    assert data["runs"][0]["kv_usage"]["num_samples"] > 0
+
+
+def test_static_hf_refuses_timed_arrivals_and_the_skip_is_recorded(tiny_model_dir, fake_jaxserve, tmp_path):
+    res = bench(tiny_model_dir, tmp_path, "throughput", "--backend", "jaxserve,hf", "--num-prompts", "2",
+                "--input-len", "8", "--output-len", "2", "--request-rate", "100", "--no-plots")
+    data = check_files(res, 0)
+    assert [r["backend"] for r in data["runs"]] == ["jaxserve"]
+    assert "request-rate inf" in data["extra"]["skipped"][0]["reason"]
+
+
+def test_latency_sweep_feeds_plan(tiny_model_dir, fake_jaxserve, tmp_path, capsys):
+    res = bench(tiny_model_dir, tmp_path, "latency", "--backend", "jaxserve,hf", "--batch-size", "1,2,4",
+                "--input-len", "12", "--output-len", "3", "--num-iters", "2", "--num-iters-warmup", "1",
+                "--name", "lat")
+    data = check_files(res, 2)
+    sweep = data["extra"]["latency_sweep"]
+    assert [p["batch_size"] for p in sweep["hf"]] == [1, 2, 4]
+    assert all(p["output_tok_s"] > 0 for p in sweep["jaxserve"])
+    assert len(data["runs"]) == 6 and all(len(r["config"]["iteration_latencies_s"]) == 2 for r in data["runs"])
+    prompts = [tuple(r["request_id"] for r in run["requests"]) for run in data["runs"]]
+    assert len({p for ps in prompts for p in ps}) == (1 + 2 + 4) * 2   # ids per batch size and iteration
+    p = cli.main(["plan", "--rate", "2", "--duration", "1.5", "--results", res["files"][0], "--backend", "hf"])
+    assert p["concurrency"] == pytest.approx(3.0) and p["knee_batch"] in (1, 2, 4)
+    assert "Little's law" in capsys.readouterr().out
+
+
+def test_prefix_compares_cache_on_and_off(tiny_model_dir, fake_jaxserve, tmp_path):
+    res = bench(tiny_model_dir, tmp_path, "prefix", "--num-groups", "2", "--prompts-per-group", "3",
+                "--system-prompt-len", "48", "--question-len", "8", "--answer-len", "3",
+                "--parallel-prompt-len", "40", "--parallel-output-len", "2")
+    data = check_files(res, 3)
+    table = data["extra"]["prefix_table"]
+    assert table["jaxserve[prefix-cache=on]"]["prefix_hit_rate"] > 0
+    assert table["jaxserve[prefix-cache=off]"]["prefix_hit_rate"] == 0
+    assert set(data["extra"]["ratios"]) == {"ttft_mean_off_over_on", "throughput_on_over_off"}
+    ps = data["extra"]["parallel_sampling"]
+    assert "NotImplementedError" in ps["n_samples_cache_on"]["error"]      # the fake samples one sequence
+    assert ps["independent_cache_off"]["peak_blocks"] >= 4 * 3             # 4 x ceil(40 / 16)
+    assert [llm.engine.prefix_caching for llm in fake_jaxserve] == [True, False]
+
+
+def test_interference_runs_each_chunk_setting_on_a_fresh_engine(tiny_model_dir, fake_jaxserve, tmp_path):
+    res = bench(tiny_model_dir, tmp_path, "interference", "--num-chats", "3", "--chat-prompt-len", "8",
+                "--chat-output-len", "6", "--num-long", "2", "--long-prompt-len", "100", "--long-interval", "0.001",
+                "--chunk-sizes", "32,none")
+    data = check_files(res, 3)
+    table = data["extra"]["interference_table"]
+    assert list(table) == ["chats alone", "default", "chunk=32", "unchunked"]
+    assert table["default"]["long_ttft_mean_s"] > 0 and table["chats alone"]["chat_itl_p50_s"] > 0
+    assert [llm.kwargs.get("long_prefill_token_threshold") for llm in fake_jaxserve] == [None, 32, None]
+    assert fake_jaxserve[2].kwargs["enable_chunked_prefill"] is False
+    assert fake_jaxserve[0].max_model_len == 256   # raised to fit 100 + 8 tokens, rounded to 256
+    longs = [r for r in data["runs"][1]["requests"] if r["group"] == "long"]
+    chats = [r for r in data["runs"][1]["requests"] if r["group"] == "chat"]
+    assert min(r["arrival_time"] for r in longs) >= max(r["first_token_time"] for r in chats)
+    assert "itl_target_met (<= 2)" in data["extra"]["targets"]
+
+
+def test_report_writes_a_markdown_table(tiny_model_dir, fake_jaxserve, tmp_path):
+    a = bench(tiny_model_dir, tmp_path, "throughput", "--backend", "jaxserve", "--num-prompts", "2",
+              "--input-len", "8", "--output-len", "2", "--no-plots", "--name", "a")
+    out = tmp_path / "report.md"
+    text = cli.main(["bench", "report", a["files"][0], "--output", str(out)])
+    assert out.read_text() == text
+    lines = text.splitlines()
+    assert lines[0].startswith("| result | run |") and lines[2].startswith("| a.json | jaxserve | 2 |")
+    assert "sha256:fake" in text
+
+
+def test_report_rejects_files_that_are_not_results(tmp_path):
+    p = tmp_path / "x.json"
+    p.write_text("{}")
+    with pytest.raises(ValueError, match="not a jaxserve benchmark result"):
+        cli.main(["bench", "report", str(p)])
+
+
+def test_serve_says_it_needs_the_grpc_client(tiny_model_dir, tmp_path, monkeypatch):
+    import importlib
+
+    real = importlib.import_module
+
+    def no_client(name, *a, **k):
+        if name == "jaxserve.client":
+            raise ImportError("No module named 'jaxserve.client'")
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(importlib, "import_module", no_client)
+    with pytest.raises(SystemExit, match="needs jaxserve.client"):
+        bench(tiny_model_dir, tmp_path, "serve")
