@@ -192,8 +192,13 @@ def ragged_paged_attention_mosaic(
     soft_cap: float | None = None,
     num_splits: int | None = None,
     num_stages: int = 3,
-    interpret: bool = False,
+    interpret: bool | plgpu.InterpretGPUParams = False,
 ) -> jax.Array:
+    """Same semantics as `ragged_paged_attention_reference`; [T, N, H] in q's dtype.
+
+    `interpret` runs the Mosaic GPU interpreter on the CPU (True, or InterpretGPUParams, e.g. with
+    detect_races=True); `num_splits` defaults to enough CUDA blocks for a small batch to fill an H200.
+    """
     reason = unsupported_reason(q, k_cache)
     if reason is not None:
         raise ValueError(f"mosaic ragged paged attention: {reason}")
@@ -245,7 +250,8 @@ def ragged_paged_attention_mosaic(
         grid_names=("kv_head", "item", "split"),
         # Lane semantics: explicit register layouts (WGMMA), the mature path in jax 0.11.
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),
-        interpret=plgpu.InterpretGPUParams() if interpret else None,
+        interpret=(interpret if isinstance(interpret, plgpu.InterpretGPUParams)
+                   else plgpu.InterpretGPUParams() if interpret else None),
     )(items, q_rows, k_cache, v_cache)
     merged = wp.combine_splits(out, lse)
     return wp.scatter_rows(merged, item_start, cu_q_lens, kv_lens, num_seqs,

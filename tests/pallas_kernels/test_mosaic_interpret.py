@@ -7,6 +7,8 @@ host callback: cases stay tiny and use one split unless the split itself is unde
 
 import jax.numpy as jnp
 import pytest
+from jax._src.pallas.mosaic_gpu.interpret.interpret_pallas_call import get_races  # no public name in 0.11
+from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernel_cases import assert_matches_reference, case, full_grid, make_inputs, with_options
 from pallas_kernels import ragged_paged_attention_reference
@@ -31,7 +33,7 @@ CI_CASES = [
 def run(c, **kw):
     inputs = make_inputs(c)
     want = ragged_paged_attention_reference(**inputs)
-    got = ragged_paged_attention_mosaic(**inputs, interpret=True, **kw)
+    got = ragged_paged_attention_mosaic(**inputs, **{"interpret": True, **kw})
     assert_matches_reference(got, want, c)
 
 
@@ -40,11 +42,13 @@ def test_mosaic_kernel_matches_reference_in_interpreter(c):
     run(c)   # one split: the interpreted default
 
 
-def test_flash_decoding_splits_merge_to_the_same_result():
-    # Tiles of 64 keys: with 2 splits the longest sequences span both, the short ones leave one empty.
+def test_flash_decoding_splits_merge_to_the_same_result_without_races():
+    # Tiles of 64 keys: with 2 splits the longest sequences span both, the short ones leave one
+    # empty. The interpreter's happens-before race detector watches every SMEM and GMEM access.
     c = with_options(case("decode", group=8, head_dim=64, dtype="bfloat16", seed=6),
                      kv_lens=(1, 64, 128, 65), width=8, num_blocks=24)
-    run(c, num_splits=2)
+    run(c, num_splits=2, interpret=plgpu.InterpretGPUParams(detect_races=True))
+    assert not get_races().races_found
 
 
 def test_float32_is_declined_so_dispatch_can_route_it_elsewhere():
