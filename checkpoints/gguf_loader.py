@@ -4,6 +4,8 @@ llama.cpp's converter renames tensors (`blk.N.attn_q.weight`), stores the config
 (`llama.block_count`, ...), may quantize weights in blocks, and for the Llama architecture permutes
 the rows of q/k so that its RoPE can rotate adjacent pairs. We undo each of these exactly as
 transformers does when it loads a GGUF, so the result is the checkpoint HF transformers would run.
+One addition: Llama 3.1-style rope scaling, which llama.cpp keeps as a `rope_freqs` tensor and
+transformers ignores, is turned back into the config's "llama3" rope_scaling (see rope_freqs.py).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from .checkpoint import Checkpoint
 from .errors import CheckpointNotFoundError, UnsupportedArchitectureError, UnsupportedTensorTypeError
 from .identity import file_identity
 from .layout import check_tensors
+from .rope_freqs import fit_llama3_scaling
 from .tokenizer import gguf_tokenizer
 
 # GGUF `general.architecture` -> HF model_type and class; Mistral GGUFs use the llama architecture.
@@ -43,6 +46,7 @@ _BLOCK_NAMES = {
     "ffn_down": "mlp.down_proj",
 }
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_ROPE_FREQS = "rope_freqs.weight"
 _BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 _TOP = re.compile(r"^(\w+)\.(weight|bias)$")
 
@@ -56,9 +60,11 @@ def load_gguf(path: str | os.PathLike) -> Checkpoint:
     reader = gguf.GGUFReader(path)
     metadata = {key: field.contents() for key, field in reader.fields.items()}
     tensor_names = [t.name for t in reader.tensors]
-    config = gguf_config(metadata, tensor_names)
+    rope_freqs = next((_dequantize(t) for t in reader.tensors if t.name == _ROPE_FREQS), None)
+    config = gguf_config(metadata, tensor_names, rope_freqs)
     names = {}
-    for t in reader.tensors:
+    weights = [t for t in reader.tensors if t.name != _ROPE_FREQS]  # folded into the config above
+    for t in weights:
         if (name := hf_name(t.name)) is None:
             raise UnsupportedArchitectureError(
                 f"GGUF tensor {t.name!r} has no counterpart in a {config['model_type']} model"
@@ -74,7 +80,7 @@ def load_gguf(path: str | os.PathLike) -> Checkpoint:
 
     # numpy releases the GIL in the dequantization arithmetic, so tensors decode in parallel
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-        tensors = dict(pool.map(load, reader.tensors))
+        tensors = dict(pool.map(load, weights))
     return Checkpoint(
         config=config,
         tensors=check_tensors(config, tensors),
@@ -85,25 +91,23 @@ def load_gguf(path: str | os.PathLike) -> Checkpoint:
     )
 
 
-def gguf_config(metadata: dict[str, Any], tensor_names: list[str]) -> dict[str, Any]:
-    """The HF config.json dict for a GGUF's metadata (`<arch>.*` keys) and tensor list."""
+def gguf_config(metadata: dict[str, Any], tensor_names: list[str],
+                rope_freqs: np.ndarray | None = None) -> dict[str, Any]:
+    """The HF config.json dict for a GGUF's metadata (`<arch>.*` keys), tensor list and, when the
+    file has one, its `rope_freqs` tensor (Llama 3.1-style rope scaling)."""
     arch = metadata.get("general.architecture")
     if arch not in _ARCHITECTURES:
         raise UnsupportedArchitectureError(
             f"GGUF architecture {arch!r} is not supported; jaxserve reads {tuple(_ARCHITECTURES)}"
-        )
-    if "rope_freqs.weight" in tensor_names:
-        # llama.cpp folds Llama-3.1-style rope scaling into per-frequency factors; the llama3
-        # parameters cannot be recovered from them, and running without them is silently wrong.
-        raise UnsupportedArchitectureError(
-            "this GGUF stores rope scaling as a 'rope_freqs' tensor (Llama 3.1 style), which jaxserve "
-            "cannot read from a GGUF; load the HF checkpoint instead"
         )
     model_type, hf_class = _ARCHITECTURES[arch]
 
     def key(name: str, default: Any = None) -> Any:
         return metadata.get(f"{arch}.{name}", default)
 
+    required = ("block_count", "embedding_length", "feed_forward_length", "attention.head_count")
+    if missing := [f"{arch}.{name}" for name in required if key(name) is None]:
+        raise UnsupportedArchitectureError(f"GGUF metadata lacks what the config needs: {missing}")
     heads = key("attention.head_count")
     hidden = key("embedding_length")
     # Qwen3's head_dim is not hidden/heads; llama.cpp states it as the key length (and the rope width).
@@ -129,12 +133,14 @@ def gguf_config(metadata: dict[str, Any], tensor_names: list[str]) -> dict[str, 
         "pad_token_id": metadata.get("tokenizer.ggml.padding_token_id"),
         "rope_scaling": _rope_scaling(key),
     }
+    if rope_freqs is not None:
+        try:
+            config["rope_scaling"] = fit_llama3_scaling(
+                rope_freqs, config["rope_theta"], head_dim, key("rope.scaling.original_context_length"))
+        except ValueError as e:
+            raise UnsupportedArchitectureError(f"unsupported rope scaling: {e}") from None
     if model_type != "qwen2":
         config["attention_bias"] = "blk.0.attn_q.bias" in tensor_names
-    missing = [name for name, value in config.items() if value is None and not name.endswith("_token_id")
-               and name != "rope_scaling"]
-    if missing:
-        raise UnsupportedArchitectureError(f"GGUF metadata lacks what the config needs: {missing}")
     return config
 
 
