@@ -52,6 +52,7 @@ _TOP = re.compile(r"^(\w+)\.(weight|bias)$")
 
 
 def load_gguf(path: str | os.PathLike) -> Checkpoint:
+    """A GGUF file as a Checkpoint: HF names and layouts, block types dequantized to float32."""
     import gguf
 
     path = os.fspath(path)
