@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import ast
 import math
-from typing import Any
+from typing import Any, Callable
 
 from jaxserve.bench.arrivals import parse_rate
 
@@ -33,7 +33,8 @@ def add_common(p: argparse.ArgumentParser, default_backends: str) -> None:
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     e = p.add_argument_group("jaxserve engine (unset flags keep the engine's defaults)")
-    e.add_argument("--dtype", default="float32")
+    e.add_argument("--dtype", default="float32", choices=("auto", "float32", "bfloat16"),
+                   help="weights and activations of every backend (auto: float32 on CPU, bfloat16 on GPU)")
     for name in _ENGINE_INT_FLAGS:
         e.add_argument("--" + name.replace("_", "-"), type=int, default=None)
     e.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
@@ -107,3 +108,13 @@ def jsonable_args(args: argparse.Namespace) -> dict[str, Any]:
             continue
         out[k] = "inf" if isinstance(v, float) and math.isinf(v) else v
     return out
+
+
+def set_command(p: argparse.ArgumentParser, run: Callable[[argparse.Namespace], Any]) -> None:
+    """`func` is what jaxserve's CLI calls (its return value is the exit status, so 0);
+    `bench_run` returns the result itself, for Python callers and tests."""
+    def func(args: argparse.Namespace) -> int:
+        run(args)
+        return 0
+
+    p.set_defaults(func=func, bench_run=run)

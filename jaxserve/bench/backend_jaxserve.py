@@ -97,8 +97,8 @@ class JaxServeBackend:
         run.config.update({"api": "engine" if use_engine else "generate", "engine_kwargs": self.engine_kwargs,
                            "startup_s": self.startup_s})
         run.engine_stats = _stats_dict(self.llm)
-        short = [r.request_id for r in run.records
-                 if r.output_len != next(q.output_len for q in requests if q.request_id == r.request_id)]
+        asked = {q.request_id: q.output_len for q in requests}
+        short = [r.request_id for r in run.records if r.output_len != asked[r.request_id]]
         if short:
             run.notes.append(f"{len(short)} requests produced a different number of tokens than asked: {short[:5]}")
         return run

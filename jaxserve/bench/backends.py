@@ -12,7 +12,8 @@ BACKENDS = ("jaxserve", "hf", "hf-cb", "vllm")
 
 def make_backend(name: str, spec: ModelSpec, *, engine_kwargs: dict[str, Any] | None = None,
                  label: str | None = None, hf_batch_size: int = 16, hf_cb_max_requests: int = 16,
-                 hf_cb_max_batch_tokens: int = 512, jaxserve_api: str = "auto", max_seq_len: int = 2048) -> Backend:
+                 hf_cb_max_batch_tokens: int = 512, jaxserve_api: str = "auto", max_seq_len: int = 2048,
+                 dtype: str = "float32") -> Backend:
     """Load a backend (weights, compilation, warm threads): nothing here is timed."""
     if name == "jaxserve":
         from jaxserve.bench.backend_jaxserve import JaxServeBackend
@@ -21,12 +22,12 @@ def make_backend(name: str, spec: ModelSpec, *, engine_kwargs: dict[str, Any] | 
     if name == "hf":
         from jaxserve.bench.backend_hf import HFStaticBackend
 
-        return HFStaticBackend(spec, batch_size=hf_batch_size, label=label)
+        return HFStaticBackend(spec, batch_size=hf_batch_size, label=label, dtype=dtype)
     if name == "hf-cb":
         from jaxserve.bench.backend_hf_cb import HFContinuousBackend
 
         return HFContinuousBackend(spec, hf_cb_max_requests, hf_cb_max_batch_tokens, label=label,
-                                   max_seq_len=max_seq_len)
+                                   max_seq_len=max_seq_len, dtype=dtype)
     if name == "vllm":
         from jaxserve.bench.backend_vllm import VLLMBackend
 

@@ -8,7 +8,8 @@
         args = parser.parse_args(argv)
         return args.func(args)
 
-Each subcommand sets `func`, which takes the parsed namespace and returns the result dict.
+Each subcommand sets `func` (returns the exit status 0, for the CLI) and `bench_run` (returns the
+result dict, for Python callers).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> Any:
     add_bench_parser(sub)
     add_plan_parser(sub)
     args = parser.parse_args(argv)
-    return args.func(args)
+    return args.bench_run(args)
 
 
 if __name__ == "__main__":

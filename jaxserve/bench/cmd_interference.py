@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from jaxserve.bench import plots
-from jaxserve.bench.args import add_common
+from jaxserve.bench.args import add_common, set_command
 from jaxserve.bench.metrics import LatencyStats
 from jaxserve.bench.session import Session, log
 from jaxserve.bench.workloads import interference_workload, warmup_requests
@@ -37,7 +37,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--long-interval", type=float, default=0.5, help="seconds between long prompts")
     p.add_argument("--chunk-sizes", default="64,256,1024,none",
                    help="long_prefill_token_threshold values; 'none' = chunked prefill off")
-    p.set_defaults(func=run)
+    set_command(p, run)
 
 
 def _variants(text: str) -> list[tuple[str, dict[str, Any]]]:

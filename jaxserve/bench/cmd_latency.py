@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from jaxserve.bench import plots
-from jaxserve.bench.args import add_common
+from jaxserve.bench.args import add_common, set_command
 from jaxserve.bench.backend_base import BackendRun
 from jaxserve.bench.backends import parse_backends
 from jaxserve.bench.metrics import summarize
@@ -32,7 +32,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--num-iters", type=int, default=3)
     p.add_argument("--num-iters-warmup", type=int, default=1)
-    p.set_defaults(func=run)
+    set_command(p, run)
 
 
 def _batch_sizes(text: str) -> list[int]:

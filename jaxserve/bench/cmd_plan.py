@@ -18,6 +18,7 @@ import argparse
 import math
 from typing import Any
 
+from jaxserve.bench.args import set_command
 from jaxserve.bench.results import load_result
 
 
@@ -28,7 +29,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--results", default=None, help="a `bench latency` result JSON with a batch-size sweep")
     p.add_argument("--backend", default="jaxserve", help="which backend's curve to use")
     p.add_argument("--output-len", type=float, default=None, help="mean output tokens per request (token-rate check)")
-    p.set_defaults(func=run)
+    set_command(p, run)
     return p
 
 

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from jaxserve.bench import plots
-from jaxserve.bench.args import add_common, add_shared_prefix
+from jaxserve.bench.args import add_common, add_shared_prefix, set_command
 from jaxserve.bench.backends import parse_backends
 from jaxserve.bench.metrics import summarize
 from jaxserve.bench.session import Session, log
@@ -28,7 +28,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--parallel-samples", type=int, default=4, help="n of the parallel-sampling block count (0: skip)")
     p.add_argument("--parallel-prompt-len", type=int, default=1000)
     p.add_argument("--parallel-output-len", type=int, default=32)
-    p.set_defaults(func=run)
+    set_command(p, run)
 
 
 def peak_blocks(llm: Any, prompt: list[int], params: list[Any]) -> int:

@@ -12,6 +12,7 @@ import math
 import os
 from typing import Any
 
+from jaxserve.bench.args import set_command
 from jaxserve.bench.results import load_result
 
 
@@ -19,7 +20,7 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("report", help="markdown table from result JSON files")
     p.add_argument("results", nargs="+", help="result JSON files written by `jaxserve bench ...`")
     p.add_argument("--output", default=None, help="also write the markdown here")
-    p.set_defaults(func=run)
+    set_command(p, run)
 
 
 def _f(v: Any, scale: float = 1.0, digits: int = 1) -> str:

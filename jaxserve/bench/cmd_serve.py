@@ -14,7 +14,7 @@ import math
 from typing import Any
 
 from jaxserve.bench import plots
-from jaxserve.bench.args import add_arrivals, add_common, add_dataset, parse_rates
+from jaxserve.bench.args import add_arrivals, add_common, add_dataset, parse_rates, set_command
 from jaxserve.bench.backend_base import BackendRun
 from jaxserve.bench.loadgen import StreamFn, run_load
 from jaxserve.bench.session import Session, log
@@ -28,7 +28,7 @@ def add_parser(sub: Any) -> None:
     add_arrivals(p)
     p.add_argument("--target", default="127.0.0.1:50051", help="host:port of the server")
     p.add_argument("--api-key", default=None, help="bearer token, if the server wants one")
-    p.set_defaults(func=run)
+    set_command(p, run)
 
 
 class ClientMissing(RuntimeError):

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from jaxserve.bench import plots
-from jaxserve.bench.args import add_arrivals, add_common, add_dataset, parse_rates
+from jaxserve.bench.args import add_arrivals, add_common, add_dataset, parse_rates, set_command
 from jaxserve.bench.backends import parse_backends
 from jaxserve.bench.session import Session, log
 from jaxserve.bench.workloads import (
@@ -27,7 +27,7 @@ def add_parser(sub: Any) -> None:
     add_common(p, "jaxserve,hf")
     add_dataset(p, num_prompts=32, input_len="32:512", output_len="16:256")
     add_arrivals(p)
-    p.set_defaults(func=run)
+    set_command(p, run)
 
 
 def build_workload(session: Session, seed: int | None = None) -> Workload:

@@ -10,12 +10,17 @@ from jaxserve.bench.model_files import ModelSpec
 
 
 def load_hf_model(spec: ModelSpec, dtype: str = "float32") -> Any:
+    """dtype as jaxserve's: float32, bfloat16, or auto (float32 on CPU, bfloat16 on a GPU)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         import torch
         from transformers import AutoModelForCausalLM
     except ImportError as e:
         raise UnsupportedBackend(f"the PyTorch path needs torch and transformers: {e}") from e
+    if dtype == "auto":
+        dtype = "bfloat16" if torch.cuda.is_available() else "float32"
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"dtype must be float32, bfloat16, float16 or auto, got {dtype!r}")
     torch_dtype = getattr(torch, dtype)
     if spec.kind == "gguf":
         model = AutoModelForCausalLM.from_pretrained(spec.directory, gguf_file=spec.gguf_file, dtype=torch_dtype)

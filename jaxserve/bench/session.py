@@ -58,7 +58,7 @@ class Session:
                 name, self.spec, engine_kwargs={**engine_kwargs(a), **(overrides or {})}, label=label,
                 hf_batch_size=a.hf_batch_size, hf_cb_max_requests=a.hf_cb_max_requests,
                 hf_cb_max_batch_tokens=a.hf_cb_max_batch_tokens, jaxserve_api=a.jaxserve_api,
-                max_seq_len=self.max_seq_len,
+                max_seq_len=self.max_seq_len, dtype=a.dtype,
             )
         except UnsupportedBackend as e:
             log(f"skipping backend {label or name}: {e}")

@@ -37,3 +37,10 @@ def test_agreement_stops_comparing_at_the_first_stop_token():
     assert got["compared"] == 3
     assert got["identical"] == 2          # a fully, c up to the stop token 2; b differs at index 0
     assert got["mean_matching_prefix"] == pytest.approx((1.0 + 0.0 + 1.0) / 3)
+
+
+def test_the_jaxserve_cli_mounts_plan_and_exits_zero(capsys):
+    from jaxserve.cli import main
+
+    assert main(["plan", "--rate", "1.5", "--duration", "2"]) == 0
+    assert "3.0 requests in flight" in capsys.readouterr().out
