@@ -39,9 +39,16 @@ def has_attention_bias(config: Mapping[str, Any]) -> bool:
     return bool(config.get("attention_bias", config["model_type"] == "qwen2"))
 
 
+def has_o_proj_bias(config: Mapping[str, Any]) -> bool:
+    # Llama and Qwen3 put `attention_bias` on o_proj too; Qwen2's biases are on q/k/v only.
+    return has_attention_bias(config) and config["model_type"] != "qwen2"
+
+
 def expected_shapes(config: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
     """HF name -> HF shape ([out, in] for linear weights) of every tensor the config calls for."""
     model_type = check_model_type(config)
+    if config.get("mlp_bias"):
+        raise UnsupportedArchitectureError("mlp_bias=True (biases on the MLP projections) is not supported")
     try:
         d, i, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
         n, layers = config["num_attention_heads"], config["num_hidden_layers"]
@@ -74,6 +81,8 @@ def expected_shapes(config: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
                 p + "self_attn.k_proj.bias": (k * h,),
                 p + "self_attn.v_proj.bias": (k * h,),
             }
+        if has_o_proj_bias(config):
+            shapes[p + "self_attn.o_proj.bias"] = (d,)
         if model_type == "qwen3":
             shapes |= {p + "self_attn.q_norm.weight": (h,), p + "self_attn.k_norm.weight": (h,)}
     return shapes

@@ -63,6 +63,8 @@ def tiny_tensors(config: dict, seed: int = 0, dtype=np.float32) -> dict[str, np.
         if config["model_type"] == "qwen2" or config.get("attention_bias"):
             t |= {p + "self_attn.q_proj.bias": w(n * h), p + "self_attn.k_proj.bias": w(k * h),
                   p + "self_attn.v_proj.bias": w(k * h)}
+        if config["model_type"] != "qwen2" and config.get("attention_bias"):
+            t[p + "self_attn.o_proj.bias"] = w(d)
         if config["model_type"] == "qwen3":
             t |= {p + "self_attn.q_norm.weight": w(h), p + "self_attn.k_norm.weight": w(h)}
     return t

@@ -121,3 +121,9 @@ def test_errors_are_value_errors_for_bad_content(tmp_path):
                 UnsupportedTensorTypeError, UnsupportedFormatError):
         assert issubclass(cls, ValueError)
     assert issubclass(CheckpointNotFoundError, FileNotFoundError)
+
+
+def test_mlp_biases_are_refused_as_unsupported(tmp_path):
+    config = tiny_config("llama", mlp_bias=True)
+    with pytest.raises(UnsupportedArchitectureError, match="mlp_bias"):
+        load_checkpoint(write_hf_dir(tmp_path, config, tiny_tensors(config), tokenizer=False))

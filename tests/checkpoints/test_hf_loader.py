@@ -92,3 +92,26 @@ def test_a_model_saved_by_transformers_loads_with_its_state_dict(tmp_path):
         np.testing.assert_array_equal(ckpt.tensors[name], value.numpy(), err_msg=name)
     with open(tmp_path / "config.json") as f:
         assert ckpt.config == json.load(f)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
+def test_attention_bias_brings_q_k_v_and_o_biases(tmp_path, model_type):
+    # as HF's Llama and Qwen3 attention (Qwen2 has q/k/v biases only, tested above)
+    config = tiny_config(model_type, attention_bias=True)
+    tensors = tiny_tensors(config)
+    assert "model.layers.1.self_attn.o_proj.bias" in tensors
+    ckpt = load_checkpoint(write_hf_dir(tmp_path, config, tensors, tokenizer=False))
+    assert set(ckpt.tensors) == set(tensors)
+
+
+def test_gguf_llama_with_biases_sets_attention_bias(tmp_path):
+    from ckpt_testkit import write_gguf
+
+    config = tiny_config("llama", attention_bias=True)
+    tensors = tiny_tensors(config)
+    ckpt = load_checkpoint(write_gguf(tmp_path / "m.gguf", "llama", config, tensors, tokenizer=False))
+    assert ckpt.config["attention_bias"] is True
+    # biases of q and k are permuted by llama.cpp like their weights, and come back in HF order
+    for name in ("model.layers.0.self_attn.q_proj.bias", "model.layers.1.self_attn.k_proj.bias",
+                 "model.layers.1.self_attn.o_proj.bias"):
+        np.testing.assert_array_equal(ckpt.tensors[name], tensors[name])
