@@ -11,7 +11,8 @@ One CUDA block per (KV head, work item, split) (see `work_plan`), one warpgroup 
      `work_plan.combine_splits` merges the flash-decoding splits in XLA.
 Caches must be 16-bit (bf16 or f16): wgmma takes float32 only as tf32 and only K-major, which
 P V is not; float32 caches go to the Triton kernel (see `dispatch`). Head dims are multiples of
-64 (a 128-byte swizzle row); a cache block holds 8..64 tokens dividing 64, or a multiple of 64.
+64 or 128 (a 128-byte swizzle row; 256 would not fit 3 stages in SMEM); a cache block holds
+8..64 tokens dividing 64, or a multiple of 64 (a tile is then a 64-row slice of one page).
 
 Slots past a sequence's length may hold anything (stale values, NaN in tests): K there is
 masked before the softmax, and V rows there are zeroed in SMEM on the one tile that holds them,
@@ -30,8 +31,10 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import work_plan as wp
 
-ROWS = 64          # query rows per item: the wgmma M dimension
-MIN_TILE_KEYS = 64  # keys per pipeline step: a 128-byte swizzled row of P in 16 bits
+ROWS = 64        # query rows per item: the wgmma M dimension
+ITEM_ROW = 128   # int32 per SMEM row of an item's metadata + block table (bulk copies move <= 256 per dim)
+TILE_KEYS = 64   # keys per pipeline step: a 128-byte swizzled row of P in 16 bits; a tile is
+                 # 64 / block_size whole pages, or a 64-row slice of a larger page
 
 
 def unsupported_reason(q: jax.Array, k_cache: jax.Array) -> str | None:
@@ -41,12 +44,11 @@ def unsupported_reason(q: jax.Array, k_cache: jax.Array) -> str | None:
         return f"cache dtype {k_cache.dtype} is not bf16/f16 (wgmma's f32 is tf32, K-major only)"
     if q.dtype != k_cache.dtype:
         return f"q dtype {q.dtype} differs from cache dtype {k_cache.dtype}"
-    if head_dim % 64 or head_dim > 256:
-        return f"head_dim {head_dim} is not a multiple of 64 up to 256"
-    if block_size % 8 or (block_size < 64 and 64 % block_size) or (block_size > 64 and block_size % 64):
+    if head_dim not in (64, 128):
+        return f"head_dim {head_dim} is not 64 or 128 (SMEM holds 3 stages of 64 x 128 K/V tiles)"
+    if block_size % 8 or (block_size < TILE_KEYS and TILE_KEYS % block_size) or (
+            block_size > TILE_KEYS and block_size % TILE_KEYS):
         return f"block_size {block_size} must be 8..64 dividing 64, or a multiple of 64"
-    if block_size > 256:
-        return f"block_size {block_size} is over wgmma's N limit of 256"
     if q.shape[1] % num_kv_heads:
         return f"{q.shape[1]} query heads are not a multiple of {num_kv_heads} KV heads"
     return None
@@ -63,35 +65,43 @@ def _kernel(items_ref, q_ref, k_ref, v_ref, o_ref, lse_ref,
             items_bar, q_bar, k_bars, v_bars, *,
             group, block_size, tile_keys, num_stages, num_splits, sm_scale, sliding_window,
             soft_cap):
-    # items_ref [W, 32 + Wb] int32: metadata, then the block table; q_ref [K, R, H];
+    # items_ref [W, C, ITEM_ROW] int32: metadata, then the block table; q_ref [K, R, H];
     # k_ref, v_ref [num_blocks, block_size, K, H]; o_ref [P, W, K, ROWS, H] f32; lse_ref [P, W, K, ROWS] f32
     kh = lax.axis_index("kv_head")
     item = lax.axis_index("item")
     split = lax.axis_index("split")
     head_dim = q_ref.shape[-1]
-    pages_per_tile = tile_keys // block_size
+    pages_per_tile = max(1, tile_keys // block_size)
     dtype = q_ref.dtype
 
     plgpu.copy_gmem_to_smem(items_ref.at[item], items_smem, items_bar)
     plgpu.barrier_wait(items_bar)
 
-    @pl.when(items_smem[wp.VALID] != 0)
+    def entry(i):   # field i of the item's row: metadata, then the block table
+        return items_smem[i // ITEM_ROW, i % ITEM_ROW]
+
+    @pl.when(entry(wp.VALID) != 0)
     def _():
-        row0 = items_smem[wp.ROW0]
-        lrow0 = items_smem[wp.LROW0]
-        kv_len = items_smem[wp.KV_LEN]
-        q_len = items_smem[wp.Q_LEN]
-        lo, hi = wp.split_range(items_smem[wp.TILE_LO], items_smem[wp.TILE_HI], split, num_splits)
+        row0 = entry(wp.ROW0)
+        lrow0 = entry(wp.LROW0)
+        kv_len = entry(wp.KV_LEN)
+        q_len = entry(wp.Q_LEN)
+        lo, hi = wp.split_range(entry(wp.TILE_LO), entry(wp.TILE_HI), split, num_splits)
 
         plgpu.copy_gmem_to_smem(q_ref.at[kh, pl.ds(row0, ROWS)], q_smem, q_bar)
 
         def fetch(tile, slot):
-            for i in range(pages_per_tile):           # one bulk copy per cache block
-                block = items_smem[wp.META_WIDTH + tile * pages_per_tile + i]
+            for i in range(pages_per_tile):           # one bulk copy per page (or page slice)
+                if block_size <= tile_keys:
+                    block = entry(wp.META_WIDTH + tile * pages_per_tile + i)
+                    rows, offset = block_size, 0
+                else:
+                    block = entry(wp.META_WIDTH + tile * tile_keys // block_size)
+                    rows, offset = tile_keys, lax.rem(tile * tile_keys, block_size)
                 for src, dst, bars in ((k_ref, k_smem, k_bars), (v_ref, v_smem, v_bars)):
                     plgpu.copy_gmem_to_smem(
-                        src.at[block, pl.ds(0, block_size), kh],
-                        dst.at[slot, pl.ds(i * block_size, block_size)],
+                        src.at[block, pl.ds(offset, rows), kh],
+                        dst.at[slot, pl.ds(i * rows, rows)],
                         bars.at[slot])
 
         for s in range(num_stages):
@@ -205,7 +215,7 @@ def ragged_paged_attention_mosaic(
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_heads // num_kv_heads
-    tile_keys = max(MIN_TILE_KEYS, block_size)
+    tile_keys = TILE_KEYS
     num_items = wp.max_work_items(num_tokens, kv_lens.shape[0], group, ROWS)
     if num_splits is None:   # the interpreters' cost grows with programs: one split there
         num_splits = 1 if interpret else default_num_splits(num_items, num_kv_heads)
@@ -214,12 +224,13 @@ def ragged_paged_attention_mosaic(
                                     tile_keys=tile_keys, num_items=num_items,
                                     sliding_window=sliding_window)
     # Each item carries its sequence's block table, padded so the last tile's pages stay in
-    # bounds (they point at the null block and are masked) and the row is a 128-byte multiple.
-    pages_per_tile = tile_keys // block_size
-    width = wp.cdiv(block_tables.shape[1] + pages_per_tile, 32) * 32
+    # bounds (they point at the null block and are masked), folded into rows of ITEM_ROW.
+    pages_per_tile = max(1, tile_keys // block_size)
+    item_rows = wp.cdiv(wp.META_WIDTH + block_tables.shape[1] + pages_per_tile, ITEM_ROW)
+    width = item_rows * ITEM_ROW - wp.META_WIDTH
     tables = jnp.pad(block_tables.astype(jnp.int32),
                      ((0, 0), (0, width - block_tables.shape[1])))[meta[:, wp.SEQ]]
-    items = jnp.concatenate([meta, tables], axis=1)                      # [W, 32 + width]
+    items = jnp.concatenate([meta, tables], axis=1).reshape(num_items, item_rows, ITEM_ROW)
     q_rows = wp.group_queries(q, num_kv_heads, ROWS)                     # [K, R, H]
 
     kernel = functools.partial(
@@ -234,7 +245,7 @@ def ragged_paged_attention_mosaic(
             jax.ShapeDtypeStruct((num_splits, num_items, num_kv_heads, ROWS), jnp.float32),
         ),
         scratch_types=(
-            plgpu.SMEM((items.shape[1],), jnp.int32),
+            plgpu.SMEM((item_rows, ITEM_ROW), jnp.int32),
             plgpu.SMEM((ROWS, head_dim), q.dtype, transforms=tf),
             plgpu.SMEM((num_stages, tile_keys, head_dim), q.dtype, transforms=tf),
             plgpu.SMEM((num_stages, tile_keys, head_dim), q.dtype, transforms=tf),

@@ -35,6 +35,8 @@ def export(kernel, c, **kw):
                  kv_lens=(1, 16, 64, 33), num_blocks=8),
     with_options(case("prefill", group=4, head_dim=128, dtype="bfloat16"), block_size=32, width=2,
                  num_blocks=8),
+    with_options(case("mixed", group=1, head_dim=64, dtype="float16"), block_size=128, width=1,
+                 num_blocks=6),
 ], ids=lambda c: c.label())
 def test_mosaic_kernel_lowers_for_h200(c):
     text = export(ragged_paged_attention_mosaic, c, num_splits=2)
@@ -73,3 +75,17 @@ def test_lowering_rejects_a_bulk_copy_whose_rows_are_not_a_multiple_of_128_bits(
                       compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane))
     with pytest.raises(Exception, match="128"):
         export_for_cuda(fn, jnp.zeros((8, 4), jnp.bfloat16))
+
+
+@pytest.mark.parametrize("kernel", [ragged_paged_attention_mosaic, ragged_paged_attention_triton],
+                         ids=["mosaic", "triton"])
+def test_kernels_lower_at_serving_shapes(kernel):
+    # A Llama-3-8B layer in a 512-token bucket of up to 256 sequences, 16k-token block tables;
+    # shapes only, so nothing this size is allocated.
+    t, s, w, blocks = 512, 256, 1024, 65536
+    spec = jax.ShapeDtypeStruct
+    args = (spec((t, 32, 128), jnp.bfloat16), spec((blocks, 16, 8, 128), jnp.bfloat16),
+            spec((blocks, 16, 8, 128), jnp.bfloat16), spec((s,), jnp.int32), spec((s, w), jnp.int32),
+            spec((s + 1,), jnp.int32), spec((1,), jnp.int32))
+    exported = export_for_cuda(functools.partial(kernel, sm_scale=0.088), *args)
+    assert exported.out_avals[0].shape == (t, 32, 128)

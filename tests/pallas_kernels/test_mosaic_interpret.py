@@ -23,7 +23,8 @@ CI_CASES = [
     case("prefill", group=3, head_dim=128, dtype="float16", seed=1),
     case("mixed", group=4, head_dim=64, dtype="bfloat16", sliding_window=20, seed=2),
     case("mixed", group=8, head_dim=128, dtype="float16", soft_cap=3.0, seed=3),
-    with_options(case("prefill", group=4, head_dim=64, dtype="bfloat16", seed=4), block_size=64,
+    # Pages larger than a tile: each 64-key tile is a slice of one 128-token page.
+    with_options(case("prefill", group=4, head_dim=64, dtype="bfloat16", seed=4), block_size=128,
                  width=1, num_blocks=4),
     with_options(case("decode", group=3, head_dim=64, dtype="float16", seed=5), block_size=32,
                  width=2, num_blocks=10),
@@ -58,8 +59,16 @@ def test_float32_is_declined_so_dispatch_can_route_it_elsewhere():
         ragged_paged_attention_mosaic(**inputs, interpret=True)
 
 
+BLOCK_SIZES = [  # every way a tile is made of pages: 8 pages of 8, 2 of 32, 1 of 64, half of 128
+    with_options(case("mixed", group=4, head_dim=128, dtype="bfloat16", seed=20 + bs), block_size=bs,
+                 width=64 // bs + 1, num_blocks=4 * (64 // bs + 1) + 1)
+    for bs in (8, 32, 64, 128)
+]
+
+
 @pytest.mark.full_grid
-@pytest.mark.parametrize("c", full_grid(dtypes=("bfloat16", "float16")), ids=lambda c: c.label())
+@pytest.mark.parametrize("c", full_grid(dtypes=("bfloat16", "float16")) + BLOCK_SIZES,
+                         ids=lambda c: c.label())
 def test_mosaic_kernel_full_grid(c):
     run(c)
 
@@ -68,3 +77,5 @@ def test_block_sizes_it_cannot_tile_are_declined():
     q = jnp.zeros((4, 2, 64), jnp.bfloat16)
     assert "block_size" in unsupported_reason(q, jnp.zeros((4, 24, 2, 64), jnp.bfloat16))
     assert "head_dim" in unsupported_reason(q[..., :32], jnp.zeros((4, 16, 2, 32), jnp.bfloat16))
+    q256 = jnp.zeros((4, 2, 256), jnp.bfloat16)
+    assert "head_dim" in unsupported_reason(q256, jnp.zeros((4, 16, 2, 256), jnp.bfloat16))
