@@ -1,0 +1,314 @@
+"""AsyncEngine: the Engine's step loop in its own thread, streamed to asyncio consumers.
+
+The Engine is not thread-safe, so one thread (the step thread) owns it. Asyncio code never calls
+it: it queues commands (add, abort, call) that the step thread applies between steps, and the step
+thread hands each step's outputs back to the event loop with `loop.call_soon_threadsafe`, where
+they land in one asyncio queue per request. The event loop therefore never waits on a step, and a
+step never waits on a slow consumer.
+
+    aengine = AsyncEngine(engine)
+    async for out in aengine.generate("Hello", SamplingParams(max_tokens=8)):
+        print(out.outputs[0].text, end="")          # DELTA outputs by default
+
+Leaving the `async for` early (break, an exception, task cancellation) aborts the request: the
+abort is applied before the next step, so its KV blocks are free as soon as the current step ends.
+If a step raises, every in-flight request fails with EngineDeadError, the engine is marked
+unhealthy, and later calls fail at once: nothing waits forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import uuid
+from dataclasses import dataclass, replace
+from typing import Any, AsyncIterator, Callable, Iterable
+
+from jaxserve.engine.stats import EngineStats
+from jaxserve.outputs import CompletionOutput, RequestOutput
+from jaxserve.sampling_params import OutputKind, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    """The step loop crashed; the engine accepts no more work (the cause is `__cause__`)."""
+
+
+class EngineStoppedError(RuntimeError):
+    """The engine was shut down; it accepts no more work."""
+
+
+_ABORTED = object()   # queued to a stream whose request was aborted by `abort()` or shutdown
+
+
+@dataclass(frozen=True, slots=True)
+class _Add:
+    request_id: str
+    prompt: Any
+    params: SamplingParams
+    priority: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Abort:
+    request_ids: tuple[str, ...]
+    notify: bool          # True: tell the streams (an external abort); False: the consumer already left
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    fn: Callable[[Any], Any]
+    future: asyncio.Future
+
+
+@dataclass(frozen=True, slots=True)
+class _Stop:
+    request_ids: tuple[str, ...]   # streams still live: aborted in the engine before the thread ends
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSnapshot:
+    """What the step thread last published; readable from any thread (Prometheus scrapes)."""
+
+    stats: EngineStats
+    finished_by_reason: dict[str, int]
+
+
+class AsyncEngine:
+    def __init__(self, engine, *, on_dead: Callable[[BaseException], None] | None = None,
+                 thread_name: str = "jaxserve-step-loop"):
+        self.engine = engine
+        self._on_dead = on_dead
+        self._thread_name = thread_name
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._streams: dict[str, asyncio.Queue] = {}      # event-loop side only
+        self._calls: set[asyncio.Future] = set()           # event-loop side only
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._stopped = False
+        self.snapshot = EngineSnapshot(engine.stats(), dict(engine.finished_by_reason))
+
+    # -- state -------------------------------------------------------------------------------
+    @property
+    def healthy(self) -> bool:
+        return self._error is None and not self._stopped
+
+    @property
+    def error(self) -> BaseException | None:
+        return self._error
+
+    @property
+    def num_active(self) -> int:
+        """Requests with a live stream (added, not yet finished or abandoned)."""
+        return len(self._streams)
+
+    def active_request_ids(self) -> list[str]:
+        return list(self._streams)
+
+    def start(self) -> None:
+        """Bind to the running event loop and start the step thread (generate() does it too)."""
+        if self._thread is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name=self._thread_name, daemon=True)
+        self._thread.start()
+
+    def _check_open(self) -> None:
+        if self._error is not None:
+            raise EngineDeadError(f"the engine failed earlier and accepts no requests: {self._error!r}")
+        if self._stopped:
+            raise EngineStoppedError("the engine is shut down")
+        self.start()
+
+    # -- the asyncio side --------------------------------------------------------------------
+    async def generate(self, prompt: Any, params: SamplingParams | None = None, *, request_id: str | None = None,
+                       priority: int = 0) -> AsyncIterator[RequestOutput]:
+        """Stream a request's outputs. A bad request raises ValueError (NotImplementedError for
+        n > 1, the scheduler's Overloaded for a full waiting queue) from the first iteration."""
+        self._check_open()
+        params = SamplingParams(output_kind=OutputKind.DELTA) if params is None else params
+        request_id = uuid.uuid4().hex if request_id is None else str(request_id)
+        if request_id in self._streams:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        q: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = q        # registered before queueing, so a crash finds it
+        self._commands.put(_Add(request_id, prompt, params, priority))
+        done = False
+        last: RequestOutput | None = None
+        try:
+            while True:
+                item = await q.get()
+                if isinstance(item, BaseException):
+                    done = True
+                    raise item
+                if item is _ABORTED:
+                    done = True
+                    yield _aborted_output(request_id, last, params.output_kind)
+                    return
+                last = item
+                done = item.finished
+                yield item
+                if done:
+                    return
+        finally:
+            if self._streams.get(request_id) is q:
+                del self._streams[request_id]
+            if not done and self._error is None and not self._stopped:
+                # the consumer left early (cancelled, broke out, raised): free the request now
+                self._commands.put(_Abort((request_id,), notify=False))
+
+    async def abort(self, request_ids: str | Iterable[str]) -> None:
+        """Abort requests; their streams end with a finish_reason "abort" output."""
+        ids = (request_ids,) if isinstance(request_ids, str) else tuple(request_ids)
+        if self._error is None and not self._stopped and ids:
+            await self.call(lambda engine: self._apply_abort(engine, _Abort(ids, notify=True)))
+
+    async def call(self, fn: Callable[[Any], Any]) -> Any:
+        """Run fn(engine) on the step thread between two steps and return its result. Once the
+        step thread is gone (crashed, stopped) fn runs here: nothing else touches the engine."""
+        if self._error is not None or self._stopped:
+            return fn(self.engine)
+        self.start()
+        fut = asyncio.get_running_loop().create_future()
+        self._calls.add(fut)
+        self._commands.put(_Call(fn, fut))
+        try:
+            return await fut
+        finally:
+            self._calls.discard(fut)
+
+    async def stats(self) -> EngineStats:
+        return await self.call(lambda engine: engine.stats())
+
+    async def shutdown(self) -> None:
+        """Abort every live request (their streams end with "abort"), stop the step thread."""
+        if self._stopped:
+            return
+        self._stopped = True
+        live = tuple(self._streams)
+        for rid in live:
+            self._streams[rid].put_nowait(_ABORTED)
+        if self._thread is not None:
+            self._commands.put(_Stop(live))
+            await asyncio.to_thread(self._thread.join)
+
+    # -- the step thread ---------------------------------------------------------------------
+    def _run(self) -> None:
+        engine = self.engine
+        try:
+            while True:
+                # block while idle; otherwise take whatever arrived during the last step
+                cmds = [self._commands.get()] if not engine.has_unfinished_requests() else []
+                while True:
+                    try:
+                        cmds.append(self._commands.get_nowait())
+                    except queue.Empty:
+                        break
+                for cmd in cmds:
+                    if isinstance(cmd, _Stop):
+                        engine.abort(cmd.request_ids)
+                        self._publish_snapshot()
+                        self._refuse_remaining()
+                        return
+                    self._apply(engine, cmd)
+                if engine.has_unfinished_requests():
+                    outputs = engine.step()
+                    if outputs:
+                        self._post(self._deliver, outputs)
+                self._publish_snapshot()
+        except BaseException as e:   # noqa: BLE001 - any failure must fail the requests, not hang them
+            self._die(e)
+
+    def _apply(self, engine, cmd) -> None:
+        if isinstance(cmd, _Add):
+            try:
+                engine.add_request(cmd.request_id, cmd.prompt, cmd.params, priority=cmd.priority)
+            except Exception as e:   # a bad request fails alone; the engine is fine
+                self._post(self._deliver_one, cmd.request_id, e)
+        elif isinstance(cmd, _Abort):
+            self._apply_abort(engine, cmd)
+        elif isinstance(cmd, _Call):
+            try:
+                result = cmd.fn(engine)
+            except Exception as e:
+                self._post(_settle, cmd.future, None, e)
+            else:
+                self._post(_settle, cmd.future, result, None)
+
+    def _apply_abort(self, engine, cmd: _Abort) -> None:
+        engine.abort(cmd.request_ids)
+        if cmd.notify:
+            for rid in cmd.request_ids:
+                self._post(self._deliver_one, rid, _ABORTED)
+
+    def _refuse_remaining(self) -> None:
+        while True:
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(cmd, _Call):
+                self._post(_settle, cmd.future, None, EngineStoppedError("the engine is shut down"))
+
+    def _publish_snapshot(self) -> None:
+        self.snapshot = EngineSnapshot(self.engine.stats(), dict(self.engine.finished_by_reason))
+
+    def _die(self, e: BaseException) -> None:
+        log.exception("the engine's step loop crashed; failing every in-flight request")
+        self._error = e
+        err = EngineDeadError(f"the engine's step loop crashed: {type(e).__name__}: {e}")
+        err.__cause__ = e
+        self._post(self._fail_all, err)
+
+    def _post(self, fn, *args) -> None:
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:   # the event loop is closed: nobody is left to tell
+            pass
+
+    # -- back on the event loop --------------------------------------------------------------
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            q = self._streams.get(out.request_id)
+            if q is not None:
+                q.put_nowait(out)
+
+    def _deliver_one(self, request_id: str, item) -> None:
+        q = self._streams.get(request_id)
+        if q is not None:
+            q.put_nowait(item)
+
+    def _fail_all(self, err: EngineDeadError) -> None:
+        for q in self._streams.values():
+            q.put_nowait(err)
+        for fut in list(self._calls):
+            if not fut.done():
+                fut.set_exception(err)
+        if self._on_dead is not None:
+            self._on_dead(err)
+
+
+def _settle(fut: asyncio.Future, result, error) -> None:
+    if fut.done():   # the caller was cancelled meanwhile
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(result)
+
+
+def _aborted_output(request_id: str, last: RequestOutput | None, kind: OutputKind) -> RequestOutput:
+    """The final output of an aborted stream: nothing new for DELTA, everything so far otherwise."""
+    if last is None:
+        return RequestOutput(request_id, None, [], [CompletionOutput(0, "", [], finish_reason="abort")], True)
+    c = last.outputs[0]
+    keep = kind is not OutputKind.DELTA
+    completion = replace(c, text=c.text if keep else "", token_ids=list(c.token_ids) if keep else [],
+                         finish_reason="abort", stop_reason=None,
+                         logprobs=(list(c.logprobs) if keep and c.logprobs is not None else None))
+    return RequestOutput(request_id, last.prompt, last.prompt_token_ids, [completion], True,
+                         num_cached_tokens=last.num_cached_tokens, metrics=last.metrics)
