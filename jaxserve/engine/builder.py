@@ -45,15 +45,30 @@ def enable_compilation_cache(path: str | None) -> None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 
 
+def _scheduler_caps_partial_prefills() -> bool:
+    return "max_num_partial_prefills" in SchedulerConfig.__dataclass_fields__
+
+
 def runner_shapes(config: EngineConfig, max_model_len: int) -> RunnerShapes:
-    tiles = max_prefill_tiles(config.max_num_batched_tokens, config.prefill_tile,
-                              min(config.max_num_seqs, max(1, config.max_prefill_seqs)))
+    # Every prompt mid-prefill may leave one partial tile; the scheduler bounds how many there are.
+    prefill_seqs = config.max_num_seqs
+    if _scheduler_caps_partial_prefills():
+        prefill_seqs = min(prefill_seqs, config.max_prefill_seqs)
+    tiles = max_prefill_tiles(config.max_num_batched_tokens, config.prefill_tile, prefill_seqs)
+    decode = config.decode_buckets or default_decode_buckets(config.max_num_seqs)
+    prefill = config.prefill_buckets or default_prefill_buckets(tiles)
+    if decode[-1] < config.max_num_seqs:
+        raise ValueError(f"decode_buckets={decode} must reach max_num_seqs={config.max_num_seqs}")
+    if prefill[-1] < tiles:
+        raise ValueError(f"prefill_buckets={prefill} must reach {tiles} tiles: a step of "
+                         f"max_num_batched_tokens={config.max_num_batched_tokens} over {prefill_seqs} prompts "
+                         f"in tiles of {config.prefill_tile} can need that many")
     return RunnerShapes(
         block_size=config.block_size,
         max_model_len=max_model_len,
         prefill_tile=config.prefill_tile,
-        decode_buckets=config.decode_buckets or default_decode_buckets(config.max_num_seqs),
-        prefill_buckets=config.prefill_buckets or default_prefill_buckets(tiles),
+        decode_buckets=decode,
+        prefill_buckets=prefill,
     )
 
 

@@ -16,7 +16,8 @@ PROMPTS = [
     "Unicode: café",
     "A paged KV cache stores keys",
 ]
-GREEDY_24 = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+# min_tokens bans EOS as HF's min_new_tokens does, so both sides generate exactly 24 tokens
+GREEDY_24 = SamplingParams(max_tokens=24, min_tokens=24, temperature=0.0)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,148 @@
+"""`jaxserve generate | chat | convert | serve | client | bench | plan`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from jaxserve.engine_args import add_engine_args, engine_kwargs_from_args
+
+
+def _sampling_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampling")
+    g.add_argument("--max-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--min-p", type=float, default=0.0)
+    g.add_argument("--sampling-seed", type=int, default=None, help="seed of this request's sampling")
+    g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    g.add_argument("--ignore-eos", action="store_true")
+
+
+def _sampling_params(args):
+    from jaxserve.sampling_params import SamplingParams
+
+    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                          top_k=args.top_k, min_p=args.min_p, seed=args.sampling_seed, stop=args.stop,
+                          ignore_eos=args.ignore_eos)
+
+
+def _make_llm(args):
+    from jaxserve import LLM
+
+    kwargs = engine_kwargs_from_args(args)
+    model = kwargs.pop("model", None)
+    print("loading the model and compiling its step buckets (cached after the first run)...", file=sys.stderr)
+    return LLM(model, **kwargs)
+
+
+def cmd_generate(args) -> int:
+    params = _sampling_params(args)
+    llm = _make_llm(args)
+    tok = llm.get_tokenizer()
+    if args.raw or not getattr(tok, "chat_template", None):
+        outs = llm.generate(args.prompts, params)
+    else:
+        outs = llm.chat([[{"role": "user", "content": p}] for p in args.prompts], params)
+    for prompt, out in zip(args.prompts, outs):
+        c = out.outputs[0]
+        print(f"### {prompt}\n{c.text}\n[{len(c.token_ids)} tokens, finish_reason={c.finish_reason}]\n")
+    return 0
+
+
+def cmd_chat(args) -> int:
+    """Interactive chat; tokens are printed as they are generated."""
+    from jaxserve.sampling_params import OutputKind
+    import dataclasses
+
+    params = dataclasses.replace(_sampling_params(args), output_kind=OutputKind.DELTA)
+    llm = _make_llm(args)
+    engine, tok = llm.engine, llm.get_tokenizer()
+    history = []
+    if args.system:
+        history.append({"role": "system", "content": args.system})
+    print("jaxserve chat: an empty line or Ctrl-D quits.", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            break
+        if not line.strip():
+            break
+        history.append({"role": "user", "content": line})
+        ids = tok.apply_chat_template(history, add_generation_prompt=True, tokenize=True)
+        ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+        rid = engine.add_request(None, {"prompt_token_ids": list(ids)}, params)
+        answer = []
+        try:
+            while engine.has_unfinished_requests():
+                for out in engine.step():
+                    if out.request_id == rid:
+                        answer.append(out.outputs[0].text)
+                        print(out.outputs[0].text, end="", flush=True)
+        except KeyboardInterrupt:
+            engine.abort(rid)
+        print()
+        history.append({"role": "assistant", "content": "".join(answer)})
+    return 0
+
+
+def cmd_convert(args) -> int:
+    from jaxserve.checkpoints import convert
+
+    out = convert(args.src, args.dst)
+    print(f"wrote {out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="jaxserve", description="An LLM inference server in JAX.")
+    parser.add_argument("--log-level", default="WARNING")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate answers to prompts (chat template applied unless --raw)")
+    g.add_argument("prompts", nargs="+")
+    g.add_argument("--raw", action="store_true", help="send the prompts as plain text, without the chat template")
+    _sampling_args(g)
+    add_engine_args(g)
+    g.set_defaults(func=cmd_generate)
+
+    c = sub.add_parser("chat", help="interactive chat, tokens streamed as they come")
+    c.add_argument("--system", default=None, help="system prompt")
+    _sampling_args(c)
+    add_engine_args(c)
+    c.set_defaults(func=cmd_chat)
+
+    v = sub.add_parser("convert", help="convert a GGUF file or HF directory to a jaxserve checkpoint")
+    v.add_argument("src", help="GGUF file or HF directory ('embedded' for the default model)")
+    v.add_argument("dst")
+    v.set_defaults(func=cmd_convert)
+
+    for module, fn in (("jaxserve.server.cli", "add_server_parsers"), ("jaxserve.bench.cli", "add_bench_parser"),
+                       ("jaxserve.bench.cli", "add_plan_parser")):
+        try:
+            mod = __import__(module, fromlist=[fn])
+        except ModuleNotFoundError:
+            continue
+        getattr(mod, fn)(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if getattr(args, "command", None) == "convert" and args.src == "embedded":
+        args.src = None
+    try:
+        return args.func(args) or 0
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
