@@ -33,6 +33,7 @@ from pallas_kernels import work_plan as wp
 
 ROWS = 64        # query rows per item: the wgmma M dimension
 ITEM_ROW = 128   # int32 per SMEM row of an item's metadata + block table (bulk copies move <= 256 per dim)
+OUT_ROWS = 8     # output rows per bulk copy
 TILE_KEYS = 64   # keys per pipeline step: a 128-byte swizzled row of P in 16 bits; a tile is
                  # 64 / block_size whole pages, or a 64-row slice of a larger page
 
@@ -172,7 +173,14 @@ def _kernel(items_ref, q_ref, k_ref, v_ref, o_ref, lse_ref,
         o_smem[...] = acc / lax.broadcast_in_dim(l_safe, acc.shape, [0])
         lse_smem[...] = jnp.where(seen, m + jnp.log(l_safe), -jnp.inf)
         plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(o_smem, o_ref.at[split, item, kh])
+        # Only the item's rows go out, 8 at a time: a decode's G rows cost one 8-row copy, not 64
+        # (with many splits the output would otherwise rival the KV bytes of a short context).
+        nrows = entry(wp.NROWS)
+        for c in range(ROWS // OUT_ROWS):
+            @pl.when(c * OUT_ROWS < nrows)     # (copy predicates do not run in the interpreter)
+            def _():
+                plgpu.copy_smem_to_gmem(o_smem.at[pl.ds(c * OUT_ROWS, OUT_ROWS)],
+                                        o_ref.at[split, item, kh, pl.ds(c * OUT_ROWS, OUT_ROWS)])
         plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[split, item, kh])
         plgpu.wait_smem_to_gmem(0)
 

@@ -1,12 +1,13 @@
 """Ragged paged attention for CUDA GPUs before Hopper (Ampere, Ada), on Pallas' Triton backend.
 
 Upstream deprecates the Triton backend in favour of Mosaic GPU, so this module stands alone:
-deleting it (and its line in `dispatch.py`) removes it. It also serves float32 on every GPU,
+deleting it (and its branch in `dispatch.choose`) removes it. It also serves float32 on every GPU,
 which the Mosaic GPU kernel does not take.
 
 One program per (KV head, work item, split) (see `work_plan`): it loads the item's tile of query
-rows once, walks the sequence's block table one cache block at a time within its share of the
-key range, and keeps an online softmax in float32. Triton needs power-of-two tensor sizes and
+rows once (16 rows in decode-only buckets, 64 where prefill rows fit, so a prompt re-reads its
+KV fewer times), walks the sequence's block table one cache block at a time within its share of
+the key range, and keeps an online softmax in float32. Triton needs power-of-two tensor sizes and
 matmul dimensions >= 16, hence `rows` in {16, 32, 64, ...} and block sizes >= 16.
 """
 
@@ -112,7 +113,7 @@ def ragged_paged_attention_triton(
     sm_scale: float,
     sliding_window: int | None = None,
     soft_cap: float | None = None,
-    rows: int = 16,
+    rows: int | None = None,
     num_splits: int | None = None,
     num_warps: int = 4,
     num_stages: int = 2,
@@ -121,6 +122,8 @@ def ragged_paged_attention_triton(
     num_tokens, num_heads, head_dim = q.shape
     num_blocks, block_size, num_kv_heads, _ = k_cache.shape
     group = num_heads // num_kv_heads
+    if rows is None:   # decode-only buckets: small tiles; buckets with prefill rows: fewer KV re-reads
+        rows = 16 if num_tokens <= kv_lens.shape[0] else 64
     reason = unsupported_reason(q, k_cache)
     if reason is not None or not _pow2_at_least_16(rows):
         raise ValueError(f"triton ragged paged attention: {reason or f'rows {rows} is not a power of two >= 16'}")

@@ -35,8 +35,9 @@ def test_flash_decoding_splits_merge_to_the_same_result():
     run(case("decode", group=4, head_dim=64, dtype="float32", sliding_window=40, seed=7), num_splits=4)
 
 
-def test_wider_query_tiles_match_reference():
-    run(case("mixed", group=3, head_dim=64, dtype="float32", seed=8), rows=64)
+def test_narrow_query_tiles_match_reference():
+    # The CI cases have more rows than sequences, so they run 64-row tiles; decode buckets use 16.
+    run(case("mixed", group=3, head_dim=64, dtype="float32", seed=8), rows=16)
 
 
 @pytest.mark.full_grid
