@@ -85,6 +85,8 @@ def unsupported_reason(q: jax.Array, k_cache: jax.Array) -> str | None:
         return f"block_size {block_size} is not a power of two >= 16"
     if not _pow2_at_least_16(head_dim):
         return f"head_dim {head_dim} is not a power of two >= 16"
+    if q.dtype != k_cache.dtype:
+        return f"q dtype {q.dtype} differs from cache dtype {k_cache.dtype}"
     if q.shape[1] % k_cache.shape[2]:
         return f"{q.shape[1]} query heads are not a multiple of {k_cache.shape[2]} KV heads"
     return None
