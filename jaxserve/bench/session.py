@@ -1,8 +1,9 @@
 """One benchmark invocation: resolve the model once, build backends one after the other, write results.
 
 Backends are built, run and closed in turn (never two models in memory at once). A backend that
-cannot run here (not installed, feature missing) is skipped with a message that says why, and
-the skip is recorded in the result.
+cannot run here (not installed, feature missing) is skipped with a message that says why; one
+that fails mid-run is reported with its traceback; both are recorded in the result's
+`extra.skipped`, and the other backends' runs are kept.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 from typing import Any, Callable, Sequence
 
 from jaxserve.bench.args import engine_kwargs, jsonable_args
@@ -81,6 +83,10 @@ class Session:
         except UnsupportedBackend as e:
             log(f"skipping {backend.label}: {e}")
             self.skipped.append({"backend": backend.label, "reason": str(e)})
+            return None
+        except Exception as e:  # one backend's failure must not lose the others' runs
+            log(f"{backend.label} failed:\n{traceback.format_exc()}")
+            self.skipped.append({"backend": backend.label, "reason": f"failed: {type(e).__name__}: {e}"})
             return None
         run.config.update(config or {})
         return run

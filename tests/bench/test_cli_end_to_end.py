@@ -150,3 +150,19 @@ def test_serve_says_it_needs_the_grpc_client(tiny_model_dir, tmp_path, monkeypat
     monkeypatch.setattr(importlib, "import_module", no_client)
     with pytest.raises(SystemExit, match="needs jaxserve.client"):
         bench(tiny_model_dir, tmp_path, "serve")
+
+
+def test_a_backend_that_fails_mid_run_is_recorded_and_the_others_still_report(tiny_model_dir, fake_jaxserve,
+                                                                              tmp_path, monkeypatch):
+    from fake_llm import FakeLLM
+
+    def broken(self, *a, **k):
+        raise ValueError("20 exceeds the largest bucket 19")
+
+    monkeypatch.setattr(FakeLLM, "generate", broken)
+    res = bench(tiny_model_dir, tmp_path, "throughput", "--backend", "jaxserve,hf", "--num-prompts", "2",
+                "--input-len", "8", "--output-len", "2", "--no-plots")
+    data = check_files(res, 0)
+    assert [r["backend"] for r in data["runs"]] == ["hf"]
+    assert data["extra"]["skipped"] == [{"backend": "jaxserve",
+                                         "reason": "failed: ValueError: 20 exceeds the largest bucket 19"}]
