@@ -22,8 +22,9 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Callable, Iterable
 
 from jaxserve.engine.stats import EngineStats
@@ -75,6 +76,7 @@ class EngineSnapshot:
 
     stats: EngineStats
     finished_by_reason: dict[str, int]
+    taken_at: float = field(default_factory=time.monotonic)   # stats.uptime_s ages from here
 
 
 class AsyncEngine:

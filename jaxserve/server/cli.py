@@ -1,0 +1,113 @@
+"""`jaxserve serve` (the gRPC server) and `jaxserve client PROMPT` (stream an answer in the terminal).
+
+Registered into the main CLI by `add_server_parsers(subparsers)`; imports stay light until a
+command runs, so `jaxserve --help` does not load jax.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from jaxserve.engine_args import add_engine_args, engine_config_from_args
+
+API_KEY_ENV = "JAXSERVE_API_KEY"
+
+
+def add_server_parsers(subparsers) -> None:
+    s = subparsers.add_parser("serve", help="serve the model over gRPC (health, reflection, metrics)",
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    g = s.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 exposes the server)")
+    g.add_argument("--port", type=int, default=50051, help="gRPC port (0: pick a free one)")
+    g.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
+    g.add_argument("--api-key", default=None,
+                   help=f"require 'authorization: Bearer KEY' on every call but health (default: ${API_KEY_ENV})")
+    g.add_argument("--tls-cert", default=None, help="PEM certificate chain (with --tls-key: serve TLS)")
+    g.add_argument("--tls-key", default=None, help="PEM private key")
+    g.add_argument("--max-concurrent-streams", type=int, default=256,
+                   help="Generate calls served at once; more get RESOURCE_EXHAUSTED")
+    g.add_argument("--grace-period", type=float, default=30.0,
+                   help="seconds in-flight streams get to finish after SIGTERM/SIGINT")
+    g.add_argument("--max-message-bytes", type=int, default=16 << 20, help="largest gRPC message accepted")
+    g.add_argument("--max-n", type=int, default=1, help="largest SamplingParams.n accepted")
+    g.add_argument("--max-tokens-limit", type=int, default=None,
+                   help="largest max_tokens accepted (default: max_model_len bounds it)")
+    add_engine_args(s)
+    s.set_defaults(func=cmd_serve)
+
+    c = subparsers.add_parser("client", help="stream an answer from a running `jaxserve serve`",
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    c.add_argument("prompt")
+    c.add_argument("--target", default="127.0.0.1:50051", help="host:port of the server")
+    c.add_argument("--api-key", default=None, help=f"bearer token (default: ${API_KEY_ENV})")
+    c.add_argument("--tls-root-cert", default=None, help="PEM root certificate to trust (enables TLS)")
+    c.add_argument("--raw", action="store_true", help="send the prompt as plain text, without the chat template")
+    c.add_argument("--max-tokens", type=int, default=256)
+    c.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    c.add_argument("--top-p", type=float, default=None)
+    c.add_argument("--top-k", type=int, default=None)
+    c.add_argument("--seed", type=int, default=None)
+    c.add_argument("--timeout", type=float, default=None, help="deadline of the call in seconds")
+    c.set_defaults(func=cmd_client)
+
+
+def server_config_from_args(args: argparse.Namespace):
+    from jaxserve.server.convert import RequestLimits
+    from jaxserve.server.server import ServerConfig
+
+    return ServerConfig(host=args.host, port=args.port, metrics_port=args.metrics_port,
+                        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+                        tls_cert=args.tls_cert, tls_key=args.tls_key,
+                        max_concurrent_streams=args.max_concurrent_streams, grace_period=args.grace_period,
+                        max_message_bytes=args.max_message_bytes,
+                        limits=RequestLimits(max_n=args.max_n, max_tokens=args.max_tokens_limit))
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from jaxserve.server.server import run_server
+
+    engine_config = engine_config_from_args(args)
+    config = server_config_from_args(args)
+    _ensure_info_handler()
+    return asyncio.run(run_server(config, engine_config, progress=sys.stderr.isatty()))
+
+
+def _ensure_info_handler() -> None:
+    """The root logger may sit at WARNING; the server's own INFO lines ("ready") still show."""
+    lg = logging.getLogger("jaxserve.server")
+    if not any(isinstance(h, logging.StreamHandler) for h in lg.handlers):
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        lg.addHandler(h)
+        lg.propagate = False
+    lg.setLevel(logging.INFO)
+
+
+def cmd_client(args: argparse.Namespace) -> int:
+    import grpc
+
+    from jaxserve.client import Completion, GenerationClient
+
+    prompt = args.prompt if args.raw else [{"role": "user", "content": args.prompt}]
+    sampling = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                    seed=args.seed)
+    result = Completion()
+    with GenerationClient(args.target, api_key=args.api_key or os.environ.get(API_KEY_ENV),
+                          tls_root_cert=args.tls_root_cert, timeout=args.timeout) as client:
+        try:
+            for chunk in client.stream(prompt, completion=result, **sampling):
+                print(chunk.text, end="", flush=True)
+        except grpc.RpcError as e:
+            print(f"\nerror: {e.code().name}: {e.details()}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print("\n[cancelled]", file=sys.stderr)
+            return 130
+    print()
+    print(f"[{result.completion_tokens} tokens, finish_reason={result.finish_reason}]", file=sys.stderr)
+    return 0

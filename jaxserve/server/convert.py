@@ -1,0 +1,106 @@
+"""Between the wire and the engine: GenerateRequest -> (prompt, SamplingParams), RequestOutput ->
+GenerateResponse, EngineStats -> ServerInfo.
+
+Proto3 `optional` fields keep the engine's defaults: only fields the client set are passed to
+SamplingParams, so an unset temperature stays 1.0 rather than proto's 0. Every bad value becomes a
+ValueError naming the field, which the servicer turns into INVALID_ARGUMENT.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from jaxserve.outputs import RequestOutput
+from jaxserve.sampling_params import OutputKind, SamplingParams
+from jaxserve.server.proto import generation_pb2 as pb
+
+# proto field -> SamplingParams field, for the optional scalars
+_SCALARS = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "min_tokens", "ignore_eos",
+            "skip_special_tokens", "include_stop_str_in_output")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """Per-request limits the server enforces before the engine sees a request."""
+
+    max_n: int = 1
+    max_tokens: int | None = None        # None: only max_model_len bounds it
+    max_stop_strings: int = 16
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_n, int) or self.max_n < 1:
+            raise ValueError(f"max_n={self.max_n!r} must be an integer >= 1")
+        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
+            raise ValueError(f"max_tokens={self.max_tokens!r} must be an integer >= 1 or None")
+
+
+def sampling_params_from_proto(msg: pb.SamplingParams, limits: RequestLimits = RequestLimits()) -> SamplingParams:
+    kwargs: dict[str, Any] = {name: getattr(msg, name) for name in _SCALARS if msg.HasField(name)}
+    if msg.stop:
+        kwargs["stop"] = tuple(msg.stop)
+    if msg.stop_token_ids:
+        kwargs["stop_token_ids"] = tuple(msg.stop_token_ids)
+    n = kwargs.get("n", 1)
+    if n > limits.max_n:
+        raise ValueError(f"SamplingParams.n={n} exceeds this server's limit of {limits.max_n}")
+    mt = kwargs.get("max_tokens")
+    if limits.max_tokens is not None and mt is not None and mt > limits.max_tokens:
+        raise ValueError(f"SamplingParams.max_tokens={mt} exceeds this server's limit of {limits.max_tokens}")
+    if len(msg.stop) > limits.max_stop_strings:
+        raise ValueError(f"SamplingParams.stop has {len(msg.stop)} strings; the limit is {limits.max_stop_strings}")
+    # the stream sends what is new; the engine's DELTA outputs are exactly that
+    params = SamplingParams(output_kind=OutputKind.DELTA, **kwargs)
+    if limits.max_tokens is not None and params.max_tokens is None:
+        params = SamplingParams(**{**kwargs, "max_tokens": limits.max_tokens}, output_kind=OutputKind.DELTA)
+    return params
+
+
+def chat_messages(msg: pb.Chat) -> list[dict[str, str]]:
+    if not msg.messages:
+        raise ValueError("chat.messages is empty")
+    return [{"role": m.role, "content": m.content} for m in msg.messages]
+
+
+def prompt_from_proto(req: pb.GenerateRequest) -> Any:
+    """The engine's prompt for a text or token-id input; a chat needs the tokenizer (see servicer)."""
+    which = req.WhichOneof("input")
+    if which is None:
+        raise ValueError("GenerateRequest.input is missing: set text, token_ids or chat")
+    salt = req.cache_salt if req.HasField("cache_salt") else None
+    if which == "text":
+        prompt: dict[str, Any] = {"prompt": req.text}
+    elif which == "token_ids":
+        prompt = {"prompt_token_ids": list(req.token_ids.ids)}
+    else:
+        raise ValueError("chat input needs the chat template (prompt_from_proto handles text and token_ids)")
+    if salt is not None:
+        prompt["cache_salt"] = salt
+    return prompt
+
+
+def chunk_response(out: RequestOutput) -> pb.GenerateResponse | None:
+    c = out.outputs[0]
+    if not c.token_ids and not c.text:
+        return None
+    return pb.GenerateResponse(request_id=out.request_id,
+                               chunk=pb.Chunk(token_ids=c.token_ids, text=c.text, index=c.index))
+
+
+def complete_response(out: RequestOutput, completion_tokens: int) -> pb.GenerateResponse:
+    c = out.outputs[0]
+    return pb.GenerateResponse(request_id=out.request_id, complete=pb.Complete(
+        finish_reason=c.finish_reason or "stop", stop_reason="" if c.stop_reason is None else str(c.stop_reason),
+        prompt_tokens=len(out.prompt_token_ids), completion_tokens=completion_tokens,
+        cached_tokens=out.num_cached_tokens, index=c.index))
+
+
+def server_info(stats, *, active_streams: int, state: str) -> pb.ServerInfo:
+    return pb.ServerInfo(
+        num_kv_blocks_total=stats.num_kv_blocks_total, num_kv_blocks_free=stats.num_kv_blocks_free,
+        num_kv_blocks_cached=stats.num_kv_blocks_cached, num_requests_running=stats.num_requests_running,
+        num_requests_waiting=stats.num_requests_waiting, num_preemptions=stats.num_preemptions,
+        num_compilations_after_warmup=max(0, stats.num_compilations_after_warmup), uptime_s=stats.uptime_s,
+        prompt_tokens_total=stats.prompt_tokens_total, generation_tokens_total=stats.generation_tokens_total,
+        num_requests_finished=stats.num_requests_finished, kv_usage=stats.kv_usage,
+        prefix_hit_rate=stats.prefix_hit_rate, active_streams=active_streams, state=state)

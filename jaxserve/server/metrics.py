@@ -1,0 +1,89 @@
+"""Prometheus metrics of the server (prometheus-client, one registry per server).
+
+Gauges and counters are derived at scrape time from the EngineStats snapshot that the step thread
+publishes after every step (`AsyncEngine.snapshot`), so they are never computed twice and a scrape
+never touches the engine. Histograms are per request, observed by the servicer when a request
+finishes, from the engine's own RequestMetrics timestamps.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from jaxserve.outputs import RequestMetrics
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+                    7.5, 10.0, 20.0, 40.0, 80.0)
+_E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
+
+
+class _EngineCollector:
+    """Reads the latest snapshot at scrape time; reports nothing before the engine exists."""
+
+    def __init__(self, snapshot: Callable[[], object | None]):
+        self._snapshot = snapshot
+
+    def collect(self):
+        snap = self._snapshot()
+        if snap is None:
+            return
+        s = snap.stats
+        for name, doc, value in (
+            ("jaxserve_num_requests_running", "requests holding KV blocks and running", s.num_requests_running),
+            ("jaxserve_num_requests_waiting", "requests waiting to be scheduled", s.num_requests_waiting),
+            ("jaxserve_kv_cache_usage", "fraction of KV blocks held by live requests", s.kv_usage),
+            ("jaxserve_kv_blocks_free", "free KV blocks", s.num_kv_blocks_free),
+            ("jaxserve_kv_blocks_cached", "evictable KV blocks holding cached prefixes", s.num_kv_blocks_cached),
+            ("jaxserve_kv_blocks_total", "KV blocks the scheduler may use", s.num_kv_blocks_total),
+            ("jaxserve_prefix_cache_hit_rate", "prefix-cache hits / queries since start", s.prefix_hit_rate),
+            ("jaxserve_compilations_after_warmup", "XLA compilations since warmup (should stay 0)",
+             s.num_compilations_after_warmup),
+            ("jaxserve_uptime_seconds", "seconds since the engine was built",
+             s.uptime_s + time.monotonic() - snap.taken_at),
+        ):
+            yield GaugeMetricFamily(name, doc, value=value)
+        for name, doc, value in (
+            ("jaxserve_prompt_tokens", "prompt tokens accepted", s.prompt_tokens_total),
+            ("jaxserve_generation_tokens", "tokens generated", s.generation_tokens_total),
+            ("jaxserve_preemptions", "requests preempted", s.num_preemptions),
+        ):
+            yield CounterMetricFamily(name, doc, value=value)
+        finished = CounterMetricFamily("jaxserve_request_success", "finished requests by finish reason",
+                                       labels=["finished_reason"])
+        for reason, count in sorted(snap.finished_by_reason.items()):
+            finished.add_metric([reason], count)
+        yield finished
+
+
+class ServerMetrics:
+    def __init__(self, snapshot: Callable[[], object | None]):
+        self.registry = CollectorRegistry()
+        self.registry.register(_EngineCollector(snapshot))
+        r = self.registry
+        self.ttft = Histogram("jaxserve_time_to_first_token_seconds", "arrival to first token",
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("jaxserve_inter_token_latency_seconds", "between consecutive token steps",
+                             buckets=_LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram("jaxserve_e2e_request_latency_seconds", "arrival to finish",
+                             buckets=_E2E_BUCKETS, registry=r)
+        self.queue = Histogram("jaxserve_request_queue_time_seconds", "arrival to first scheduled",
+                               buckets=_LATENCY_BUCKETS, registry=r)
+
+    def observe(self, m: RequestMetrics | None) -> None:
+        """One finished (or aborted) request's timings."""
+        if m is None:
+            return
+        if m.first_scheduled_time is not None:
+            self.queue.observe(max(0.0, m.first_scheduled_time - m.arrival_time))
+        if m.first_token_time is not None:
+            self.ttft.observe(max(0.0, m.first_token_time - m.arrival_time))
+        times = m.token_times
+        for a, b in zip(times, times[1:]):
+            if b > a:      # tokens of one step share a stamp: that is not an inter-token gap
+                self.itl.observe(b - a)
+        if m.finished_time is not None:
+            self.e2e.observe(max(0.0, m.finished_time - m.arrival_time))

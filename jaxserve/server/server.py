@@ -1,0 +1,182 @@
+"""The server process: gRPC (Generation, health, reflection), metrics, warmup and graceful shutdown.
+
+Order of life: listen first (health NOT_SERVING, Generate UNAVAILABLE), build and compile the
+engine in a thread, then SERVING. SIGTERM or SIGINT: NOT_SERVING and UNAVAILABLE for new calls,
+in-flight streams get `grace_period` seconds to finish, the rest are aborted (their streams end
+with finish_reason "abort"), then the server stops and `serve()` returns 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import grpc
+from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from jaxserve.config import EngineConfig
+from jaxserve.server.auth import BearerTokenInterceptor
+from jaxserve.server.convert import RequestLimits
+from jaxserve.server.metrics import ServerMetrics
+from jaxserve.server.proto import generation_pb2 as pb
+from jaxserve.server.proto import generation_pb2_grpc as pb_grpc
+from jaxserve.server.servicer import GenerationServicer, Phase, ServerState
+
+log = logging.getLogger("jaxserve.server")
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Generation"].full_name   # "jaxserve.v1.Generation"
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 50051
+    metrics_port: int | None = None
+    api_key: str | None = None
+    tls_cert: str | None = None          # PEM files; both or neither
+    tls_key: str | None = None
+    max_concurrent_streams: int = 256
+    grace_period: float = 30.0           # seconds in-flight streams get after SIGTERM
+    max_message_bytes: int = 16 << 20
+    limits: RequestLimits = RequestLimits()
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port={self.port} must be in [0, 65535]")
+        if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
+            raise ValueError(f"metrics_port={self.metrics_port} must be in [0, 65535]")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together: give both or neither")
+        if self.max_concurrent_streams < 1:
+            raise ValueError(f"max_concurrent_streams={self.max_concurrent_streams} must be >= 1")
+        if self.grace_period < 0:
+            raise ValueError(f"grace_period={self.grace_period} must be >= 0")
+        if self.max_message_bytes < 1024:
+            raise ValueError(f"max_message_bytes={self.max_message_bytes} must be >= 1024")
+        if self.api_key is not None and not self.api_key:
+            raise ValueError("api_key is empty; leave it unset to disable auth")
+
+
+def _build_in_thread(build: Callable[[], object]) -> asyncio.Future:
+    """Run the (slow, blocking) engine build in a daemon thread: a signal during warmup can then
+    end the process without waiting for compilation to finish."""
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+
+    def target():
+        try:
+            result = build()
+        except BaseException as e:   # noqa: BLE001 - reported through the future
+            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_exception(e))
+        else:
+            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(result))
+
+    threading.Thread(target=target, name="jaxserve-warmup", daemon=True).start()
+    return fut
+
+
+async def run_server(config: ServerConfig, engine_config: EngineConfig, *, progress: bool = False,
+                     build_engine: Callable | None = None) -> int:
+    state = ServerState()
+    metrics = ServerMetrics(lambda: state.aengine.snapshot if state.aengine is not None else None)
+    interceptors = [BearerTokenInterceptor(config.api_key)] if config.api_key else []
+    server = aio.server(interceptors=interceptors, options=[
+        ("grpc.max_receive_message_length", config.max_message_bytes),
+        ("grpc.max_send_message_length", config.max_message_bytes),
+        ("grpc.so_reuseport", 0),
+    ])
+    servicer = GenerationServicer(state, max_concurrent_streams=config.max_concurrent_streams,
+                                  limits=config.limits, metrics=metrics)
+    pb_grpc.add_GenerationServicer_to_server(servicer, server)
+    health = health_aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
+    for name in ("", SERVICE_NAME):
+        await health.set(name, NOT_SERVING)
+
+    address = f"{config.host}:{config.port}"
+    if config.tls_cert:
+        with open(config.tls_key, "rb") as k, open(config.tls_cert, "rb") as c:
+            creds = grpc.ssl_server_credentials([(k.read(), c.read())])
+        port = server.add_secure_port(address, creds)
+    else:
+        port = server.add_insecure_port(address)
+    await server.start()
+    log.info("listening on %s:%d (%s), warming up", config.host, port, "TLS" if config.tls_cert else "plaintext")
+    if config.metrics_port is not None:
+        from prometheus_client import start_http_server
+        start_http_server(config.metrics_port, addr=config.host, registry=metrics.registry)
+        log.info("metrics on http://%s:%d/metrics", config.host, config.metrics_port)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    def on_dead(err: BaseException) -> None:
+        state.phase = Phase.FAILED
+        log.error("engine failed: %s; health is NOT_SERVING", err)
+        for name in ("", SERVICE_NAME):
+            asyncio.ensure_future(health.set(name, NOT_SERVING))
+
+    if build_engine is None:
+        from jaxserve.engine.builder import build_engine as default_build
+        build_engine = default_build
+    t0 = time.perf_counter()
+    built = _build_in_thread(lambda: build_engine(engine_config, progress=progress))
+    stopper = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({built, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    if not built.done():      # a signal during warmup: nothing is in flight
+        log.info("stopping during warmup")
+        await health.enter_graceful_shutdown()
+        await server.stop(0)
+        return 0
+    try:
+        engine = built.result()
+    except Exception:
+        log.exception("building the engine failed")
+        await server.stop(0)
+        return 1
+
+    from jaxserve.engine.async_engine import AsyncEngine
+    state.aengine = AsyncEngine(engine, on_dead=on_dead)
+    state.aengine.start()
+    state.phase = Phase.SERVING
+    for name in ("", SERVICE_NAME):
+        await health.set(name, SERVING)
+    log.info("jaxserve ready on %s:%d: model %s (%s), warmup %.1f s", config.host, port, engine.model_name,
+             engine.checkpoint_identity[:12], time.perf_counter() - t0)
+
+    await stopper
+    await _drain(state, server, health, config.grace_period)
+    return 0
+
+
+async def _drain(state: ServerState, server, health, grace_period: float) -> None:
+    log.info("draining: %d streams in flight, grace period %.1f s", state.active_streams, grace_period)
+    if state.phase is not Phase.FAILED:
+        state.phase = Phase.DRAINING
+    await health.enter_graceful_shutdown()
+    deadline = time.monotonic() + grace_period
+    while state.active_streams > 0 and time.monotonic() < deadline:
+        state.streams_changed.clear()
+        try:
+            await asyncio.wait_for(state.streams_changed.wait(), max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            break
+    if state.active_streams:
+        log.warning("grace period over: aborting %d streams", state.active_streams)
+    await state.aengine.shutdown()          # aborts what is left; their streams end with "abort"
+    await server.stop(5.0)                  # lets the aborted streams send their last message
+    log.info("stopped")

@@ -1,0 +1,154 @@
+"""The `jaxserve.v1.Generation` service on top of an AsyncEngine.
+
+Status codes: INVALID_ARGUMENT for a bad request (the message names the field), RESOURCE_EXHAUSTED
+when the concurrent-stream limit or the engine's waiting queue is full, UNAVAILABLE while warming up
+or draining, INTERNAL when the engine fails. A client cancel or a passed deadline reaches the
+handler as asyncio.CancelledError at its current await; leaving the engine's stream then aborts the
+request, so its blocks are freed before the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+
+import grpc
+
+from jaxserve.engine.async_engine import AsyncEngine, EngineDeadError, EngineStoppedError
+from jaxserve.server import convert
+from jaxserve.server.metrics import ServerMetrics
+from jaxserve.server.proto import generation_pb2 as pb
+from jaxserve.server.proto import generation_pb2_grpc as pb_grpc
+
+try:   # the scheduler's "waiting queue full"; older trees have no such error
+    from jaxserve.sched.errors import Overloaded
+except ImportError:  # pragma: no cover
+    class Overloaded(RuntimeError):
+        pass
+
+log = logging.getLogger(__name__)
+
+
+class Phase(enum.Enum):
+    WARMING_UP = "warming_up"
+    SERVING = "serving"
+    DRAINING = "draining"
+    FAILED = "failed"
+
+
+class ServerState:
+    """What the servicer, health and shutdown share: the phase and, once built, the engine."""
+
+    def __init__(self) -> None:
+        self.phase = Phase.WARMING_UP
+        self.aengine: AsyncEngine | None = None
+        self.active_streams = 0
+        self.streams_changed = asyncio.Event()
+
+
+class GenerationServicer(pb_grpc.GenerationServicer):
+    def __init__(self, state: ServerState, *, max_concurrent_streams: int, limits: convert.RequestLimits,
+                 metrics: ServerMetrics | None = None):
+        self.state = state
+        self.max_concurrent_streams = max_concurrent_streams
+        self.limits = limits
+        self.metrics = metrics
+
+    async def _engine(self, context) -> AsyncEngine:
+        st = self.state
+        if st.phase is Phase.WARMING_UP or st.aengine is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is warming up (compiling); retry later")
+        if st.phase is Phase.DRAINING:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is shutting down")
+        if st.phase is Phase.FAILED or not st.aengine.healthy:
+            await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                f"the engine failed and accepts no requests: {st.aengine.error!r}")
+        return st.aengine
+
+    async def Generate(self, request: pb.GenerateRequest, context):
+        aengine = await self._engine(context)
+        if self.state.active_streams >= self.max_concurrent_streams:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"{self.state.active_streams} streams are active, the limit is "
+                                f"max_concurrent_streams={self.max_concurrent_streams}; retry later")
+        try:
+            params = convert.sampling_params_from_proto(request.sampling_params, self.limits)
+            if request.WhichOneof("input") == "chat":
+                prompt = await self._render_chat(aengine, request)
+            else:
+                prompt = convert.prompt_from_proto(request)
+        except ValueError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+
+        self.state.active_streams += 1
+        completion_tokens = 0
+        last = None
+        try:
+            stream = aengine.generate(prompt, params, request_id=request.request_id or None,
+                                      priority=request.priority)
+            try:
+                async for out in stream:
+                    last = out
+                    completion_tokens += len(out.outputs[0].token_ids)
+                    chunk = convert.chunk_response(out)
+                    if chunk is not None:
+                        yield chunk
+                    if out.finished:
+                        yield convert.complete_response(out, completion_tokens)
+            finally:
+                await stream.aclose()   # on cancel: aborts the request before the next step
+        except (ValueError, NotImplementedError) as e:
+            code = grpc.StatusCode.INVALID_ARGUMENT if isinstance(e, ValueError) else grpc.StatusCode.UNIMPLEMENTED
+            await context.abort(code, str(e))
+        except Overloaded as e:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        except EngineDeadError as e:
+            await context.abort(grpc.StatusCode.INTERNAL, str(e))
+        except EngineStoppedError as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        finally:
+            self.state.active_streams -= 1
+            self.state.streams_changed.set()
+            if self.metrics is not None and last is not None:
+                self.metrics.observe(last.metrics)
+
+    async def _render_chat(self, aengine: AsyncEngine, request: pb.GenerateRequest) -> dict:
+        messages = convert.chat_messages(request.chat)
+
+        def render(engine):   # the tokenizer belongs to the step thread, like the engine
+            tok = engine.tokenizer
+            if tok is None or not getattr(tok, "chat_template", None):
+                raise ValueError("chat: the model has no chat template; send text or token_ids")
+            ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+            return list(ids)
+
+        prompt = {"prompt_token_ids": await aengine.call(render)}
+        if request.HasField("cache_salt"):
+            prompt["cache_salt"] = request.cache_salt
+        return prompt
+
+    async def Abort(self, request: pb.AbortRequest, context) -> pb.AbortResponse:
+        aengine = await self._engine(context)
+        await aengine.abort(list(request.request_ids))
+        return pb.AbortResponse()
+
+    async def GetModelInfo(self, request, context) -> pb.ModelInfo:
+        aengine = self.state.aengine
+        if aengine is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is warming up (loading the model)")
+        e = aengine.engine   # immutable attributes: safe to read from here
+        return pb.ModelInfo(model_name=e.model_name, checkpoint_identity=e.checkpoint_identity,
+                            max_model_len=e.max_model_len, vocab_size=e.vocab_size,
+                            eos_token_ids=sorted(e.eos_token_ids))
+
+    async def GetServerInfo(self, request, context) -> pb.ServerInfo:
+        aengine = self.state.aengine
+        if aengine is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is warming up (loading the model)")
+        try:
+            stats = await aengine.stats()
+        except (EngineDeadError, EngineStoppedError):
+            stats = aengine.snapshot.stats
+        return convert.server_info(stats, active_streams=self.state.active_streams, state=self.state.phase.value)
