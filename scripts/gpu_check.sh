@@ -20,11 +20,11 @@ export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.9}"
 echo "gpu_check: $(date -u +%FT%TZ) $(git rev-parse --short HEAD 2>/dev/null) $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
 "$PY" -c "import jax; print('gpu_check: jax', jax.__version__, jax.devices())" || exit 1
 
-timeout 110 "$PY" scripts/gpu_kernel_check.py 2> /tmp/gpu_kernel_check.err
+timeout 100 "$PY" scripts/gpu_kernel_check.py 2> /tmp/gpu_kernel_check.err
 check_rc=$?
 [ $check_rc -ne 0 ] && tail -n 30 /tmp/gpu_kernel_check.err
 
-timeout 170 "$PY" scripts/gpu_kernel_bench.py --time-budget 140 2> /tmp/gpu_kernel_bench.err
+timeout 165 "$PY" scripts/gpu_kernel_bench.py --time-budget 130 2> /tmp/gpu_kernel_bench.err
 bench_rc=$?
 [ $bench_rc -ne 0 ] && tail -n 30 /tmp/gpu_kernel_bench.err
 
