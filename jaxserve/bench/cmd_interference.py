@@ -98,7 +98,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if backend is None:
             continue
         try:
-            session.warm(backend, warmup)
+            if not session.warm(backend, warmup):
+                continue
             jobs = [("chats alone", chats_only)] if label == "default" else []
             jobs.append((label, workload))
             for name, wl in jobs:

@@ -85,7 +85,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if backend is None:
             continue
         try:
-            session.warm(backend, warmup)
+            if not session.warm(backend, warmup):
+                continue
             log(f"running {backend.label}")
             r = session.run(backend, workload.requests, session.options(), {"overrides": overrides})
             if r is not None:

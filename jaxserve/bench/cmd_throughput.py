@@ -72,7 +72,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if backend is None:
             continue
         try:
-            session.warm(backend, warmup)
+            if not session.warm(backend, warmup):
+                continue
             for rate, workload in zip(rates, workloads):
                 log(f"running {backend.label} at request rate {rate}")
                 r = session.run(backend, workload.requests,

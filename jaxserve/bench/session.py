@@ -71,10 +71,17 @@ class Session:
         """Backends that preallocate (hf-cb) size their caches for the longest sequence of these."""
         self.max_seq_len = max(w.summary()["max_seq_len"] for w in workloads)
 
-    def warm(self, backend: Backend, warmup: Sequence[BenchRequest]) -> None:
+    def warm(self, backend: Backend, warmup: Sequence[BenchRequest]) -> bool:
+        """Untimed warmup requests; False (and recorded) if the backend failed on them."""
         if warmup and hasattr(backend, "warmup"):
             log(f"warming up {backend.label} with {len(warmup)} request(s)")
-            backend.warmup(warmup)
+            try:
+                backend.warmup(warmup)
+            except Exception as e:
+                log(f"{backend.label} failed during warmup:\n{traceback.format_exc()}")
+                self.skipped.append({"backend": backend.label, "reason": f"failed: {type(e).__name__}: {e}"})
+                return False
+        return True
 
     def run(self, backend: Backend, requests: Sequence[BenchRequest], options: RunOptions,
             config: dict[str, Any] | None = None) -> BackendRun | None:
