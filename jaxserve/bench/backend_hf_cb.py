@@ -30,11 +30,8 @@ class HFContinuousBackend:
     def __init__(self, spec: ModelSpec, max_requests: int = 16, max_batch_tokens: int = 512,
                  label: str | None = None, dtype: str = "float32", max_seq_len: int = 2048,
                  page_size: int = 256) -> None:
-        try:
-            from transformers import GenerationConfig
-            from transformers.generation import ContinuousBatchingConfig
-        except ImportError as e:
-            raise UnsupportedBackend(f"this transformers has no continuous batching: {e}") from e
+        from transformers import GenerationConfig
+
         t = time.perf_counter()
         self.model = load_hf_model(spec, dtype)
         if not hasattr(self.model, "init_continuous_batching"):
@@ -45,19 +42,33 @@ class HFContinuousBackend:
         num_blocks = max_requests * math.ceil(max_seq_len / page_size) + max_requests
         self.config = {"max_requests_per_batch": max_requests, "max_batch_tokens": max_batch_tokens,
                        "num_blocks": num_blocks, "page_size": page_size}
-        self.manager = self.model.init_continuous_batching(
-            generation_config=GenerationConfig(do_sample=False, max_new_tokens=16),
-            continuous_batching_config=ContinuousBatchingConfig(**self.config),
-        )
+        try:
+            from transformers.generation import ContinuousBatchingConfig
+        except ImportError:  # older transformers (before ~5.2x) read these settings off the GenerationConfig
+            self.manager = self.model.init_continuous_batching(generation_config=GenerationConfig(
+                do_sample=False, max_new_tokens=16, num_blocks=num_blocks, block_size=page_size,
+                max_batch_tokens=max_batch_tokens))
+        else:
+            self.manager = self.model.init_continuous_batching(
+                generation_config=GenerationConfig(do_sample=False, max_new_tokens=16),
+                continuous_batching_config=ContinuousBatchingConfig(**self.config),
+            )
         self.manager.start()
         self._counter = 0
-        self._drain([self._add([1, 2, 3, 4], 2, "hf-cb-warmup")], options=RunOptions(progress=False))
+        try:
+            self._drain([self._add([1, 2, 3, 4], 2, "hf-cb-warmup")], options=RunOptions(progress=False))
+        except BaseException:
+            self.manager.stop(block=True, timeout=10)  # the thread is running: never leave it behind
+            raise
         self.startup_s = time.perf_counter() - t
         self.checkpoint_identity = files_sha256(spec)
 
     def _add(self, ids: Sequence[int], n: int, rid: str) -> str:
-        got = self.manager.add_request(list(ids), request_id=rid, max_new_tokens=n, record_timestamps=True,
-                                       eos_token_id=-1, streaming=True)
+        try:
+            got = self.manager.add_request(list(ids), request_id=rid, max_new_tokens=n, record_timestamps=True,
+                                           eos_token_id=-1, streaming=True)
+        except TypeError as e:  # an add_request without per-token timestamps or an EOS override
+            raise UnsupportedBackend(f"this transformers' continuous batching lacks what hf-cb needs: {e}") from e
         if got is None:
             raise RuntimeError(f"transformers' continuous batching refused request {rid}")
         return got
