@@ -50,10 +50,7 @@ def sampling_params_from_proto(msg: pb.SamplingParams, limits: RequestLimits = R
     if len(msg.stop) > limits.max_stop_strings:
         raise ValueError(f"SamplingParams.stop has {len(msg.stop)} strings; the limit is {limits.max_stop_strings}")
     # the stream sends what is new; the engine's DELTA outputs are exactly that
-    params = SamplingParams(output_kind=OutputKind.DELTA, **kwargs)
-    if limits.max_tokens is not None and params.max_tokens is None:
-        params = SamplingParams(**{**kwargs, "max_tokens": limits.max_tokens}, output_kind=OutputKind.DELTA)
-    return params
+    return SamplingParams(output_kind=OutputKind.DELTA, **kwargs)
 
 
 def chat_messages(msg: pb.Chat) -> list[dict[str, str]]:
