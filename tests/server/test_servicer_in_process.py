@@ -1,0 +1,117 @@
+"""The servicer in-process (grpc.aio on loopback, the compiled tiny runner shared): a full waiting
+queue gives RESOURCE_EXHAUSTED, and an engine that crashes mid-stream gives INTERNAL to every
+stream in flight and UNAVAILABLE afterwards, without hanging."""
+
+import asyncio
+import dataclasses
+
+import grpc
+import pytest
+from grpc import aio
+
+from jaxserve import LLM
+from jaxserve.client import AsyncGenerationClient
+from jaxserve.engine.async_engine import AsyncEngine
+from jaxserve.server.convert import RequestLimits
+from jaxserve.server.proto import generation_pb2_grpc as pb_grpc
+from jaxserve.server.servicer import GenerationServicer, Phase, ServerState
+
+PROMPT = "The tide comes in"
+HANG_GUARD_S = 120
+
+
+async def serve(engine, body):
+    """Run body(client, state) against a servicer over `engine` on a loopback port."""
+    state = ServerState()
+    state.aengine = AsyncEngine(engine)
+    state.aengine.start()
+    state.phase = Phase.SERVING
+    server = aio.server()
+    pb_grpc.add_GenerationServicer_to_server(
+        GenerationServicer(state, max_concurrent_streams=64, limits=RequestLimits()), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with AsyncGenerationClient(f"127.0.0.1:{port}", timeout=HANG_GUARD_S) as client:
+            return await asyncio.wait_for(body(client, state), HANG_GUARD_S)
+    finally:
+        await state.aengine.shutdown()
+        await server.stop(1)
+
+
+async def first_chunk(stream):
+    return await stream.__anext__()
+
+
+async def wait_for(predicate, what):
+    for _ in range(2000):
+        if await predicate():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"gave up waiting for {what}")
+
+
+def test_a_full_waiting_queue_gives_resource_exhausted(tiny_llm):
+    engine = LLM.sharing_runner(tiny_llm).engine
+    config = engine.scheduler.config
+    if not hasattr(config, "max_waiting_requests"):
+        pytest.skip("this scheduler has no waiting-queue bound")
+    engine.scheduler.config = dataclasses.replace(config, max_waiting_requests=1)
+
+    async def body(client, state):
+        # four streams take every seat (max_num_seqs=4); a fifth waits; a sixth finds the queue full
+        running = [client.stream_chunks(PROMPT, max_tokens=100, ignore_eos=True) for _ in range(4)]
+        for s in running:
+            await first_chunk(s)
+        waiting = client.stream_chunks(PROMPT, max_tokens=4)
+        waiter = asyncio.ensure_future(first_chunk(waiting))
+        await wait_for(lambda: _waiting_is(client, 1), "one waiting request")
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await client.generate(PROMPT, max_tokens=4)
+        for s in running:
+            await s.aclose()
+        await waiter
+        await waiting.aclose()
+        await wait_for(lambda: _idle(client), "the engine to be idle")
+        return e.value
+
+    err = asyncio.run(serve(engine, body))
+    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "max_waiting_requests=1" in err.details()
+
+
+async def _waiting_is(client, n):
+    return (await client.server_info()).num_requests_waiting == n
+
+
+async def _idle(client):
+    info = await client.server_info()
+    return (info.num_requests_running == 0 and info.num_requests_waiting == 0
+            and info.num_kv_blocks_free + info.num_kv_blocks_cached == info.num_kv_blocks_total)
+
+
+def test_an_engine_crash_gives_internal_to_streams_in_flight_then_unavailable(tiny_llm):
+    engine = LLM.sharing_runner(tiny_llm).engine
+    real_step, steps = engine.step, []
+
+    def step():
+        steps.append(1)
+        if len(steps) == 4:
+            raise RuntimeError("injected device failure")
+        return real_step()
+
+    engine.step = step
+
+    async def body(client, state):
+        results = await asyncio.gather(*(client.generate(PROMPT, max_tokens=50, ignore_eos=True) for _ in range(3)),
+                                       return_exceptions=True)
+        with pytest.raises(grpc.aio.AioRpcError) as after:
+            await client.generate(PROMPT, max_tokens=4)
+        return results, after.value, state.aengine.healthy
+
+    results, after, healthy = asyncio.run(serve(engine, body))
+    for r in results:
+        assert isinstance(r, grpc.aio.AioRpcError) and r.code() == grpc.StatusCode.INTERNAL, r
+        assert "injected device failure" in r.details()
+    assert after.code() == grpc.StatusCode.UNAVAILABLE
+    assert not healthy
