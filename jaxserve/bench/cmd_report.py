@@ -29,6 +29,13 @@ def _f(v: Any, scale: float = 1.0, digits: int = 1) -> str:
     return f"{v * scale:.{digits}f}"
 
 
+def _load(pair: Any) -> str:
+    """1-minute load average before -> after the run (the machine's other work skews every number)."""
+    if not pair or None in pair:
+        return "n/a"
+    return f"{pair[0][0]:.1f}->{pair[1][0]:.1f}"
+
+
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"] + \
         ["| " + " | ".join(r) + " |" for r in rows]
@@ -37,7 +44,7 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 def runs_table(results: list[tuple[str, dict[str, Any]]]) -> list[str]:
     header = ["result", "run", "requests", "duration s", "req/s", "output tok/s", "total tok/s",
               "TTFT mean ms", "TTFT p99 ms", "TPOT median ms", "ITL p50 ms", "ITL p99 ms", "E2E mean s",
-              "prefix hit %", "KV util %", "same tokens"]
+              "prefix hit %", "KV util %", "same tokens", "load avg"]
     rows = []
     for name, res in results:
         for run in res["runs"]:
@@ -49,6 +56,7 @@ def runs_table(results: list[tuple[str, dict[str, Any]]]) -> list[str]:
                 _f(m["itl"]["p99"], 1e3), _f(m["e2e"]["mean"], 1, 2), _f(m.get("prefix_hit_rate"), 100),
                 _f(kv.get("utilization_mean"), 100) if kv.get("num_samples") else "n/a",
                 f"{ag['identical']}/{ag['compared']} vs {ag['reference']}" if ag else "",
+                _load(run["config"].get("load_average_before_after")),
             ])
     return _table(header, rows)
 

@@ -24,6 +24,13 @@ from jaxserve.bench.summary import format_result
 from jaxserve.bench.workloads import BenchRequest, Workload
 
 
+def _load_average() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -85,6 +92,7 @@ class Session:
 
     def run(self, backend: Backend, requests: Sequence[BenchRequest], options: RunOptions,
             config: dict[str, Any] | None = None) -> BackendRun | None:
+        load_before = _load_average()
         try:
             run = backend.run(requests, options)
         except UnsupportedBackend as e:
@@ -96,6 +104,8 @@ class Session:
             self.skipped.append({"backend": backend.label, "reason": f"failed: {type(e).__name__}: {e}"})
             return None
         run.config.update(config or {})
+        # other jobs on the machine skew every number: record how busy it was around the run
+        run.config["load_average_before_after"] = [load_before, _load_average()]
         return run
 
     def finish(self, workload: Workload, runs: list[BackendRun], extra: dict[str, Any] | None = None,
