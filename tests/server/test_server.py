@@ -3,7 +3,7 @@ to LLM.generate's, 32 concurrent streams, cancel and deadline returning every bl
 INVALID_ARGUMENT messages, reflection, and the metrics endpoint after traffic."""
 
 import asyncio
-import time
+import os
 import urllib.request
 
 import grpc
@@ -54,17 +54,25 @@ def assert_blocks_all_back(client):
 
 
 def test_health_is_not_serving_during_warmup_then_serving(started):
-    seen = []
+    seen, during_warmup = [], []
 
     def status():
         s = started.health()
         if s is not None and (not seen or seen[-1] != s):
             seen.append(s)
+            if s == "NOT_SERVING":    # compiling takes seconds: a call now finds the server warming up
+                with GenerationClient(started.target, timeout=30) as c:
+                    try:
+                        c.generate(PROMPTS[0], max_tokens=2)
+                    except grpc.RpcError as e:
+                        during_warmup.append((e.code(), e.details()))
         assert started.proc.poll() is None, started.log()
         return s == "SERVING"
 
     wait_until(status, "SERVING", guard_s=240, every_s=0.02)
     assert seen == ["NOT_SERVING", "SERVING"]
+    assert during_warmup and during_warmup[0][0] == grpc.StatusCode.UNAVAILABLE
+    assert "warming up" in during_warmup[0][1]
     assert "ready" in started.log()
 
 
@@ -187,3 +195,16 @@ def test_metrics_endpoint_shows_the_histograms_after_traffic(server, client):
     assert samples["jaxserve_compilations_after_warmup"] == 0
     for gauge in ("num_requests_running", "num_requests_waiting", "kv_cache_usage", "prefix_cache_hit_rate"):
         assert f"jaxserve_{gauge}" in samples
+
+
+def test_jaxserve_client_streams_the_answer_in_the_terminal(server, tiny_llm, tmp_path):
+    import subprocess
+    import sys
+
+    want = reference(tiny_llm, PROMPTS[:1], 8, text=True)[0]
+    run = subprocess.run([sys.executable, "-c", "import sys; from jaxserve.cli import main; sys.exit(main())",
+                          "client", PROMPTS[0], "--raw", "--max-tokens", "8", "--target", server.target],
+                         cwd=tmp_path, capture_output=True, timeout=120, env={**os.environ, "PYTHONIOENCODING": "utf-8"})
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.decode("utf-8") == want + "\n"     # bytes: no newline translation of the random text
+    assert b"8 tokens" in run.stderr
