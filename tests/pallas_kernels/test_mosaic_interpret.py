@@ -18,16 +18,16 @@ from pallas_kernels.ragged_paged_attention_mosaic import (
 )
 
 # A pairwise cover of kind x group x head dim x 16-bit dtype x block size, plus the options.
-CI_CASES = [
+CI_CASES = [   # one KV head where a second adds only interpreter time; two where head indexing is tested
     case("decode", group=1, head_dim=64, dtype="bfloat16"),
-    case("prefill", group=3, head_dim=128, dtype="float16", seed=1),
-    case("mixed", group=4, head_dim=64, dtype="bfloat16", sliding_window=20, seed=2),
-    case("mixed", group=8, head_dim=128, dtype="float16", soft_cap=3.0, seed=3),
+    case("prefill", group=3, head_dim=128, dtype="float16", num_kv_heads=1, seed=1),
+    case("mixed", group=4, head_dim=64, dtype="bfloat16", sliding_window=20, num_kv_heads=1, seed=2),
+    case("mixed", group=8, head_dim=128, dtype="float16", soft_cap=3.0, num_kv_heads=1, seed=3),
     # Pages larger than a tile: each 64-key tile is a slice of one 128-token page.
     with_options(case("prefill", group=4, head_dim=64, dtype="bfloat16", seed=4), block_size=128,
                  width=1, num_blocks=4),
-    with_options(case("decode", group=3, head_dim=64, dtype="float16", seed=5), block_size=32,
-                 width=2, num_blocks=10),
+    with_options(case("decode", group=3, head_dim=64, dtype="float16", num_kv_heads=1, seed=5),
+                 block_size=32, width=2, num_blocks=10),
 ]
 
 
