@@ -56,6 +56,9 @@ def _xla():
 def choose(name: str, q, k_cache) -> tuple[str, object, dict]:
     """(implementation actually used, function, extra keyword arguments) for these shapes."""
     interpret = name.endswith("_interpret")
+    if name in ("mosaic", "triton") and jax.default_backend() != "gpu":
+        raise ValueError(f"implementation {name!r} compiles for CUDA GPUs, the backend is "
+                         f"{jax.default_backend()!r}: use {name + '_interpret'!r} to run it here")
     if name.startswith("mosaic"):
         from pallas_kernels import ragged_paged_attention_mosaic as mosaic
         if mosaic.unsupported_reason(q, k_cache) is None:

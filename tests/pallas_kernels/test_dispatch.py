@@ -46,7 +46,8 @@ def test_unknown_implementation_names_the_value(monkeypatch):
     ("mosaic", "bfloat16", 24, "xla"),                         # neither kernel tiles 24
     ("reference", "bfloat16", 16, "reference"),
 ])
-def test_declined_shapes_fall_back_mosaic_then_triton_then_xla(name, dtype, block_size, want):
+def test_declined_shapes_fall_back_mosaic_then_triton_then_xla(monkeypatch, name, dtype, block_size, want):
+    monkeypatch.setattr(dispatch.jax, "default_backend", lambda: "gpu")   # as on a GPU machine
     q = jnp.zeros((4, 4, 64), dtype)
     k_cache = jnp.zeros((8, block_size, 2, 64), dtype)
     used, _, _ = dispatch.choose(name, q, k_cache)
@@ -61,3 +62,10 @@ def test_forced_implementations_give_the_reference_result(monkeypatch, forced):
     want = ragged_paged_attention_reference(**inputs)
     monkeypatch.setenv(dispatch.ENV_VAR, forced)
     assert_matches_reference(ragged_paged_attention(**inputs), want, c)
+
+
+@pytest.mark.parametrize("name", ["mosaic", "triton"])
+def test_compiled_gpu_kernels_forced_on_the_cpu_point_to_the_interpreter(name):
+    q, k_cache = jnp.zeros((4, 4, 64), jnp.bfloat16), jnp.zeros((8, 16, 2, 64), jnp.bfloat16)
+    with pytest.raises(ValueError, match=f"'{name}_interpret'"):
+        dispatch.choose(name, q, k_cache)
