@@ -11,8 +11,11 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+
+from pallas_kernels import ragged_paged_attention_reference
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -139,3 +142,26 @@ def assert_matches_reference(got, want, c: Case) -> None:
     assert np.all(err <= atol + rtol * np.abs(want)), (
         f"{c.label()}: max error {err.max():.3g}, worst at {worst}: {got[worst]} vs {want[worst]}")
     assert np.all(got[sum(c.q_lens):] == 0), "padding query rows must come out as zeros"
+
+
+def random_batches(template: Case, count: int, seed: int = 0) -> list[Case]:
+    """Random ragged batches with the template's static shapes (one compile serves them all)."""
+    rng = np.random.default_rng(seed)
+    max_ctx = template.width * template.block_size
+    out = []
+    while len(out) < count:
+        n = int(rng.integers(1, template.max_seqs + 1))
+        q_lens = rng.integers(1, 8, n) * (rng.random(n) < 0.5) + 1      # about half are decodes
+        kv_lens = np.minimum(q_lens + rng.integers(0, max_ctx, n), max_ctx)
+        pages = sum(-(-int(k) // template.block_size) for k in kv_lens)
+        if q_lens.sum() > template.num_tokens or pages > template.num_blocks - 1:
+            continue
+        out.append(dataclasses.replace(template, q_lens=tuple(int(x) for x in q_lens),
+                                       kv_lens=tuple(int(x) for x in kv_lens), seed=seed * 1000 + len(out)))
+    return out
+
+
+
+# The reference, jitted per static shape: random batches of one shape then reuse one compile.
+reference = jax.jit(ragged_paged_attention_reference,
+                    static_argnames=("sm_scale", "sliding_window", "soft_cap"))

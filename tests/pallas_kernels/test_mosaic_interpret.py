@@ -10,8 +10,9 @@ import pytest
 from jax._src.pallas.mosaic_gpu.interpret.interpret_pallas_call import get_races  # no public name in 0.11
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernel_cases import assert_matches_reference, case, full_grid, make_inputs, with_options
-from pallas_kernels import ragged_paged_attention_reference
+from pallas_kernel_cases import (
+    assert_matches_reference, case, full_grid, make_inputs, random_batches, reference, with_options,
+)
 from pallas_kernels.ragged_paged_attention_mosaic import (
     ragged_paged_attention_mosaic,
     unsupported_reason,
@@ -33,7 +34,7 @@ CI_CASES = [   # one KV head where a second adds only interpreter time; two wher
 
 def run(c, **kw):
     inputs = make_inputs(c)
-    want = ragged_paged_attention_reference(**inputs)
+    want = reference(**inputs)
     got = ragged_paged_attention_mosaic(**inputs, **{"interpret": True, **kw})
     assert_matches_reference(got, want, c)
 
@@ -79,3 +80,11 @@ def test_block_sizes_it_cannot_tile_are_declined():
     assert "head_dim" in unsupported_reason(q[..., :32], jnp.zeros((4, 16, 2, 32), jnp.bfloat16))
     q256 = jnp.zeros((4, 2, 256), jnp.bfloat16)
     assert "head_dim" in unsupported_reason(q256, jnp.zeros((4, 16, 2, 256), jnp.bfloat16))
+
+
+@pytest.mark.full_grid
+def test_random_ragged_batches_match_reference():
+    template = case("mixed", group=4, head_dim=64, dtype="bfloat16", sliding_window=24,
+                    num_kv_heads=1, num_blocks=17)
+    for c in random_batches(template, 6, seed=2):
+        run(c)

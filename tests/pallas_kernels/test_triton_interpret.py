@@ -2,8 +2,9 @@
 
 import pytest
 
-from pallas_kernel_cases import assert_matches_reference, case, full_grid, make_inputs, with_options
-from pallas_kernels import ragged_paged_attention_reference
+from pallas_kernel_cases import (
+    assert_matches_reference, case, full_grid, make_inputs, random_batches, reference, with_options,
+)
 from pallas_kernels.ragged_paged_attention_triton import ragged_paged_attention_triton
 
 # A pairwise cover of kind x group x head dim x dtype, plus the options, in few compiles.
@@ -20,7 +21,7 @@ CI_CASES = [
 
 def run(c, **kw):
     inputs = make_inputs(c)
-    want = ragged_paged_attention_reference(**inputs)
+    want = reference(**inputs)
     got = ragged_paged_attention_triton(**inputs, interpret=True, **kw)
     assert_matches_reference(got, want, c)
 
@@ -44,3 +45,11 @@ def test_narrow_query_tiles_match_reference():
 @pytest.mark.parametrize("c", full_grid(), ids=lambda c: c.label())
 def test_triton_kernel_full_grid(c):
     run(c)
+
+
+def test_random_ragged_batches_match_reference():
+    # One static shape, 16 random batches (decodes, chunks, empty padding slots), one compile.
+    template = case("mixed", group=3, head_dim=64, dtype="float32", sliding_window=24,
+                    num_blocks=17)
+    for c in random_batches(template, 16, seed=1):
+        run(c)
