@@ -3,49 +3,85 @@
 There are no prefill and decode phases. Each request has `num_computed_tokens` (K/V cached) and
 `num_tokens` (prompt + outputs); a step computes some of the difference for some requests, under a
 token budget (`max_num_batched_tokens`) and a seat budget (`max_num_seqs`). Running requests go
-first (a decode is 1 token, an unfinished prompt continues with its next chunk), then waiting
-requests in queue order while budgets and blocks last. A request whose next token is the last
-known one samples a new token this step.
+first, decodes (1 token each) before prefill chunks, so a long prompt's chunks take only the budget
+the decodes leave; then waiting requests are admitted in queue order (see policy.py) while budget,
+seats and blocks last. A request whose next token is the last known one samples a new token.
 
-When a running request needs a block and none is left, the most recently admitted running request
-is preempted by recompute: its blocks are freed, it keeps its output tokens and goes back in front
-of the waiting queue, and later re-prefills prompt + outputs, so its output does not change.
+Admission is against projected KV use: blocks in use, plus the growth each running request is
+expected to need (its prompt and a share of its remaining max_tokens), plus the newcomer's, must
+fit the pool less a watermark, so a burst of admissions cannot force preemptions on the next token.
+At most `max_num_partial_prefills` prompts are mid-prefill at once; a prompt that can finish this
+step may overtake one that cannot, unless that one has waited `starvation_steps` steps.
 
-With prefix caching on, a request admitted from the waiting queue first shares the longest
-cached prefix of its tokens (full blocks that earlier steps computed) and computes only the rest.
-A fork child (`fork_request`: a parallel sample or a beam) waits until its parent has computed
-their common prefix, then shares the parent's blocks; whoever first writes into a shared, partly
-filled block gets a copy (`SchedulerOutput.block_copies`).
+When a running request needs a block and none is left, a victim (policy.py) is preempted: by
+recompute (its blocks are freed; it keeps its outputs and re-prefills prompt + outputs later) or by
+swap (its computed blocks are copied to a host pool and back into fresh blocks later). Either way
+it goes back in front of the requests that arrived after it, and its output does not change.
 
-The engine's loop is: `schedule()` -> runner executes (copies first) -> `update(out, sampled)`.
+With prefix caching on, an admitted request first shares the longest cached prefix of its tokens
+(full blocks that earlier steps computed) and computes only the rest. A fork child (`fork_request`:
+a parallel sample or a beam) waits until its parent has computed their common prefix, then shares
+the parent's blocks; whoever first writes into a shared, partly filled block gets a copy.
+
+The engine's loop: `schedule()` -> the runner performs `swap_out`, then `swap_in`, then
+`block_copies`, then the step -> `update(out, sampled)`.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterable, Mapping
 
+from jaxserve.sched.block_pool import BlockPool
+from jaxserve.sched.errors import Overloaded
 from jaxserve.sched.kv_cache_manager import KVCacheManager, SharedPrefix, cdiv
+from jaxserve.sched.policy import FairShare, pick_victim
 from jaxserve.sched.request import FINISH_REASONS, Request, RequestStatus
 from jaxserve.sched.request_queue import WaitingQueue
 from jaxserve.sched.scheduler_config import SchedulerConfig
 from jaxserve.sched.scheduler_output import RequestUpdate, ScheduledRequest, SchedulerOutput
 from jaxserve.sched.stop_conditions import check_stop
 
-__all__ = ["Scheduler", "SchedulerConfig"]
+__all__ = ["Overloaded", "Scheduler", "SchedulerConfig"]
+
+
+class _Step:
+    """What one schedule() call has decided so far."""
+
+    __slots__ = ("budget", "scheduled", "copies", "preempted", "swap_out", "swap_in", "partial", "host_freed")
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.scheduled: dict[str, ScheduledRequest] = {}
+        self.copies: list[tuple[int, int]] = []
+        self.preempted: list[str] = []
+        self.swap_out: list[tuple[int, int]] = []
+        self.swap_in: list[tuple[int, int]] = []
+        self.partial: set[str] = set()  # requests left mid-prefill after this step
+        # host blocks read by this step's swap-ins: freed only after the step's decisions, so a
+        # swap-out of the same step (which the runner performs first) cannot overwrite them
+        self.host_freed: list[int] = []
 
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.kv = KVCacheManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.host_pool = BlockPool(config.num_host_blocks + 1, config.block_size) if config.num_host_blocks else None
         self._requests: dict[str, Request] = {}  # live: waiting or running
         self._keys: dict[str, tuple] = {}  # queue key, kept across preemptions
+        self._arrival_step: dict[str, int] = {}
         self._fork_parent: dict[str, str] = {}  # waiting fork child -> parent id
+        self._host_blocks: dict[str, list[int]] = {}  # swapped-out request -> its host blocks
         self._seq = itertools.count()
+        self._fair = FairShare(config.priority_weight_base)
+        self._step = 0
         self.waiting = WaitingQueue()
-        self.running: list[Request] = []  # admission order: the last is the first victim
-        self.num_preemptions = 0
+        self.running: list[Request] = []  # admission order
+        self.num_preemptions_recompute = 0
+        self.num_preemptions_swap = 0
+        self.num_swapped_blocks = 0  # blocks copied out to the host pool, in total
         self.num_kv_blocks_in_use_peak = 0  # most blocks in use after any schedule()
 
     # ---- the door -----------------------------------------------------------------------------
@@ -77,17 +113,24 @@ class Scheduler:
             raise ValueError(f"request {req.request_id!r} is not fresh (status {req.status.name})")
 
     def add_request(self, req: Request) -> None:
-        """Queue a new request; raises ValueError (with the numbers) if it is bad or could never run."""
+        """Queue a new request. Raises ValueError (with the numbers) if it is bad or could never
+        run, and Overloaded if `max_waiting_requests` are already waiting."""
         self._validate(req)
-        self._requests[req.request_id] = req
-        key = (next(self._seq), 0)
-        self._keys[req.request_id] = key
-        self.waiting.push(req, key)
+        c = self.config
+        if c.max_waiting_requests and len(self.waiting) >= c.max_waiting_requests:
+            raise Overloaded(len(self.waiting), c.max_waiting_requests)
+        seq = next(self._seq)
+        if c.scheduling_policy == "priority":  # fair-share start tag; equal tags: more urgent first
+            key = (self._fair.start_tag(req), req.priority, seq, 0)
+        else:
+            key = (seq, 0)
+        self._enqueue(req, key)
 
     def fork_request(self, parent_id: str, child: Request) -> None:
         """Queue `child`, a continuation of a live request (a parallel sample or a beam). It waits
         until the parent has computed their common prefix, then shares those blocks (copy-on-write
-        for a partly filled last block) instead of computing them again."""
+        for a partly filled last block) instead of computing them again. Forks are part of an
+        accepted request, so the waiting-queue bound does not apply to them."""
         parent = self._requests.get(parent_id)
         if parent is None:
             raise ValueError(f"fork_request: parent {parent_id!r} is not a live request")
@@ -97,81 +140,150 @@ class Scheduler:
                 f"{parent.cache_salt!r}; tenants never share blocks"
             )
         self._validate(child)
-        self._requests[child.request_id] = child
         pkey = self._keys[parent_id]
-        key = (pkey[0], next(self._seq) + 1)  # right behind the parent, in fork order
-        self._keys[child.request_id] = key
         self._fork_parent[child.request_id] = parent_id
-        self.waiting.push(child, key)
+        self._enqueue(child, pkey[:-1] + (next(self._seq) + 1,))  # right behind the parent
+
+    def _enqueue(self, req: Request, key: tuple) -> None:
+        self._requests[req.request_id] = req
+        self._keys[req.request_id] = key
+        self._arrival_step[req.request_id] = self._step
+        self.waiting.push(req, key)
 
     # ---- a step -------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        c = self.config
-        budget = c.max_num_batched_tokens
-        out: list[ScheduledRequest] = []
-        copies: list[tuple[int, int]] = []
-        preempted: list[str] = []
+        self._step += 1
+        st = _Step(self.config.max_num_batched_tokens)
+        self._schedule_running(st)
+        # Admitting right after a preemption would only evict someone again next step.
+        if not st.preempted:
+            self._schedule_waiting(st)
+        if st.host_freed:
+            self.host_pool.free(st.host_freed)
+        self.num_kv_blocks_in_use_peak = max(self.num_kv_blocks_in_use_peak, self.kv.pool.num_in_use)
+        reqs = tuple(st.scheduled.values())
+        return SchedulerOutput(
+            requests=reqs,
+            num_batched_tokens=sum(len(r.token_ids) for r in reqs),
+            block_copies=tuple(st.copies),
+            preempted_ids=tuple(st.preempted),
+            swap_out=tuple(st.swap_out),
+            swap_in=tuple(st.swap_in),
+        )
 
-        i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
-            n = self._num_new_tokens(req, req.num_computed_tokens, budget)
+    def _schedule_running(self, st: _Step) -> None:
+        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
+        prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
+        for req in decodes + prefills:
+            if req.status is not RequestStatus.RUNNING:
+                continue  # preempted earlier in this step
+            if st.budget <= 0:
+                break
+            n = self._num_new_tokens(req, req.num_computed_tokens, st.budget)
             if n == 0:
-                i += 1
                 continue
-            while not self.kv.allocate_slots(req, n, copies):
-                victim = self.running.pop()
-                self._preempt(victim)
-                preempted.append(victim.request_id)
+            while not self.kv.allocate_slots(req, n, st.copies):
+                victim = pick_victim(self.running)
+                self._preempt(victim, st)
                 if victim is req:
                     break
-            if req.status is not RequestStatus.RUNNING:
-                break  # it preempted itself: everyone after it is gone too
-            out.append(self._scheduled(req, n))
-            budget -= n
-            i += 1
+            if req.status is RequestStatus.RUNNING:
+                self._add_scheduled(req, n, st)
 
-        # Admitting after a preemption would only evict someone again next step.
-        if not preempted:
-            j = 0
-            while j < len(self.waiting) and budget > 0 and len(self.running) < c.max_num_seqs:
-                req = self.waiting[j]
-                prefix = self._shared_prefix(req)
-                if prefix is None:  # a fork child whose parent has not computed the prefix yet
-                    j += 1
-                    continue
-                n = self._num_new_tokens(req, prefix.num_tokens, budget)
-                if n == 0 or not self.kv.allocate_slots(req, n, copies, prefix):
+    def _schedule_waiting(self, st: _Step) -> None:
+        c = self.config
+        j = 0
+        while j < len(self.waiting) and st.budget > 0 and len(self.running) < c.max_num_seqs:
+            req = self.waiting[j]
+            starving = self._step - self._arrival_step[req.request_id] >= c.starvation_steps
+            swapped = req.status is RequestStatus.SWAPPED
+            prefix = SharedPrefix(num_tokens=req.num_computed_tokens) if swapped else self._shared_prefix(req)
+            if prefix is None:  # a fork child whose parent has not computed the prefix yet
+                j += 1
+                continue
+            n = self._num_new_tokens(req, prefix.num_tokens, st.budget)
+            if n == 0:
+                break  # chunking off and the prompt does not fit what is left of the budget
+            partial = prefix.num_tokens + n < req.num_tokens
+            if partial and c.max_num_partial_prefills and len(st.partial) >= c.max_num_partial_prefills:
+                if starving:
+                    break  # nobody overtakes a request that waited too long
+                j += 1  # a prompt that finishes this step may go first
+                continue
+            if not self._admit(req, prefix, n, st):
+                victim = self._less_urgent_victim(req)
+                if victim is None:
                     break  # first come, first served: nobody overtakes the head
-                first = req.status is RequestStatus.WAITING
-                self.waiting.remove(req)
-                self._fork_parent.pop(req.request_id, None)
-                if first:
-                    req.num_cached_tokens = min(prefix.num_tokens, req.num_prompt_tokens)
-                    if not prefix.forked:  # the hit statistics describe the tree, not forks
-                        self.kv.record_lookup(req, prefix)
-                req.status = RequestStatus.RUNNING
-                self.running.append(req)
-                out.append(self._scheduled(req, n))
-                budget -= n
+                self._preempt(victim, st)  # priority policy: make room, then look again
+                continue
+            first = req.status is RequestStatus.WAITING
+            self.waiting.remove(req)
+            self._fork_parent.pop(req.request_id, None)
+            if first:
+                req.num_cached_tokens = min(prefix.num_tokens, req.num_prompt_tokens)
+                if not prefix.forked and not swapped:  # the hit statistics describe the tree
+                    self.kv.record_lookup(req, prefix)
+            if self.config.scheduling_policy == "priority":
+                self._fair.admitted(self._keys[req.request_id][0])
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            self._add_scheduled(req, n, st)
 
-        self.num_kv_blocks_in_use_peak = max(self.num_kv_blocks_in_use_peak, self.kv.pool.num_in_use)
-        return SchedulerOutput(
-            requests=tuple(out),
-            num_batched_tokens=c.max_num_batched_tokens - budget,
-            block_copies=tuple(copies),
-            preempted_ids=tuple(preempted),
-        )
+    def _less_urgent_victim(self, req: Request) -> Request | None:
+        """Under the priority policy, a waiting request may evict a less urgent running one."""
+        if self.config.scheduling_policy != "priority":
+            return None
+        less_urgent = [r for r in self.running if r.priority > req.priority]
+        return pick_victim(less_urgent) if less_urgent else None
+
+    def _admit(self, req: Request, prefix: SharedPrefix, n: int, st: _Step) -> bool:
+        """Allocate blocks for a waiting request if projected KV use allows (False: nothing changed)."""
+        busy = bool(self.running)  # alone, a request always fits (checked at the door)
+        if busy and not self._fits_projection(req, prefix):
+            return False
+        reserve = self.config.watermark_blocks if busy else 0
+        if req.status is RequestStatus.SWAPPED:
+            host = self._host_blocks[req.request_id]
+            dev = self.kv.swap_in(req, host, n, reserve)
+            if dev is None:
+                return False
+            st.swap_in.extend(zip(host, dev))
+            st.host_freed.extend(host)
+            del self._host_blocks[req.request_id]
+            return True
+        return self.kv.allocate_slots(req, n, st.copies, prefix, reserve)
+
+    def _projected_blocks(self, req: Request) -> int:
+        remaining = req.max_tokens - req.num_output_tokens
+        share = math.ceil(self.config.admission_output_share * remaining)
+        return cdiv(min(req.num_tokens + share, req.num_prompt_tokens + req.max_tokens - 1), self.config.block_size)
+
+    def _fits_projection(self, req: Request, prefix: SharedPrefix) -> bool:
+        """Blocks in use + running requests' projected growth + the newcomer's projected need
+        (less blocks it shares that are already in use) must fit the pool less the watermark."""
+        growth = sum(max(0, self._projected_blocks(r) - len(r.block_ids)) for r in self.running)
+        need = self._projected_blocks(req) - self.kv.num_prefix_blocks_in_use(prefix)
+        limit = self.kv.pool.num_total - self.config.watermark_blocks
+        return self.kv.pool.num_in_use + growth + need <= limit
+
+    def _charge(self, n: int) -> int:
+        """Budget a chunk of n tokens costs: the runner computes a multi-token chunk in tiles of
+        `chunk_granularity` rows, so its padded size is what the step really pays for."""
+        g = self.config.chunk_granularity
+        return n if n <= 1 else -(-n // g) * g
 
     def _num_new_tokens(self, req: Request, num_computed: int, budget: int) -> int:
         """Tokens to compute for req this step (0 = it cannot run now)."""
         c = self.config
         n = req.num_tokens - num_computed
         if not c.enable_chunked_prefill:
-            return n if n <= budget else 0
+            return n if self._charge(n) <= budget else 0
         if c.long_prefill_token_threshold:
             n = min(n, c.long_prefill_token_threshold)
-        return min(n, budget)
+        if self._charge(n) <= budget:
+            return n
+        fit = (budget // c.chunk_granularity) * c.chunk_granularity
+        return fit if fit > 1 else min(1, budget, n)
 
     def _shared_prefix(self, req: Request) -> SharedPrefix | None:
         prefix = self.kv.find_cached_prefix(req)
@@ -190,9 +302,9 @@ class Scheduler:
             return None  # wait for the parent's prefill to reach the shared prefix
         return fork if fork.num_tokens >= prefix.num_tokens else prefix
 
-    def _scheduled(self, req: Request, n: int) -> ScheduledRequest:
+    def _add_scheduled(self, req: Request, n: int, st: _Step) -> None:
         c0 = req.num_computed_tokens
-        return ScheduledRequest(
+        st.scheduled[req.request_id] = ScheduledRequest(
             request_id=req.request_id,
             token_ids=req.token_slice(c0, c0 + n),
             num_computed_tokens=c0,
@@ -201,14 +313,55 @@ class Scheduler:
             num_output_tokens=req.num_output_tokens,
             payload=req.payload,
         )
+        st.budget -= self._charge(n)
+        if c0 + n < req.num_tokens:
+            st.partial.add(req.request_id)
 
-    def _preempt(self, req: Request) -> None:
-        self.kv.free(req)
-        req.num_computed_tokens = 0
-        req.status = RequestStatus.PREEMPTED
-        req.num_preemptions += 1
-        self.num_preemptions += 1
-        self.waiting.push(req, self._keys[req.request_id])
+    # ---- preemption ---------------------------------------------------------------------------
+    def _preempt(self, victim: Request, st: _Step) -> None:
+        """Evict a running request (possibly one already scheduled this step: it is taken out of
+        the step again) by swap or recompute, and put it back in the waiting queue."""
+        rid = victim.request_id
+        pending_copy = False
+        sr = st.scheduled.pop(rid, None)
+        if sr is not None:
+            st.budget += self._charge(len(sr.token_ids))
+            st.partial.discard(rid)
+            mine = set(victim.block_ids)
+            kept = [(s, d) for s, d in st.copies if d not in mine]
+            pending_copy = len(kept) != len(st.copies)
+            st.copies[:] = kept
+        self.running.remove(victim)
+        if not pending_copy and self._should_swap(victim):
+            k = cdiv(victim.num_computed_tokens, self.config.block_size)
+            host = self.host_pool.allocate(k)
+            st.swap_out.extend(zip(victim.block_ids[:k], host))
+            self._host_blocks[rid] = host
+            self.kv.free(victim)
+            victim.status = RequestStatus.SWAPPED
+            self.num_preemptions_swap += 1
+            self.num_swapped_blocks += k
+        else:
+            self.kv.free(victim)
+            victim.num_computed_tokens = 0
+            victim.status = RequestStatus.PREEMPTED
+            self.num_preemptions_recompute += 1
+        victim.num_preemptions += 1
+        st.preempted.append(rid)
+        self.waiting.push(victim, self._keys[rid])
+
+    def _should_swap(self, req: Request) -> bool:
+        mode = self.config.preemption_mode
+        if mode == "recompute" or req.num_computed_tokens == 0:
+            return False
+        if cdiv(req.num_computed_tokens, self.config.block_size) > self.host_pool.num_free:
+            return False  # the host pool is full: recompute instead
+        if mode == "swap":
+            return True
+        # auto: recompute is cheaper below the crossover length the engine measured; blocks still
+        # in the prefix cache would be found again, so they do not count as lost work
+        lost = req.num_computed_tokens - self.kv.num_cached_prefix_tokens(req)
+        return lost >= self.config.swap_crossover_tokens
 
     # ---- after a step -------------------------------------------------------------------------
     def update(self, sched_out: SchedulerOutput, sampled: Mapping[str, int]) -> list[RequestUpdate]:
@@ -266,17 +419,22 @@ class Scheduler:
         return ended
 
     def _finish(self, req: Request, reason: str, stop_reason: int | str | None) -> None:
+        rid = req.request_id
         if req.status is RequestStatus.RUNNING:
             self.running.remove(req)
         else:
             self.waiting.remove(req)
         self.kv.free(req)
+        host = self._host_blocks.pop(rid, None)
+        if host:
+            self.host_pool.free(host)
         req.status = FINISH_REASONS[reason]
         req.finish_reason = reason
         req.stop_reason = stop_reason
-        del self._requests[req.request_id]
-        del self._keys[req.request_id]
-        self._fork_parent.pop(req.request_id, None)
+        del self._requests[rid]
+        del self._keys[rid]
+        del self._arrival_step[rid]
+        self._fork_parent.pop(rid, None)
 
     # ---- state and statistics -----------------------------------------------------------------
     def get_request(self, request_id: str) -> Request | None:
@@ -294,6 +452,10 @@ class Scheduler:
         return len(self.waiting)
 
     @property
+    def num_preemptions(self) -> int:
+        return self.num_preemptions_recompute + self.num_preemptions_swap
+
+    @property
     def num_kv_blocks_total(self) -> int:
         return self.kv.pool.num_total
 
@@ -309,6 +471,10 @@ class Scheduler:
     @property
     def num_kv_blocks_in_use(self) -> int:
         return self.kv.pool.num_in_use
+
+    @property
+    def num_host_blocks_in_use(self) -> int:
+        return self.host_pool.num_in_use if self.host_pool is not None else 0
 
     @property
     def prefix_cache_queries(self) -> int:

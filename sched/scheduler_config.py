@@ -24,9 +24,25 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0  # max tokens of one request per step; 0 = no cap
     enable_prefix_caching: bool = True
+    # A chunk of n > 1 tokens costs ceil(n / chunk_granularity) * chunk_granularity of the budget:
+    # the runner computes prefill chunks in tiles of that many rows (1 = plain token counting).
+    chunk_granularity: int = 1
+
+    # ---- scheduling under pressure ----
+    max_num_partial_prefills: int = 1  # prompts mid-prefill at once (a prompt finishing this step is not partial); 0 = no cap
+    starvation_steps: int = 32  # a request waiting this many steps is never overtaken again
+    scheduling_policy: str = "fcfs"  # "fcfs" | "priority" (lower value = more urgent)
+    priority_weight_base: float = 2.0  # priority policy: class p gets fair-share weight base ** -p
+    max_waiting_requests: int = 0  # beyond it add_request raises Overloaded; 0 = unbounded
+    kv_watermark: float = 0.01  # share of the pool admissions leave free for running requests' growth
+    admission_output_share: float = 0.5  # share of a request's remaining max_tokens counted as projected KV use
+    preemption_mode: str = "recompute"  # "recompute" | "swap" | "auto"
+    num_host_blocks: int = 0  # host-memory pool for swapped-out blocks (swap and auto modes)
+    swap_crossover_tokens: int = 256  # auto: swap when recompute would redo at least this many tokens
 
     def __post_init__(self) -> None:
-        for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+        for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
+                     "chunk_granularity"):
             _positive_int(name, getattr(self, name))
         if self.num_blocks < 2:
             raise ValueError(f"num_blocks must be >= 2 (block 0 is the null block), got {self.num_blocks}")
@@ -36,6 +52,26 @@ class SchedulerConfig:
         t = self.long_prefill_token_threshold
         if not isinstance(t, int) or isinstance(t, bool) or t < 0:
             raise ValueError(f"long_prefill_token_threshold must be an int >= 0, got {t!r}")
+        for name in ("max_num_partial_prefills", "starvation_steps", "max_waiting_requests", "num_host_blocks",
+                     "swap_crossover_tokens"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {v!r}")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}")
+        if self.preemption_mode not in ("recompute", "swap", "auto"):
+            raise ValueError(f"preemption_mode must be 'recompute', 'swap' or 'auto', got {self.preemption_mode!r}")
+        if self.preemption_mode != "recompute" and self.num_host_blocks < 1:
+            raise ValueError(
+                f"preemption_mode={self.preemption_mode!r} needs a host pool: num_host_blocks must be >= 1, "
+                f"got {self.num_host_blocks}"
+            )
+        if not (isinstance(self.priority_weight_base, (int, float)) and self.priority_weight_base >= 1):
+            raise ValueError(f"priority_weight_base must be a number >= 1, got {self.priority_weight_base!r}")
+        for name in ("kv_watermark", "admission_output_share"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v <= 1:
+                raise ValueError(f"{name} must be a number in [0, 1], got {v!r}")
         if not self.enable_chunked_prefill:
             if self.max_num_batched_tokens < self.max_model_len:
                 raise ValueError(
@@ -52,3 +88,7 @@ class SchedulerConfig:
     @property
     def num_usable_blocks(self) -> int:
         return self.num_blocks - 1
+
+    @property
+    def watermark_blocks(self) -> int:
+        return int(self.kv_watermark * self.num_usable_blocks)
