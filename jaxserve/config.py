@@ -33,7 +33,15 @@ class EngineConfig:
     prefill_tile: int = _f(32, "query rows per prefill attention tile")
     decode_buckets: tuple[int, ...] | None = _f(None, "compiled decode batch sizes (default: 1, 4, 16, ... max_num_seqs)")
     prefill_buckets: tuple[int, ...] | None = _f(None, "compiled prefill tile counts (default: 0, 1, 4, ... max)")
-    max_prefill_seqs: int = _f(4, "most prompts mid-prefill in one step (bounds the prefill tiles)")
+    max_num_partial_prefills: int = _f(1, "most prompts left mid-prefill after a step (0: no cap)")
+    starvation_steps: int = _f(32, "a request waiting this many steps is never overtaken again")
+    scheduling_policy: str = _f("fcfs", "fcfs, or priority (lower value = more urgent)", choices=("fcfs", "priority"))
+    priority_weight_base: float = _f(2.0, "priority policy: class p gets a fair share of weight base ** -p")
+    max_waiting_requests: int = _f(0, "beyond this many waiting requests new ones get Overloaded (0: unbounded)")
+    kv_watermark: float = _f(0.01, "share of KV blocks admissions leave free for running requests")
+    preemption_mode: str = _f("auto", "recompute, swap (to host memory), or auto (by a cost model measured at start-up)",
+                              choices=("auto", "recompute", "swap"))
+    swap_space: int = _f(256 << 20, "bytes of host memory for swapped-out KV blocks")
     attention_impl: str = _f("auto", "attention implementation: auto, xla, reference, mosaic, triton, *_interpret")
     xla_optimization_level: int | None = _f(
         None, "XLA backend optimization level (tests use 0: half the compile time, slower steps)")
@@ -44,7 +52,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16"):
             raise ValueError(f"dtype={self.dtype!r} must be one of auto, float32, bfloat16")
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "prefill_tile", "max_prefill_seqs"):
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "prefill_tile", "starvation_steps"):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 raise ValueError(f"{name}={v!r} must be a positive integer")
@@ -52,6 +60,18 @@ class EngineConfig:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v <= 0):
                 raise ValueError(f"{name}={v!r} must be a positive integer or None")
+        for name in ("max_num_partial_prefills", "max_waiting_requests", "swap_space"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name}={v!r} must be an integer >= 0")
+        if not 0 <= self.kv_watermark < 1:
+            raise ValueError(f"kv_watermark={self.kv_watermark} must be in [0, 1)")
+        if self.priority_weight_base < 1:
+            raise ValueError(f"priority_weight_base={self.priority_weight_base} must be >= 1")
+        for name, allowed in (("scheduling_policy", ("fcfs", "priority")),
+                              ("preemption_mode", ("auto", "recompute", "swap"))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be one of {allowed}")
         if self.long_prefill_token_threshold < 0:
             raise ValueError(f"long_prefill_token_threshold={self.long_prefill_token_threshold} must be >= 0")
         if (self.usable_kv_blocks is not None and self.num_kv_blocks is not None

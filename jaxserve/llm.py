@@ -28,7 +28,9 @@ class LLM:
         """A second LLM on `other`'s compiled runner and KV arena with a fresh scheduler whose
         knobs come from `overrides` (e.g. usable_kv_blocks): no load, no compile."""
         shape_free = {"usable_kv_blocks", "enable_prefix_caching", "enable_chunked_prefill",
-                      "long_prefill_token_threshold", "seed"}
+                      "long_prefill_token_threshold", "seed", "max_num_partial_prefills", "starvation_steps",
+                      "scheduling_policy", "priority_weight_base", "max_waiting_requests", "kv_watermark",
+                      "preemption_mode"}
         if set(overrides) - shape_free:
             raise ValueError(f"sharing a runner can only change {sorted(shape_free)}, "
                              f"not {sorted(set(overrides) - shape_free)}")

@@ -16,5 +16,5 @@ def tiny_llama_dir(tmp_path_factory):
 
 # Small shapes: 4 seats, a 32-token budget in tiles of 8, blocks of 4 tokens; few buckets.
 TINY_ENGINE = dict(max_num_seqs=4, max_model_len=128, block_size=4, prefill_tile=8, max_num_batched_tokens=32,
-                   num_kv_blocks=96, max_prefill_seqs=2, xla_optimization_level=0, compilation_cache_dir="",
+                   num_kv_blocks=96, swap_space=1 << 20, xla_optimization_level=0, compilation_cache_dir="",
                    progress=False)

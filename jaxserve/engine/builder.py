@@ -45,24 +45,16 @@ def enable_compilation_cache(path: str | None) -> None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 
 
-def _scheduler_caps_partial_prefills() -> bool:
-    return "max_num_partial_prefills" in SchedulerConfig.__dataclass_fields__
-
-
 def runner_shapes(config: EngineConfig, max_model_len: int) -> RunnerShapes:
-    # Every prompt mid-prefill may leave one partial tile; the scheduler bounds how many there are.
-    prefill_seqs = config.max_num_seqs
-    if _scheduler_caps_partial_prefills():
-        prefill_seqs = min(prefill_seqs, config.max_prefill_seqs)
-    tiles = max_prefill_tiles(config.max_num_batched_tokens, config.prefill_tile, prefill_seqs)
+    tiles = max_prefill_tiles(config.max_num_batched_tokens, config.prefill_tile)
     decode = config.decode_buckets or default_decode_buckets(config.max_num_seqs)
     prefill = config.prefill_buckets or default_prefill_buckets(tiles)
     if decode[-1] < config.max_num_seqs:
         raise ValueError(f"decode_buckets={decode} must reach max_num_seqs={config.max_num_seqs}")
     if prefill[-1] < tiles:
         raise ValueError(f"prefill_buckets={prefill} must reach {tiles} tiles: a step of "
-                         f"max_num_batched_tokens={config.max_num_batched_tokens} over {prefill_seqs} prompts "
-                         f"in tiles of {config.prefill_tile} can need that many")
+                         f"max_num_batched_tokens={config.max_num_batched_tokens} in tiles of "
+                         f"{config.prefill_tile} can need that many")
     return RunnerShapes(
         block_size=config.block_size,
         max_model_len=max_model_len,
@@ -94,21 +86,28 @@ def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, 
                        num_kv_blocks=config.num_kv_blocks, kv_cache_memory=kv_memory)
     shapes = runner_shapes(config, max_model_len)
     runner = ModelRunner(model_config, params, arena, shapes, attention_impl=config.attention_impl,
-                         xla_optimization_level=config.xla_optimization_level)
+                         xla_optimization_level=config.xla_optimization_level,
+                         num_host_blocks=config.swap_space // arena.bytes_per_block)
     runner.compile_all(progress=progress)
+    if runner.host_pool is not None:
+        runner.measure_swap_cost()
     eos = set(model_config.eos_token_ids)
     if ckpt.tokenizer is not None and ckpt.tokenizer.eos_token_id is not None:
         eos.add(ckpt.tokenizer.eos_token_id)
     return Engine(
-        scheduler=_scheduler(config, arena.num_blocks, max_model_len), runner=runner, tokenizer=ckpt.tokenizer,
+        scheduler=_scheduler(config, runner, max_model_len), runner=runner, tokenizer=ckpt.tokenizer,
         vocab_size=model_config.vocab_size, max_model_len=max_model_len, eos_token_ids=eos, seed=config.seed,
         checkpoint_identity=ckpt.identity, model_name=os.path.basename(ckpt.source.rstrip("/")),
         compilations_at_warmup=compile_counter.compilations(), compile_counter=compile_counter.compilations,
     )
 
 
-def _scheduler(config: EngineConfig, arena_blocks: int, max_model_len: int) -> Scheduler:
+def _scheduler(config: EngineConfig, runner: ModelRunner, max_model_len: int) -> Scheduler:
+    arena_blocks = runner.arena_spec.num_blocks
     usable = arena_blocks if config.usable_kv_blocks is None else min(arena_blocks, config.usable_kv_blocks + 1)
+    host_blocks = runner.host_pool.num_blocks if runner.host_pool is not None else 0
+    mode = config.preemption_mode if host_blocks else "recompute"
+    crossover = runner.swap_cost.crossover_tokens() if runner.swap_cost is not None else 1 << 30
     return Scheduler(SchedulerConfig(
         num_blocks=usable,
         block_size=config.block_size,
@@ -118,6 +117,16 @@ def _scheduler(config: EngineConfig, arena_blocks: int, max_model_len: int) -> S
         enable_chunked_prefill=config.enable_chunked_prefill,
         long_prefill_token_threshold=config.long_prefill_token_threshold,
         enable_prefix_caching=config.enable_prefix_caching,
+        chunk_granularity=config.prefill_tile,
+        max_num_partial_prefills=config.max_num_partial_prefills,
+        starvation_steps=config.starvation_steps,
+        scheduling_policy=config.scheduling_policy,
+        priority_weight_base=config.priority_weight_base,
+        max_waiting_requests=config.max_waiting_requests,
+        kv_watermark=config.kv_watermark,
+        preemption_mode=mode,
+        num_host_blocks=host_blocks,
+        swap_crossover_tokens=min(crossover, 1 << 30),
     ))
 
 
@@ -128,7 +137,7 @@ def _engine_on_shared_runner(config: EngineConfig, other: Engine) -> Engine:
         raise ValueError("cannot share the runner of an engine that still has requests")
     other.reset_prefix_cache()
     return Engine(
-        scheduler=_scheduler(config, other.runner.arena_spec.num_blocks, other.max_model_len), runner=other.runner,
+        scheduler=_scheduler(config, other.runner, other.max_model_len), runner=other.runner,
         tokenizer=other.tokenizer, vocab_size=other.vocab_size, max_model_len=other.max_model_len,
         eos_token_ids=other.eos_token_ids, seed=config.seed, checkpoint_identity=other.checkpoint_identity,
         model_name=other.model_name, compilations_at_warmup=compile_counter.compilations(),

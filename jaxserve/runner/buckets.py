@@ -35,9 +35,10 @@ def default_decode_buckets(max_num_seqs: int) -> tuple[int, ...]:
     return geometric_buckets(1, max_num_seqs)
 
 
-def max_prefill_tiles(max_num_batched_tokens: int, prefill_tile: int, max_prefill_seqs: int) -> int:
-    """Worst case of tiles in a step: every prefill chunk may waste up to one partial tile."""
-    return -(-max_num_batched_tokens // prefill_tile) + max_prefill_seqs - 1
+def max_prefill_tiles(max_num_batched_tokens: int, prefill_tile: int) -> int:
+    """Most tiles in a step: the scheduler charges every multi-token chunk whole tiles
+    (SchedulerConfig.chunk_granularity = prefill_tile), so they fit the token budget."""
+    return max_num_batched_tokens // prefill_tile
 
 
 def default_prefill_buckets(max_tiles: int) -> tuple[int, ...]:

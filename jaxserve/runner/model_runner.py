@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from dataclasses import dataclass, field
 
 import jax
@@ -19,6 +20,7 @@ from jaxserve.runner import compile_counter
 from jaxserve.runner.attention import select_attention
 from jaxserve.runner.batch import batch_shapes, pack_step, sample_rows_bucket
 from jaxserve.runner.sampler import sample, sampling_arrays
+from jaxserve.runner.host_swap import HostSwapPool, SwapCostModel, measure_swap_cost
 from jaxserve.runner.kv_arena import ArenaSpec, allocate_arena
 from jaxserve.runner.step import make_step
 
@@ -56,12 +58,15 @@ class RunnerShapes:
 
 class ModelRunner:
     def __init__(self, model_config: ModelConfig, params, arena: ArenaSpec, shapes: RunnerShapes,
-                 attention_impl: str = "auto", xla_optimization_level: int | None = None):
+                 attention_impl: str = "auto", xla_optimization_level: int | None = None,
+                 num_host_blocks: int = 0):
         self.model_config = model_config
         self.params = params
         self.arena_spec = arena
         self.shapes = shapes
         self.kv_caches = allocate_arena(arena)
+        self.host_pool = HostSwapPool(arena, num_host_blocks) if num_host_blocks else None
+        self.swap_cost: SwapCostModel | None = None
         self._attention = select_attention(attention_impl)
         self._compiled: dict[tuple[int, int], object] = {}
         self._samplers: dict[int, object] = {}
@@ -115,9 +120,18 @@ class ModelRunner:
         # Host<->device transfers of each input dtype and the block copy used by copy-on-write
         # are compiled here too, so serving compiles nothing.
         self.copy_blocks([(0, 0)])
+        if self.host_pool is not None:
+            self.host_pool.swap_out(self.kv_caches, [(0, 0)])
+            self.kv_caches = self.host_pool.swap_in(self.kv_caches, [(0, 0)])
 
     # -- execution ---------------------------------------------------------------------------
     def execute(self, sched_out) -> ModelRunnerOutput:
+        # Block operations first, in the scheduler's order: swap-outs may free blocks that
+        # swap-ins and copies of the same step reuse.
+        if sched_out.swap_out:
+            self.host_pool.swap_out(self.kv_caches, sched_out.swap_out)
+        if sched_out.swap_in:
+            self.kv_caches = self.host_pool.swap_in(self.kv_caches, sched_out.swap_in)
         if sched_out.block_copies:
             self.copy_blocks(sched_out.block_copies)
         if not sched_out.requests:
@@ -146,6 +160,37 @@ class ModelRunner:
             else:
                 sampled[request_id] = SampledToken(int(tokens[row]))
         return ModelRunnerOutput(sampled)
+
+    def measure_prefill_throughput(self, repeats: int = 2) -> float:
+        """Prompt tokens per second of the largest prefill bucket, written into scratch blocks
+        (the arena is empty at start-up)."""
+        from jaxserve.sched.scheduler_output import ScheduledRequest, SchedulerOutput
+        from jaxserve.sampling_params import SamplingParams
+        from jaxserve.runner.sampler import RowSampling
+
+        bs = self.shapes.block_size
+        n = min(self.shapes.prefill_buckets[-1] * self.shapes.prefill_tile, self.shapes.max_model_len - 1,
+                (self.arena_spec.num_blocks - 1) * bs)
+        blocks = tuple(range(1, 1 + -(-n // bs)))
+        req = ScheduledRequest("warmup", (0,) * n, 0, blocks, True, 0, RowSampling(SamplingParams(temperature=0), 0))
+        out = SchedulerOutput((req,), n)
+        self.execute(out)
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            self.execute(out)
+            best = min(best, time.perf_counter() - t)
+        return n / best
+
+    def measure_swap_cost(self) -> SwapCostModel:
+        """The cost model behind preemption_mode="auto": swap bandwidth and fixed cost against
+        prefill throughput, measured on this machine at start-up."""
+        tps = self.measure_prefill_throughput()
+        self.swap_cost, self.kv_caches = measure_swap_cost(self.host_pool, self.kv_caches, tps,
+                                                           self.shapes.block_size)
+        log.info("swap cost model: %s; recompute is cheaper below %d tokens", self.swap_cost,
+                 self.swap_cost.crossover_tokens())
+        return self.swap_cost
 
     def copy_blocks(self, pairs) -> None:
         """Copy whole blocks (src -> dst) in every layer, COPY_BATCH pairs per compiled call;

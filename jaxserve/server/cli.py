@@ -74,7 +74,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     engine_config = engine_config_from_args(args)
     config = server_config_from_args(args)
     _ensure_info_handler()
-    return asyncio.run(run_server(config, engine_config, progress=sys.stderr.isatty()))
+    return asyncio.run(run_server(config, engine_config, progress=sys.stderr.isatty(), hard_exit_during_warmup=True))
 
 
 def _ensure_info_handler() -> None:

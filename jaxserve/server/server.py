@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import threading
 import time
@@ -86,7 +87,7 @@ def _build_in_thread(build: Callable[[], object]) -> asyncio.Future:
 
 
 async def run_server(config: ServerConfig, engine_config: EngineConfig, *, progress: bool = False,
-                     build_engine: Callable | None = None) -> int:
+                     build_engine: Callable | None = None, hard_exit_during_warmup: bool = False) -> int:
     state = ServerState()
     metrics = ServerMetrics(lambda: state.aengine.snapshot if state.aengine is not None else None)
     interceptors = [BearerTokenInterceptor(config.api_key)] if config.api_key else []
@@ -106,12 +107,15 @@ async def run_server(config: ServerConfig, engine_config: EngineConfig, *, progr
         await health.set(name, NOT_SERVING)
 
     address = f"{config.host}:{config.port}"
-    if config.tls_cert:
-        with open(config.tls_key, "rb") as k, open(config.tls_cert, "rb") as c:
-            creds = grpc.ssl_server_credentials([(k.read(), c.read())])
-        port = server.add_secure_port(address, creds)
-    else:
-        port = server.add_insecure_port(address)
+    try:
+        if config.tls_cert:
+            with open(config.tls_key, "rb") as k, open(config.tls_cert, "rb") as c:
+                creds = grpc.ssl_server_credentials([(k.read(), c.read())])
+            port = server.add_secure_port(address, creds)
+        else:
+            port = server.add_insecure_port(address)
+    except RuntimeError as e:   # grpc's "failed to bind"; the CLI reports ValueErrors without a traceback
+        raise ValueError(f"cannot listen on {address}: {e}") from e
     await server.start()
     log.info("listening on %s:%d (%s), warming up", config.host, port, "TLS" if config.tls_cert else "plaintext")
     if config.metrics_port is not None:
@@ -141,6 +145,11 @@ async def run_server(config: ServerConfig, engine_config: EngineConfig, *, progr
         log.info("stopping during warmup")
         await health.enter_graceful_shutdown()
         await server.stop(0)
+        if hard_exit_during_warmup:
+            # the compiler's worker pool is joined at interpreter exit, which would wait for the
+            # whole warmup; nothing is in flight and nothing needs saving
+            logging.shutdown()
+            os._exit(0)
         return 0
     try:
         engine = built.result()

@@ -10,6 +10,7 @@ request, so its blocks are freed before the next step.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 
@@ -72,6 +73,17 @@ class GenerationServicer(pb_grpc.GenerationServicer):
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                 f"{self.state.active_streams} streams are active, the limit is "
                                 f"max_concurrent_streams={self.max_concurrent_streams}; retry later")
+        self.state.active_streams += 1   # before any await, so the limit holds under a burst
+        try:
+            # aclosing: a cancel at our yield closes the inner stream now, not at garbage collection
+            async with contextlib.aclosing(self._generate(aengine, request, context)) as responses:
+                async for response in responses:
+                    yield response
+        finally:
+            self.state.active_streams -= 1
+            self.state.streams_changed.set()
+
+    async def _generate(self, aengine: AsyncEngine, request: pb.GenerateRequest, context):
         try:
             params = convert.sampling_params_from_proto(request.sampling_params, self.limits)
             if request.WhichOneof("input") == "chat":
@@ -81,7 +93,6 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
 
-        self.state.active_streams += 1
         completion_tokens = 0
         last = None
         try:
@@ -108,8 +119,6 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         except EngineStoppedError as e:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         finally:
-            self.state.active_streams -= 1
-            self.state.streams_changed.set()
             if self.metrics is not None and last is not None:
                 self.metrics.observe(last.metrics)
 

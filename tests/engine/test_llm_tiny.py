@@ -64,15 +64,25 @@ def test_seeded_sampling_is_reproducible_and_batch_independent(llm):
     assert_no_leaks(llm)
 
 
-def test_preemption_does_not_change_greedy_or_seeded_tokens(llm):
+@pytest.mark.parametrize("mode", ["recompute", "swap", "auto"])
+def test_preemption_does_not_change_greedy_or_seeded_tokens(llm, mode):
     seeded = SamplingParams(max_tokens=40, temperature=1.0, seed=3, ignore_eos=True)
     greedy = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     params = [greedy, seeded] * 2
     want = token_ids(llm.generate(PROMPTS[:4], params, use_tqdm=False))
-    cramped = LLM.sharing_runner(llm, usable_kv_blocks=30, enable_prefix_caching=False)
+    # the pool can hold about two of these requests at once; the watermark and projected-use
+    # admission are off so requests run into each other and must be preempted
+    cramped = LLM.sharing_runner(llm, usable_kv_blocks=30, enable_prefix_caching=False, preemption_mode=mode,
+                                 kv_watermark=0.0)
     got = token_ids(cramped.generate(PROMPTS[:4], params, use_tqdm=False))
     assert got == want
-    assert cramped.stats().num_preemptions > 0          # the test really exercised preemption
+    s = cramped.stats()
+    assert s.num_preemptions > 0          # the test really exercised preemption
+    if mode == "recompute":
+        assert s.num_preemptions_swap == 0
+    if mode == "swap":
+        assert s.num_preemptions_swap > 0 and s.num_swapped_blocks > 0 and s.num_preemptions_recompute == 0
+    assert s.num_preemptions_recompute + s.num_preemptions_swap == s.num_preemptions
     assert_no_leaks(cramped)
 
 

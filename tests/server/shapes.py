@@ -2,10 +2,9 @@
 
 from tests.conftest import TINY_ENGINE
 
-# max_prefill_seqs = max_num_seqs: the runner then compiles tiles for every seat mid-prefill, so a
-# step never outgrows its buckets whatever the scheduler's partial-prefill policy admits
-# (with TINY_ENGINE's 2, four short prompts finishing prefill together overflowed the buckets).
-SERVER_ENGINE = dict(TINY_ENGINE, max_prefill_seqs=TINY_ENGINE["max_num_seqs"])
+# The scheduler charges prefill chunks whole tiles (chunk_granularity = prefill_tile), so a step
+# never outgrows the runner's buckets whatever the partial-prefill policy admits.
+SERVER_ENGINE = dict(TINY_ENGINE)
 
 
 def tiny_engine_flags(compilation_cache_dir: str = "") -> list[str]:

@@ -1,0 +1,101 @@
+"""Swapping KV blocks between the device arena and a host-memory pool (preemption by swap).
+
+Blocks move in fixed batches of SWAP_BATCH (padding entries read and write the null block), so
+the two transfer functions compile once, at start-up. The host pool is numpy, one (k, v) pair of
+[num_host_blocks, block_size, K, H] arrays per layer.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxserve.runner.kv_arena import ArenaSpec
+
+SWAP_BATCH = 16
+
+
+def _gather_blocks(kv_caches, ids):
+    # -> per layer (k, v) of [SWAP_BATCH, block_size, K, H]
+    return [(k[ids], v[ids]) for k, v in kv_caches]
+
+
+def _scatter_blocks(kv_caches, ids, blocks):
+    return [(k.at[ids].set(bk), v.at[ids].set(bv)) for (k, v), (bk, bv) in zip(kv_caches, blocks)]
+
+
+_gather = jax.jit(_gather_blocks)
+_scatter = jax.jit(_scatter_blocks, donate_argnums=(0,))
+
+
+class HostSwapPool:
+    def __init__(self, spec: ArenaSpec, num_host_blocks: int):
+        shape = (num_host_blocks,) + spec.layer_shape[1:]
+        dtype = np.dtype(jnp.dtype(spec.dtype))
+        self.num_blocks = num_host_blocks
+        self.layers = [(np.zeros(shape, dtype), np.zeros(shape, dtype)) for _ in range(spec.num_layers)]
+
+    def swap_out(self, kv_caches, pairs) -> None:
+        """pairs: (device block, host block); copies device -> host."""
+        for i in range(0, len(pairs), SWAP_BATCH):
+            chunk = list(pairs[i:i + SWAP_BATCH])
+            ids = np.zeros(SWAP_BATCH, np.int32)
+            ids[:len(chunk)] = [d for d, _ in chunk]
+            host_ids = [h for _, h in chunk]
+            blocks = jax.device_get(_gather(kv_caches, ids))
+            for (hk, hv), (bk, bv) in zip(self.layers, blocks):
+                hk[host_ids] = bk[:len(chunk)]
+                hv[host_ids] = bv[:len(chunk)]
+
+    def swap_in(self, kv_caches, pairs):
+        """pairs: (host block, device block); copies host -> device, returns the new caches."""
+        for i in range(0, len(pairs), SWAP_BATCH):
+            chunk = list(pairs[i:i + SWAP_BATCH])
+            ids = np.zeros(SWAP_BATCH, np.int32)          # padding rows land in the null block
+            ids[:len(chunk)] = [d for _, d in chunk]
+            host_ids = [h for h, _ in chunk] + [0] * (SWAP_BATCH - len(chunk))
+            blocks = [(hk[host_ids], hv[host_ids]) for hk, hv in self.layers]
+            kv_caches = _scatter(kv_caches, ids, blocks)
+        return kv_caches
+
+
+@dataclass(frozen=True, slots=True)
+class SwapCostModel:
+    """Measured at start-up: a swap of n blocks costs fixed_s + n * per_block_s each way."""
+
+    fixed_s: float
+    per_block_s: float
+    prefill_tokens_per_s: float
+    block_size: int
+
+    def crossover_tokens(self) -> int:
+        """Computed tokens above which swapping a request out and back in beats recomputing it."""
+        recompute_per_token = 1.0 / self.prefill_tokens_per_s
+        swap_per_token = 2 * self.per_block_s / self.block_size
+        if recompute_per_token <= swap_per_token:
+            return 1 << 30            # recompute is always cheaper
+        return max(1, int(np.ceil(2 * self.fixed_s / (recompute_per_token - swap_per_token))))
+
+
+def measure_swap_cost(pool: HostSwapPool, kv_caches, prefill_tokens_per_s: float, block_size: int):
+    """Time one full batch and one single-block round trip; returns (cost model, caches)."""
+    def round_trip(n):
+        pairs = [(1 + i, i) for i in range(n)]
+        t = time.perf_counter()
+        pool.swap_out(kv_caches_ref[0], pairs)
+        kv_caches_ref[0] = pool.swap_in(kv_caches_ref[0], [(h, d) for d, h in pairs])
+        jax.block_until_ready(kv_caches_ref[0])
+        return (time.perf_counter() - t) / 2
+
+    kv_caches_ref = [kv_caches]
+    n = min(SWAP_BATCH, pool.num_blocks)
+    round_trip(n)                                  # warm: compiles both transfers
+    one = min(round_trip(1) for _ in range(3))
+    full = min(round_trip(n) for _ in range(3))
+    per_block = max(0.0, (full - one) / max(1, n - 1))
+    fixed = max(0.0, one - per_block)
+    return SwapCostModel(fixed, per_block, prefill_tokens_per_s, block_size), kv_caches_ref[0]
