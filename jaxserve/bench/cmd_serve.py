@@ -1,8 +1,9 @@
 """`jaxserve bench serve`: Poisson / gamma traffic against a running jaxserve gRPC server.
 
-The load generator (loadgen.py) needs a streaming callable; `client_stream` builds it from
-`jaxserve.client`, the gRPC client of the service issue. Until that module exists the command
-stops with a clear message instead of measuring something else.
+The load generator (loadgen.py) needs a streaming callable; `client_stream` takes it from
+`jaxserve.client.bench_stream(target, api_key) -> (stream, checkpoint identity)`. Where that
+module is missing the command stops with a clear message instead of measuring something else.
+Start the server with the same `--model` as this command: prompts are tokenized here.
 """
 
 from __future__ import annotations

@@ -166,3 +166,23 @@ def test_a_backend_that_fails_mid_run_is_recorded_and_the_others_still_report(ti
     assert [r["backend"] for r in data["runs"]] == ["hf"]
     assert data["extra"]["skipped"] == [{"backend": "jaxserve",
                                          "reason": "failed: ValueError: 20 exceeds the largest bucket 19"}]
+
+
+def test_serve_drives_the_client_stream_at_each_rate(tiny_model_dir, tmp_path, monkeypatch):
+    import asyncio
+    import time
+
+    import jaxserve.client
+
+    async def stream(prompt_token_ids, params):
+        for i in range(params["max_tokens"]):
+            await asyncio.sleep(0.0005)
+            yield [i], time.perf_counter()
+
+    monkeypatch.setattr(jaxserve.client, "bench_stream", lambda target, api_key: (stream, "sha256:server"))
+    res = bench(tiny_model_dir, tmp_path, "serve", "--num-prompts", "4", "--input-len", "8:16", "--output-len", "2:5",
+                "--request-rate", "400,inf", "--max-concurrency", "2")
+    data = check_files(res, 3)
+    assert [r["label"] for r in data["runs"]] == ["jaxserve-grpc@400.0", "jaxserve-grpc@inf"]
+    assert all(r["checkpoint_identity"] == "sha256:server" for r in data["runs"])
+    assert all(r["metrics"]["completed"] == 4 for r in data["runs"])
