@@ -87,3 +87,15 @@ def test_sigterm_lets_the_stream_in_flight_finish_and_exits_0(server, client):
     assert len(tokens) == 100                            # drained, not aborted
     assert server.proc.wait(120) == 0, server.log()
     assert "draining: 1 streams in flight" in server.log()   # the drain really had a stream to wait for
+
+
+def test_sigterm_during_warmup_exits_0_without_waiting_for_the_compile(tiny_llama_dir, tmp_path):
+    # its own cold cache: warmup takes long enough to be interrupted
+    srv = ServerProcess(tiny_llama_dir, str(tmp_path / "cold-cache"), tmp_path / "server.log")
+    try:
+        wait_until(lambda: srv.health() == "NOT_SERVING", "the server to listen", guard_s=120)
+        srv.proc.send_signal(signal.SIGTERM)
+        assert srv.proc.wait(60) == 0, srv.log()
+        assert "stopping during warmup" in srv.log()
+    finally:
+        srv.kill()
