@@ -17,6 +17,9 @@ _EXPORTS = {
     "CompletionOutput": "jaxserve.outputs",
     "RequestMetrics": "jaxserve.outputs",
     "EngineStats": "jaxserve.engine.stats",
+    "BeamSearchParams": "jaxserve.beam_search",
+    "OutputKind": "jaxserve.sampling_params",
+    "Overloaded": "jaxserve.sched.errors",
 }
 
 __all__ = sorted(_EXPORTS)

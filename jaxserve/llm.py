@@ -77,6 +77,15 @@ class LLM:
             prompts.append({"prompt_token_ids": list(ids)})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
+    def beam_search(self, prompts, params) -> list:
+        """Beam search (see jaxserve/beam_search.py); prompts as for generate, params a
+        BeamSearchParams. Returns BeamSearchOutputs with the best beam_width sequences each."""
+        from jaxserve.beam_search import beam_search
+
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        return beam_search(self, list(prompts), params)
+
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         wanted = set(ids)
         done: dict[str, RequestOutput] = {}

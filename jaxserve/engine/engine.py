@@ -25,6 +25,22 @@ from jaxserve.sched.scheduler import Scheduler
 
 
 @dataclass(slots=True)
+class _Group:
+    """The n samples of one request (SamplingParams.n > 1): one scheduler request each, forked
+    from the first so they share the prompt's KV blocks; one RequestOutput for all."""
+
+    request_id: str
+    members: list[str]
+    completions: list[CompletionOutput | None]
+    metrics: RequestMetrics
+    params: SamplingParams
+    prompt: str | None
+    prompt_token_ids: list[int]
+    num_finished: int = 0
+    num_cached_tokens: int = 0
+
+
+@dataclass(slots=True)
 class _Tracked:
     """Engine-side state of one live request (the scheduler keeps the token-level state)."""
 
@@ -37,6 +53,8 @@ class _Tracked:
     cumulative_logprob: float | None = None
     sent_tokens: int = 0          # for DELTA outputs
     sent_text: int = 0
+    group: _Group | None = None
+    index: int = 0                # the sample's index within its group
 
 
 @dataclass(slots=True)
@@ -62,6 +80,7 @@ class Engine:
         self.model_name = model_name
         self._rng = np.random.default_rng(seed)
         self._live: dict[str, _Tracked] = {}
+        self._groups: dict[str, _Group] = {}
         self._ids = itertools.count()
         self._counters = _Counters()
         self._start = time.monotonic()
@@ -74,47 +93,73 @@ class Engine:
 
     def add_request(self, request_id: str | None, prompt: Any, params: SamplingParams | None = None,
                     *, priority: int = 0, arrival_time: float | None = None) -> str:
+        """Validate and queue a request; raises ValueError (bad input, with the numbers) or
+        Overloaded (the waiting queue is full). n > 1 queues n samples sharing the prompt."""
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
-        if params.n != 1:
-            raise NotImplementedError("SamplingParams.n > 1 (parallel sampling) is not supported yet")
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority={priority!r} must be an integer")
         request_id = self.new_request_id() if request_id is None else str(request_id)
-        if request_id in self._live:
+        if request_id in self._live or request_id in self._groups:
             raise ValueError(f"request_id {request_id!r} is already in use")
         p = process_prompt(prompt, params, tokenizer=self.tokenizer, vocab_size=self.vocab_size,
                            max_model_len=self.max_model_len)
         if params.stop_token_ids and any(not 0 <= t < self.vocab_size for t in params.stop_token_ids):
             raise ValueError(f"stop_token_ids {params.stop_token_ids} contain ids outside [0, {self.vocab_size})")
-        seed = params.seed if params.seed is not None else int(self._rng.integers(0, 2**31))
+        now = time.perf_counter() if arrival_time is None else arrival_time
+        if params.n == 1:
+            self._add_member(request_id, p, params, params.seed, priority, now, RequestMetrics(arrival_time=now))
+        else:
+            metrics = RequestMetrics(arrival_time=now)
+            group = _Group(request_id, [f"{request_id}#{i}" for i in range(params.n)], [None] * params.n, metrics,
+                           params, p.prompt, list(p.prompt_token_ids))
+            for i, sub_id in enumerate(group.members):
+                seed = None if params.seed is None else params.seed + i
+                parent = group.members[0] if i else None
+                self._add_member(sub_id, p, params, seed, priority, now, metrics, group=group, index=i,
+                                 fork_of=parent)
+            self._groups[request_id] = group
+        self._counters.prompt_tokens += len(p.prompt_token_ids)
+        return request_id
+
+    def _add_member(self, sub_id, p, params, seed, priority, now, metrics, *, group=None, index=0, fork_of=None):
+        seed = seed if seed is not None else int(self._rng.integers(0, 2**31))
         stop_ids = frozenset(params.stop_token_ids or ())
         banned = tuple(sorted((set() if params.ignore_eos else set(self.eos_token_ids)) | stop_ids))
-        now = time.perf_counter() if arrival_time is None else arrival_time
-        req = Request(request_id, p.prompt_token_ids, p.max_tokens, min_tokens=params.min_tokens,
+        req = Request(sub_id, p.prompt_token_ids, p.max_tokens, min_tokens=params.min_tokens,
                       eos_token_ids=self.eos_token_ids, stop_token_ids=stop_ids, ignore_eos=params.ignore_eos,
                       priority=priority, arrival_time=now, cache_salt=p.cache_salt,
                       payload=RowSampling(params, seed, banned))
-        self.scheduler.add_request(req)
+        if fork_of is None:
+            self.scheduler.add_request(req)
+        else:
+            self.scheduler.fork_request(fork_of, req)
         detok = None
         if self.tokenizer is not None:
             detok = IncrementalDetokenizer(self.tokenizer, p.prompt_token_ids,
                                            skip_special_tokens=params.skip_special_tokens, stop=params.stop,
                                            include_stop_str_in_output=params.include_stop_str_in_output)
-        self._live[request_id] = _Tracked(req, params, p.prompt, detok, RequestMetrics(arrival_time=now),
-                                          logprobs=[] if params.logprobs is not None else None,
-                                          cumulative_logprob=0.0 if params.logprobs is not None else None)
-        self._counters.prompt_tokens += len(p.prompt_token_ids)
-        return request_id
+        self._live[sub_id] = _Tracked(req, params, p.prompt, detok, metrics,
+                                      logprobs=[] if params.logprobs is not None else None,
+                                      cumulative_logprob=0.0 if params.logprobs is not None else None,
+                                      group=group, index=index)
 
     def abort(self, request_ids: str | Iterable[str]) -> None:
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
-        self.scheduler.abort_requests(ids)
+        subs = []
         for rid in ids:
-            t = self._live.pop(rid, None)
+            group = self._groups.pop(rid, None)
+            subs.extend(group.members if group is not None else [rid])
+        self.scheduler.abort_requests(subs)
+        counted = set()
+        for sub_id in subs:
+            t = self._live.pop(sub_id, None)
             if t is not None:
-                self._count_finished("abort")
+                key = t.group.request_id if t.group is not None else sub_id
+                if key not in counted:
+                    counted.add(key)
+                    self._count_finished("abort")
 
     # -- the loop ----------------------------------------------------------------------------
     def has_unfinished_requests(self) -> bool:
@@ -133,6 +178,7 @@ class Engine:
         now = time.perf_counter()
         outputs = []
         stopped_by_string = []
+        touched_groups: dict[str, _Group] = {}
         for u in updates:
             t = self._live.get(u.request.request_id)
             if t is None:
@@ -150,18 +196,31 @@ class Engine:
                     if t.detok.stopped_by is not None and not u.finished:
                         stopped_by_string.append(u.request.request_id)
             finished = u.finished or (t.detok is not None and t.detok.stopped_by is not None)
-            if finished:
-                if t.detok is not None and t.detok.stopped_by is not None:
-                    # a stop string ends the request even if the token also hit a limit
-                    u.request.finish_reason = "stop"
-                    u.request.stop_reason = t.detok.stopped_by
-                t.metrics.finished_time = now
-            out = self._make_output(t, finished)
-            if out is not None:
-                outputs.append(out)
+            if finished and t.detok is not None and t.detok.stopped_by is not None:
+                # a stop string ends the request even if the token also hit a limit
+                u.request.finish_reason = "stop"
+                u.request.stop_reason = t.detok.stopped_by
+            if t.group is None:
+                if finished:
+                    t.metrics.finished_time = now
+                out = self._make_output(t, finished)
+                if out is not None:
+                    outputs.append(out)
+                if finished:
+                    self._count_finished(u.request.finish_reason or "stop")
+            else:
+                g = t.group
+                g.completions[t.index] = self._completion(t, finished, OutputKind.CUMULATIVE)
+                g.num_cached_tokens = max(g.num_cached_tokens, t.request.num_cached_tokens)
+                if finished:
+                    g.num_finished += 1
+                touched_groups[g.request_id] = g
             if finished:
                 del self._live[u.request.request_id]
-                self._count_finished(u.request.finish_reason or "stop")
+        for g in touched_groups.values():
+            out = self._group_output(g, now)
+            if out is not None:
+                outputs.append(out)
         if stopped_by_string:
             self.scheduler.finish_requests(stopped_by_string, reason="stop")
         return outputs
@@ -174,10 +233,7 @@ class Engine:
         t.logprobs.append(entry)
         t.cumulative_logprob += s.logprob
 
-    def _make_output(self, t: _Tracked, finished: bool) -> RequestOutput | None:
-        kind = t.params.output_kind
-        if kind is OutputKind.FINAL_ONLY and not finished:
-            return None
+    def _completion(self, t: _Tracked, finished: bool, kind: OutputKind) -> CompletionOutput:
         req = t.request
         ids = list(req.output_token_ids)
         text = t.detok.text if t.detok is not None else ""
@@ -186,14 +242,33 @@ class Engine:
             ids, text = ids[t.sent_tokens:], text[t.sent_text:]
             logprobs = logprobs[t.sent_tokens:] if logprobs is not None else None
             t.sent_tokens, t.sent_text = len(req.output_token_ids), len(t.detok.text if t.detok else "")
-        completion = CompletionOutput(
-            index=0, text=text, token_ids=ids,
+        return CompletionOutput(
+            index=t.index, text=text, token_ids=ids,
             finish_reason=(req.finish_reason or "stop") if finished else None,
             stop_reason=req.stop_reason if finished else None,
             logprobs=list(logprobs) if logprobs is not None else None,
             cumulative_logprob=t.cumulative_logprob)
-        return RequestOutput(req.request_id, t.prompt, list(req.prompt_token_ids), [completion], finished,
-                             num_cached_tokens=req.num_cached_tokens, metrics=t.metrics)
+
+    def _make_output(self, t: _Tracked, finished: bool) -> RequestOutput | None:
+        kind = t.params.output_kind
+        if kind is OutputKind.FINAL_ONLY and not finished:
+            return None
+        req = t.request
+        return RequestOutput(req.request_id, t.prompt, list(req.prompt_token_ids), [self._completion(t, finished, kind)],
+                             finished, num_cached_tokens=req.num_cached_tokens, metrics=t.metrics)
+
+    def _group_output(self, g: _Group, now: float) -> RequestOutput | None:
+        done = g.num_finished == len(g.members)
+        if done:
+            g.metrics.finished_time = now
+            self._groups.pop(g.request_id, None)
+            self._count_finished(next((c.finish_reason for c in g.completions if c is not None), "stop"))
+        completions = [c for c in g.completions if c is not None]
+        if g.params.output_kind is OutputKind.FINAL_ONLY and not done:
+            return None
+        # n > 1 outputs are cumulative whatever the kind: each completion carries its index
+        return RequestOutput(g.request_id, g.prompt, list(g.prompt_token_ids), completions, done,
+                             num_cached_tokens=g.num_cached_tokens, metrics=g.metrics)
 
     def _count_finished(self, reason: str) -> None:
         self._counters.finished += 1

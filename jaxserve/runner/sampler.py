@@ -77,6 +77,7 @@ def _filtered(scaled, top_k, top_p, min_p):
 def sample(logits: jax.Array, a: dict) -> dict[str, jax.Array]:
     """logits: [R, V] float32 -> sampled ids [R] and logprob information."""
     num_rows, vocab = logits.shape
+    raw_logits = logits            # logprobs describe the model's distribution, before any mask
     banned = a["banned"]
     rows = jnp.broadcast_to(jnp.arange(num_rows)[:, None], banned.shape)
     logits = logits.at[rows, jnp.where(banned >= 0, banned, vocab)].set(-jnp.inf, mode="drop")
@@ -96,7 +97,7 @@ def sample(logits: jax.Array, a: dict) -> dict[str, jax.Array]:
     tokens = jnp.where(temperature > 0, drawn, greedy)
 
     def logprob_info(_):
-        lp = jax.nn.log_softmax(logits, axis=-1)
+        lp = jax.nn.log_softmax(raw_logits, axis=-1)
         top_lp, top_ids = jax.lax.top_k(lp, MAX_LOGPROBS)
         chosen = jnp.take_along_axis(lp, tokens[:, None], axis=-1)[:, 0]
         return chosen, top_ids.astype(jnp.int32), top_lp
