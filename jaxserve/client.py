@@ -35,10 +35,14 @@ class Chunk:
     token_ids: list[int]
     text: str
     time: float                  # time.perf_counter() when it arrived
+    index: int = 0               # which sample (n > 1)
 
 
 @dataclass(slots=True)
 class Completion:
+    """A finished answer; with n > 1 the fields describe sample 0 and `samples` holds the others
+    by index (1, 2, ...)."""
+
     request_id: str = ""
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
@@ -47,6 +51,8 @@ class Completion:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    index: int = 0
+    samples: dict[int, "Completion"] = field(default_factory=dict)
 
 
 def build_request(prompt: Any, *, request_id: str = "", priority: int = 0, cache_salt: str | None = None,
@@ -89,13 +95,16 @@ def _credentials(tls_root_cert: str | bytes | None):
 
 def _fold(result: Completion, msg: pb.GenerateResponse) -> Chunk | None:
     result.request_id = msg.request_id
+    which = msg.chunk if msg.HasField("chunk") else msg.complete
+    sample = result if which.index == 0 else result.samples.setdefault(which.index, Completion(index=which.index))
+    sample.request_id = msg.request_id
     if msg.HasField("chunk"):
-        result.token_ids.extend(msg.chunk.token_ids)
-        result.text += msg.chunk.text
-        return Chunk(list(msg.chunk.token_ids), msg.chunk.text, time.perf_counter())
+        sample.token_ids.extend(msg.chunk.token_ids)
+        sample.text += msg.chunk.text
+        return Chunk(list(msg.chunk.token_ids), msg.chunk.text, time.perf_counter(), msg.chunk.index)
     c = msg.complete
-    result.finish_reason, result.stop_reason = c.finish_reason, c.stop_reason
-    result.prompt_tokens, result.completion_tokens, result.cached_tokens = (
+    sample.finish_reason, sample.stop_reason = c.finish_reason, c.stop_reason
+    sample.prompt_tokens, sample.completion_tokens, sample.cached_tokens = (
         c.prompt_tokens, c.completion_tokens, c.cached_tokens)
     return None
 

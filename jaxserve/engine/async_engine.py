@@ -129,8 +129,8 @@ class AsyncEngine:
     # -- the asyncio side --------------------------------------------------------------------
     async def generate(self, prompt: Any, params: SamplingParams | None = None, *, request_id: str | None = None,
                        priority: int = 0) -> AsyncIterator[RequestOutput]:
-        """Stream a request's outputs. A bad request raises ValueError (NotImplementedError for
-        n > 1, the scheduler's Overloaded for a full waiting queue) from the first iteration."""
+        """Stream a request's outputs. A bad request raises ValueError (NotImplementedError for what
+        the engine lacks, the scheduler's Overloaded for a full waiting queue) from the first iteration."""
         self._check_open()
         params = SamplingParams(output_kind=OutputKind.DELTA) if params is None else params
         request_id = uuid.uuid4().hex if request_id is None else str(request_id)
@@ -304,13 +304,14 @@ def _settle(fut: asyncio.Future, result, error) -> None:
 
 
 def _aborted_output(request_id: str, last: RequestOutput | None, kind: OutputKind) -> RequestOutput:
-    """The final output of an aborted stream: nothing new for DELTA, everything so far otherwise."""
+    """The final output of an aborted stream: nothing new for DELTA, everything so far otherwise
+    (n > 1 outputs are cumulative whatever the kind: every sample keeps its tokens)."""
     if last is None:
         return RequestOutput(request_id, None, [], [CompletionOutput(0, "", [], finish_reason="abort")], True)
-    c = last.outputs[0]
-    keep = kind is not OutputKind.DELTA
-    completion = replace(c, text=c.text if keep else "", token_ids=list(c.token_ids) if keep else [],
-                         finish_reason="abort", stop_reason=None,
-                         logprobs=(list(c.logprobs) if keep and c.logprobs is not None else None))
-    return RequestOutput(request_id, last.prompt, last.prompt_token_ids, [completion], True,
+    keep = kind is not OutputKind.DELTA or len(last.outputs) > 1
+    completions = [replace(c, text=c.text if keep else "", token_ids=list(c.token_ids) if keep else [],
+                           finish_reason=c.finish_reason or "abort", stop_reason=c.stop_reason,
+                           logprobs=(list(c.logprobs) if keep and c.logprobs is not None else None))
+                   for c in last.outputs]
+    return RequestOutput(request_id, last.prompt, last.prompt_token_ids, completions, True,
                          num_cached_tokens=last.num_cached_tokens, metrics=last.metrics)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from jaxserve.outputs import RequestOutput
+from jaxserve.outputs import CompletionOutput, RequestOutput
 from jaxserve.sampling_params import OutputKind, SamplingParams
 from jaxserve.server.proto import generation_pb2 as pb
 
@@ -76,20 +76,14 @@ def prompt_from_proto(req: pb.GenerateRequest) -> Any:
     return prompt
 
 
-def chunk_response(out: RequestOutput) -> pb.GenerateResponse | None:
-    c = out.outputs[0]
-    if not c.token_ids and not c.text:
-        return None
-    return pb.GenerateResponse(request_id=out.request_id,
-                               chunk=pb.Chunk(token_ids=c.token_ids, text=c.text, index=c.index))
-
-
-def complete_response(out: RequestOutput, completion_tokens: int) -> pb.GenerateResponse:
-    c = out.outputs[0]
+def complete_response(out: RequestOutput, c: CompletionOutput, completion_tokens: int, *, index: int | None = None,
+                      finish_reason: str | None = None) -> pb.GenerateResponse:
+    reason = finish_reason or c.finish_reason or "stop"
+    stop_reason = "" if c.stop_reason is None or finish_reason is not None else str(c.stop_reason)
     return pb.GenerateResponse(request_id=out.request_id, complete=pb.Complete(
-        finish_reason=c.finish_reason or "stop", stop_reason="" if c.stop_reason is None else str(c.stop_reason),
-        prompt_tokens=len(out.prompt_token_ids), completion_tokens=completion_tokens,
-        cached_tokens=out.num_cached_tokens, index=c.index))
+        finish_reason=reason, stop_reason=stop_reason, prompt_tokens=len(out.prompt_token_ids),
+        completion_tokens=completion_tokens, cached_tokens=out.num_cached_tokens,
+        index=c.index if index is None else index))
 
 
 def server_info(stats, *, active_streams: int, state: str) -> pb.ServerInfo:

@@ -93,20 +93,16 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
 
-        completion_tokens = 0
         last = None
+        sent = _SentPerSample(params.n)
         try:
             stream = aengine.generate(prompt, params, request_id=request.request_id or None,
                                       priority=request.priority)
             try:
                 async for out in stream:
                     last = out
-                    completion_tokens += len(out.outputs[0].token_ids)
-                    chunk = convert.chunk_response(out)
-                    if chunk is not None:
-                        yield chunk
-                    if out.finished:
-                        yield convert.complete_response(out, completion_tokens)
+                    for response in sent.responses(out):
+                        yield response
             finally:
                 await stream.aclose()   # on cancel: aborts the request before the next step
         except (ValueError, NotImplementedError) as e:
@@ -161,3 +157,37 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         except (EngineDeadError, EngineStoppedError):
             stats = aengine.snapshot.stats
         return convert.server_info(stats, active_streams=self.state.active_streams, state=self.state.phase.value)
+
+
+class _SentPerSample:
+    """Turns engine outputs into Chunk and Complete messages, one Complete per sample. With n = 1
+    the engine's outputs are already deltas; with n > 1 they are cumulative per sample (each
+    completion carries its index), so what was sent is remembered per index."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.tokens = [0] * n
+        self.chars = [0] * n
+        self.completed: set[int] = set()
+
+    def responses(self, out):
+        for c in out.outputs:
+            i = c.index
+            if i in self.completed:
+                continue
+            ids, text = c.token_ids, c.text
+            if self.n > 1:
+                ids, text = ids[self.tokens[i]:], text[self.chars[i]:]
+                self.tokens[i], self.chars[i] = len(c.token_ids), len(c.text)
+            else:
+                self.tokens[i] += len(ids)
+            if ids or text:
+                yield pb.GenerateResponse(request_id=out.request_id, chunk=pb.Chunk(token_ids=ids, text=text, index=i))
+            if c.finish_reason is not None:
+                self.completed.add(i)
+                yield convert.complete_response(out, c, self.tokens[i])
+        if out.finished:   # an aborted group reports fewer completions: close every sample
+            for i in sorted(set(range(self.n)) - self.completed):
+                self.completed.add(i)
+                yield convert.complete_response(out, out.outputs[0], self.tokens[i], index=i,
+                                                finish_reason="abort")

@@ -119,8 +119,6 @@ def test_bad_requests_fail_at_the_door_and_the_engine_stays_healthy(tiny_llm):
             await collect(aengine, PROMPTS[0], SamplingParams(max_tokens=10_000))
         with pytest.raises(ValueError, match="vocabulary"):
             await collect(aengine, {"prompt_token_ids": [1, 10**6]}, greedy())
-        with pytest.raises(NotImplementedError):
-            await collect(aengine, PROMPTS[0], SamplingParams(n=2))
         blocker = aengine.generate(PROMPTS[0], greedy(50), request_id="dup")
         await blocker.__anext__()
         with pytest.raises(ValueError, match="already in use"):

@@ -1,6 +1,6 @@
 """The servicer in-process (grpc.aio on loopback, the compiled tiny runner shared): a full waiting
-queue gives RESOURCE_EXHAUSTED, and an engine that crashes mid-stream gives INTERNAL to every
-stream in flight and UNAVAILABLE afterwards, without hanging."""
+queue gives RESOURCE_EXHAUSTED, an engine that crashes mid-stream gives INTERNAL to every stream in
+flight and UNAVAILABLE afterwards, without hanging, and n samples stream with their indices."""
 
 import asyncio
 import dataclasses
@@ -20,7 +20,7 @@ PROMPT = "The tide comes in"
 HANG_GUARD_S = 120
 
 
-async def serve(engine, body):
+async def serve(engine, body, limits=RequestLimits()):
     """Run body(client, state) against a servicer over `engine` on a loopback port."""
     state = ServerState()
     state.aengine = AsyncEngine(engine)
@@ -28,7 +28,7 @@ async def serve(engine, body):
     state.phase = Phase.SERVING
     server = aio.server()
     pb_grpc.add_GenerationServicer_to_server(
-        GenerationServicer(state, max_concurrent_streams=64, limits=RequestLimits()), server)
+        GenerationServicer(state, max_concurrent_streams=64, limits=limits), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:
@@ -115,3 +115,26 @@ def test_an_engine_crash_gives_internal_to_streams_in_flight_then_unavailable(ti
         assert "injected device failure" in r.details()
     assert after.code() == grpc.StatusCode.UNAVAILABLE
     assert not healthy
+
+
+def test_n_samples_stream_each_sample_with_its_index_and_complete(tiny_llm):
+    from jaxserve import SamplingParams
+    from jaxserve.sampling_params import OutputKind
+
+    params = SamplingParams(n=3, max_tokens=6, temperature=1.0, seed=11, ignore_eos=True,
+                            output_kind=OutputKind.CUMULATIVE)
+    want = {c.index: c.token_ids for c in tiny_llm.generate([PROMPT], params, use_tqdm=False)[0].outputs}
+    engine = LLM.sharing_runner(tiny_llm).engine
+
+    async def body(client, state):
+        chunks = []
+        done = await client.generate(PROMPT, n=3, max_tokens=6, temperature=1.0, seed=11, ignore_eos=True)
+        async for c in client.stream_chunks(PROMPT, n=3, max_tokens=6, temperature=1.0, seed=11, ignore_eos=True):
+            chunks.append(c)
+        return done, chunks
+
+    done, chunks = asyncio.run(serve(engine, body, limits=RequestLimits(max_n=3)))
+    got = {0: done.token_ids, **{i: s.token_ids for i, s in done.samples.items()}}
+    assert got == want and len(want) == 3
+    assert {c.index for c in chunks} == {0, 1, 2}
+    assert all(s.finish_reason == "length" and s.completion_tokens == 6 for s in [done, *done.samples.values()])
