@@ -183,7 +183,8 @@ class AsyncGenerationClient:
         finally:
             call.cancel()   # leaving `async for` alone does not cancel a grpc.aio stream
 
-    async def stream(self, prompt_token_ids: list[int], params: dict[str, Any]) -> AsyncIterator[tuple[list[int], float]]:
+    async def stream(self, prompt_token_ids: list[int],
+                     params: dict[str, Any]) -> AsyncIterator[tuple[list[int], float]]:
         """The benchmark's adapter: (new token ids, time.perf_counter() on arrival) per chunk."""
         async for chunk in self.stream_chunks(list(prompt_token_ids), **params):
             if chunk.token_ids:

@@ -204,7 +204,22 @@ def test_jaxserve_client_streams_the_answer_in_the_terminal(server, tiny_llm, tm
     want = reference(tiny_llm, PROMPTS[:1], 8, text=True)[0]
     run = subprocess.run([sys.executable, "-c", "import sys; from jaxserve.cli import main; sys.exit(main())",
                           "client", PROMPTS[0], "--raw", "--max-tokens", "8", "--target", server.target],
-                         cwd=tmp_path, capture_output=True, timeout=120, env={**os.environ, "PYTHONIOENCODING": "utf-8"})
+                         cwd=tmp_path, capture_output=True, timeout=120,
+                         env={**os.environ, "PYTHONIOENCODING": "utf-8"})
     assert run.returncode == 0, run.stderr
     assert run.stdout.decode("utf-8") == want + "\n"     # bytes: no newline translation of the random text
     assert b"8 tokens" in run.stderr
+
+
+def test_the_abort_rpc_ends_a_stream_with_finish_reason_abort(client):
+    from jaxserve.client import Completion
+
+    done = Completion()
+    stream = client.stream(PROMPTS[3], completion=done, request_id="abort-me", max_tokens=100, temperature=0.0,
+                           ignore_eos=True)
+    tokens = list(next(stream).token_ids)
+    client.abort(["abort-me", "no-such-request"])          # unknown ids are ignored
+    tokens += [t for c in stream for t in c.token_ids]
+    assert done.finish_reason == "abort" and done.request_id == "abort-me"
+    assert 0 < len(tokens) < 100 and done.completion_tokens == len(tokens)
+    assert_blocks_all_back(client)
