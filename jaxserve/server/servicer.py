@@ -15,6 +15,7 @@ import enum
 import logging
 
 import grpc
+from grpc import aio
 
 from jaxserve.engine.async_engine import AsyncEngine, EngineDeadError, EngineStoppedError
 from jaxserve.server import convert
@@ -92,6 +93,10 @@ class GenerationServicer(pb_grpc.GenerationServicer):
                 prompt = convert.prompt_from_proto(request)
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except EngineDeadError as e:
+            await context.abort(grpc.StatusCode.INTERNAL, str(e))
+        except EngineStoppedError as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
 
         last = None
         sent = _SentPerSample(params.n)
@@ -114,6 +119,11 @@ class GenerationServicer(pb_grpc.GenerationServicer):
             await context.abort(grpc.StatusCode.INTERNAL, str(e))
         except EngineStoppedError as e:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        except (asyncio.CancelledError, aio.AbortError):
+            raise
+        except Exception as e:   # a bug, not the client's fault: say so, with the cause
+            log.exception("Generate failed")
+            await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
         finally:
             if self.metrics is not None and last is not None:
                 self.metrics.observe(last.metrics)
@@ -125,7 +135,10 @@ class GenerationServicer(pb_grpc.GenerationServicer):
             tok = engine.tokenizer
             if tok is None or not getattr(tok, "chat_template", None):
                 raise ValueError("chat: the model has no chat template; send text or token_ids")
-            ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            try:
+                ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            except Exception as e:   # a template that rejects these messages (roles, order)
+                raise ValueError(f"chat: the model's chat template failed on these messages: {e}") from e
             ids = ids["input_ids"] if hasattr(ids, "keys") else ids
             return list(ids)
 
