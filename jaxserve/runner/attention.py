@@ -18,7 +18,7 @@ from pallas_kernels.ragged_paged_attention_xla import ragged_paged_attention_xla
 
 def _drop_hint(fn: Callable, **fixed) -> Callable:
     @functools.wraps(fn)
-    def call(*args, uniform_q_len=None, **kwargs):
+    def call(*args, uniform_q_len=None, kv_chunk_blocks=None, **kwargs):
         return fn(*args, **kwargs, **fixed)
     return call
 
