@@ -12,7 +12,8 @@ from jaxserve import LLM, SamplingParams
 from tests.conftest import TINY_ENGINE
 
 # One decode bucket and one prefill bucket: the interpreted kernels compile slowly.
-SMALL = dict(TINY_ENGINE, decode_buckets=(4,), prefill_buckets=(0, 4), swap_space=0)
+# Triton needs power-of-two blocks of at least 16 tokens.
+SMALL = dict(TINY_ENGINE, block_size=16, num_kv_blocks=32, decode_buckets=(4,), prefill_buckets=(0, 4), swap_space=0)
 PROMPTS = ["The tide comes in", "def add(a, b):", "Numbers: 0 1 2 3 4 5 6 7 8 9 10 42 100 2026 and more"]
 GREEDY = SamplingParams(max_tokens=6, min_tokens=6, temperature=0.0)
 
