@@ -9,6 +9,7 @@ that fails mid-run is reported with its traceback; both are recorded in the resu
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import sys
 import traceback
@@ -43,6 +44,9 @@ class Session:
         self._tokenizer: Any = None
         self.skipped: list[dict[str, str]] = []
         self.max_seq_len = 2048  # longest prompt + output of the workload; commands set it before building
+        # the code that runs is the code at start: record its commit and time now, not at the end
+        self._started = {"git_commit": environment()["git_commit"],
+                         "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
     @property
     def tokenizer(self) -> Any:
@@ -113,7 +117,7 @@ class Session:
         if not runs:
             raise SystemExit(f"no backend ran: {self.skipped}")
         model = {"path": self.spec.path, "kind": self.spec.kind, "files_sha256": files_sha256(self.spec)}
-        result = build_result(self.subcommand, jsonable_args(self.args), environment(), model,
+        result = build_result(self.subcommand, jsonable_args(self.args), {**environment(), **self._started}, model,
                               workload.summary(), runs, self.stop_ids(),
                               extra={**(extra or {}), "skipped": self.skipped})
         path = write_result(result, self.args.output_dir, self.args.name)
