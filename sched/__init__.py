@@ -5,6 +5,8 @@ step which requests run and how many of their tokens.
 """
 
 from jaxserve.sched.block_pool import BlockPool, OutOfBlocksError
+from jaxserve.sched.chunking import max_chunk_for_itl
+from jaxserve.sched.errors import Overloaded
 from jaxserve.sched.request import Request, RequestStatus
 from jaxserve.sched.scheduler import Scheduler
 from jaxserve.sched.scheduler_config import SchedulerConfig
@@ -13,6 +15,7 @@ from jaxserve.sched.scheduler_output import RequestUpdate, ScheduledRequest, Sch
 __all__ = [
     "BlockPool",
     "OutOfBlocksError",
+    "Overloaded",
     "Request",
     "RequestStatus",
     "RequestUpdate",
@@ -20,4 +23,5 @@ __all__ = [
     "Scheduler",
     "SchedulerConfig",
     "SchedulerOutput",
+    "max_chunk_for_itl",
 ]

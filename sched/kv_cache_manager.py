@@ -141,6 +141,26 @@ class KVCacheManager:
             self.cache.evict(short)
         return self.pool.allocate(n)
 
+    def swap_in(self, req: Request, host_ids: list[int], num_new_tokens: int, reserve: int = 0) -> list[int] | None:
+        """Give a swapped-out request fresh device blocks for its saved K/V (one per host block,
+        same order) plus room for num_new_tokens. Returns the device blocks that receive the host
+        blocks, or None (nothing changed) if fewer than needed + reserve are available."""
+        total = max(len(host_ids), cdiv(req.num_computed_tokens + num_new_tokens, self.block_size))
+        if total + reserve > self.num_available:
+            return None
+        req.block_ids = self._take(total)
+        # the saved blocks re-enter the prefix cache after the next step (cache_computed_blocks
+        # then finds any copies the tree still holds and switches to them)
+        self._nodes[req.request_id] = []
+        return req.block_ids[: len(host_ids)]
+
+    def num_cached_prefix_tokens(self, req: Request) -> int:
+        """Tokens of req held in prefix-cache nodes: a recompute would likely find them again."""
+        return len(self._nodes.get(req.request_id, ())) * self.block_size
+
+    def num_prefix_blocks_in_use(self, prefix: SharedPrefix) -> int:
+        return sum(1 for b in prefix.block_ids if self.pool.refcount(b) > 0)
+
     # ---- after a step -------------------------------------------------------------------------
     def cache_computed_blocks(self, req: Request) -> None:
         """Insert req's full, computed blocks into the prefix cache. If another request already

@@ -32,6 +32,12 @@ class WaitingQueue:
         self._keys.insert(i, key)
         self._reqs.insert(i, req)
 
+    def index(self, req: Request) -> int:
+        for i, r in enumerate(self._reqs):
+            if r is req:
+                return i
+        raise ValueError(f"request {req.request_id!r} is not waiting")
+
     def remove(self, req: Request) -> None:
         for i, r in enumerate(self._reqs):
             if r is req:

@@ -49,7 +49,8 @@ __all__ = ["Overloaded", "Scheduler", "SchedulerConfig"]
 class _Step:
     """What one schedule() call has decided so far."""
 
-    __slots__ = ("budget", "scheduled", "copies", "preempted", "swap_out", "swap_in", "partial", "host_freed")
+    __slots__ = ("budget", "scheduled", "copies", "preempted", "swap_out", "swap_in", "partial", "host_freed",
+                 "admitted")
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
@@ -62,12 +63,15 @@ class _Step:
         # host blocks read by this step's swap-ins: freed only after the step's decisions, so a
         # swap-out of the same step (which the runner performs first) cannot overwrite them
         self.host_freed: list[int] = []
+        self.admitted: set[str] = set()  # taken from the waiting queue in this step
 
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.kv = KVCacheManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
+        # Host-pool accounting reuses BlockPool, whose id 0 is reserved; the runner's host arrays
+        # have no null block, so pool id h is host block h - 1 in SchedulerOutput.
         self.host_pool = BlockPool(config.num_host_blocks + 1, config.block_size) if config.num_host_blocks else None
         self._requests: dict[str, Request] = {}  # live: waiting or running
         self._keys: dict[str, tuple] = {}  # queue key, kept across preemptions
@@ -195,6 +199,9 @@ class Scheduler:
         j = 0
         while j < len(self.waiting) and st.budget > 0 and len(self.running) < c.max_num_seqs:
             req = self.waiting[j]
+            if req.request_id in st.preempted:
+                j += 1  # evicted in this step: it does not come straight back
+                continue
             starving = self._step - self._arrival_step[req.request_id] >= c.starvation_steps
             swapped = req.status is RequestStatus.SWAPPED
             prefix = SharedPrefix(num_tokens=req.num_computed_tokens) if swapped else self._shared_prefix(req)
@@ -211,10 +218,11 @@ class Scheduler:
                 j += 1  # a prompt that finishes this step may go first
                 continue
             if not self._admit(req, prefix, n, st):
-                victim = self._less_urgent_victim(req)
+                victim = self._less_urgent_victim(req, st)
                 if victim is None:
                     break  # first come, first served: nobody overtakes the head
                 self._preempt(victim, st)  # priority policy: make room, then look again
+                j = self.waiting.index(req)  # the victim may have been queued in front of it
                 continue
             first = req.status is RequestStatus.WAITING
             self.waiting.remove(req)
@@ -227,13 +235,15 @@ class Scheduler:
                 self._fair.admitted(self._keys[req.request_id][0])
             req.status = RequestStatus.RUNNING
             self.running.append(req)
+            st.admitted.add(req.request_id)
             self._add_scheduled(req, n, st)
 
-    def _less_urgent_victim(self, req: Request) -> Request | None:
-        """Under the priority policy, a waiting request may evict a less urgent running one."""
+    def _less_urgent_victim(self, req: Request, st: _Step) -> Request | None:
+        """Under the priority policy, a waiting request may evict a less urgent running one (not
+        one admitted in this very step: its swap-in or first chunk is not even computed yet)."""
         if self.config.scheduling_policy != "priority":
             return None
-        less_urgent = [r for r in self.running if r.priority > req.priority]
+        less_urgent = [r for r in self.running if r.priority > req.priority and r.request_id not in st.admitted]
         return pick_victim(less_urgent) if less_urgent else None
 
     def _admit(self, req: Request, prefix: SharedPrefix, n: int, st: _Step) -> bool:
@@ -247,7 +257,7 @@ class Scheduler:
             dev = self.kv.swap_in(req, host, n, reserve)
             if dev is None:
                 return False
-            st.swap_in.extend(zip(host, dev))
+            st.swap_in.extend((h - 1, d) for h, d in zip(host, dev))
             st.host_freed.extend(host)
             del self._host_blocks[req.request_id]
             return True
@@ -332,10 +342,13 @@ class Scheduler:
             pending_copy = len(kept) != len(st.copies)
             st.copies[:] = kept
         self.running.remove(victim)
-        if not pending_copy and self._should_swap(victim):
+        # swap-outs run before the step's copies and swap-ins: a block still waiting for its
+        # content cannot be saved, so such a victim is recomputed
+        pending = pending_copy or rid in st.admitted
+        if not pending and self._should_swap(victim):
             k = cdiv(victim.num_computed_tokens, self.config.block_size)
             host = self.host_pool.allocate(k)
-            st.swap_out.extend(zip(victim.block_ids[:k], host))
+            st.swap_out.extend((d, h - 1) for d, h in zip(victim.block_ids[:k], host))
             self._host_blocks[rid] = host
             self.kv.free(victim)
             victim.status = RequestStatus.SWAPPED

@@ -43,7 +43,8 @@ class SchedulerOutput:
     # (src, dst): copy block src into block dst before the step (copy-on-write of a shared block)
     block_copies: tuple[tuple[int, int], ...] = ()
     preempted_ids: tuple[str, ...] = ()  # requests evicted this step (they resume later)
-    # (device block, host block): copy out of the arena before the step (preemption by swap)
+    # (device block, host block): copy out of the arena before the step (preemption by swap).
+    # Host blocks are numbered 0 .. num_host_blocks - 1 (the host pool has no null block).
     swap_out: tuple[tuple[int, int], ...] = ()
     # (host block, device block): copy into the arena before the step (a swapped request resumes)
     swap_in: tuple[tuple[int, int], ...] = ()

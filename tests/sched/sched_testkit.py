@@ -9,6 +9,7 @@ can be compared with `reference_output`, which runs the same model with no sched
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
@@ -39,7 +40,7 @@ def next_token(context: Sequence[int], vocab: int = VOCAB) -> int:
 def make_request(rid: str, prompt: Sequence[int] | int, max_tokens: int = 8, *, seed: int = 0, **kw) -> Request:
     """A request whose prompt is given, or `prompt` random tokens (ids >= 3, so never EOS)."""
     if isinstance(prompt, int):
-        rng = np.random.default_rng(abs(hash((rid, seed))) % (1 << 32))
+        rng = np.random.default_rng([zlib.crc32(rid.encode()), seed])  # stable across processes
         prompt = rng.integers(3, VOCAB, size=prompt).tolist()
     kw.setdefault("eos_token_ids", frozenset({EOS}))
     return Request(rid, list(prompt), max_tokens, **kw)
@@ -72,9 +73,11 @@ class FakeRunner:
 
     def execute(self, out: SchedulerOutput, sched: Scheduler) -> dict[str, int]:
         bs = self.block_size
+        pool = sched.kv.pool
         for dev, host in out.swap_out:
             self.host[host] = self.kv[dev].copy()
-            self.kv[dev] = -1  # the device block is free now: poison it
+            if pool.refcount(dev) == 0 and not pool.is_cached(dev):
+                self.kv[dev] = -1  # nobody holds the block now: poison it, so stale reads show
             self.num_swapped_out += 1
         for host, dev in out.swap_in:
             self.kv[dev] = self.host.pop(host)

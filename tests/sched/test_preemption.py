@@ -31,27 +31,44 @@ def test_preempted_requests_resume_with_unchanged_outputs(caching, chunked):
     assert_outputs_match_reference(reqs, cfg.max_model_len)
 
 
-def test_the_most_recently_admitted_request_is_the_victim_and_goes_to_the_front():
-    sched = Scheduler(cramped(enable_prefix_caching=False))
+def run_until_preemption(sched, runner):
+    while True:
+        out = sched.schedule()
+        sched.update(out, runner.execute(out, sched))
+        if out.preempted_ids:
+            return list(out.preempted_ids)
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_the_least_urgent_request_is_the_victim_even_with_more_work_done(policy):
+    sched = Scheduler(cramped(enable_prefix_caching=False, admission_output_share=0, scheduling_policy=policy))
     runner = FakeRunner(13, 4)
-    a, b, c = (make_request(x, 8, max_tokens=30, ignore_eos=True) for x in "abc")
-    sched.add_request(a)
-    sched.add_request(b)
-    for _ in range(2):
-        out = sched.schedule()
-        sched.update(out, runner.execute(out, sched))
-    sched.add_request(c)  # arrives after a and b were admitted
-    preempted = []
-    while not preempted:
-        out = sched.schedule()
-        preempted = list(out.preempted_ids)
-        sched.update(out, runner.execute(out, sched))
-    assert preempted == ["c"]
-    assert c.status is RequestStatus.PREEMPTED and c.num_computed_tokens == 0 and not c.block_ids
-    assert c.num_output_tokens > 0  # kept its outputs
-    assert sched.waiting[0] is c
+    background = make_request("bg", 20, max_tokens=28, ignore_eos=True, priority=1)
+    urgent = make_request("urgent", 4, max_tokens=40, ignore_eos=True, priority=0)
+    sched.add_request(background)
+    sched.add_request(urgent)
+    assert run_until_preemption(sched, runner) == ["bg"]
+    assert background.num_computed_tokens == 0 and background.status is RequestStatus.PREEMPTED
+    assert background.num_output_tokens > 0  # it keeps its outputs
+    assert urgent.num_computed_tokens < 40  # bg had done more work: priority decided
     drive(sched, runner=runner)
-    assert_outputs_match_reference([a, b, c], 64)
+    assert_outputs_match_reference([background, urgent], 64)
+
+
+def test_among_equals_the_request_with_the_least_computed_work_is_the_victim():
+    sched = Scheduler(cramped(enable_prefix_caching=False, admission_output_share=0))
+    runner = FakeRunner(13, 4)
+    old = make_request("old", 20, max_tokens=28, ignore_eos=True)
+    sched.add_request(old)
+    for _ in range(3):
+        out = sched.schedule()
+        sched.update(out, runner.execute(out, sched))
+    young = make_request("young", 4, max_tokens=40, ignore_eos=True)
+    sched.add_request(young)
+    assert run_until_preemption(sched, runner) == ["young"]
+    assert sched.waiting[0] is young and young.num_output_tokens > 0
+    drive(sched, runner=runner)
+    assert_outputs_match_reference([old, young], 64)
 
 
 def test_a_preempted_request_goes_back_in_front_of_newer_waiting_ones():

@@ -15,7 +15,16 @@ def workloads(draw):
     chunked = draw(st.booleans())
     budget = draw(st.integers(1, 64)) if chunked else draw(st.integers(max_model_len, max_model_len + 16))
     need_blocks = -(-max_model_len // block_size)
+    mode = draw(st.sampled_from(["recompute", "swap", "auto"]))
     cfg = SchedulerConfig(
+        scheduling_policy=draw(st.sampled_from(["fcfs", "priority"])),
+        max_num_partial_prefills=draw(st.integers(0, 2)),
+        starvation_steps=draw(st.integers(1, 10)),
+        kv_watermark=draw(st.sampled_from([0.0, 0.1])),
+        admission_output_share=draw(st.sampled_from([0.0, 0.5, 1.0])),
+        preemption_mode=mode,
+        num_host_blocks=0 if mode == "recompute" else draw(st.integers(1, 2 * need_blocks)),
+        swap_crossover_tokens=draw(st.integers(0, 16)),
         num_blocks=1 + draw(st.integers(need_blocks, 2 * need_blocks)),
         block_size=block_size,
         max_num_seqs=draw(st.integers(1, 6)),
@@ -39,6 +48,7 @@ def workloads(draw):
             ignore_eos=draw(st.booleans()),
             stop_token_ids=frozenset(draw(st.lists(st.integers(3, 63), max_size=2))),
             cache_salt=draw(st.sampled_from([None, None, "tenant"])),
+            priority=draw(st.integers(0, 2)),
         )
         arrivals.setdefault(draw(st.integers(0, 12)), []).append(req)
     aborts = draw(st.dictionaries(st.integers(0, 30), st.sampled_from([f"r{i}" for i in range(10)]), max_size=2))

@@ -54,7 +54,7 @@ def test_a_prompt_longer_than_the_budget_is_prefilled_in_chunks():
 
 
 def test_long_prefill_token_threshold_caps_one_requests_chunk():
-    sched = Scheduler(config(max_num_batched_tokens=64, long_prefill_token_threshold=5))
+    sched = Scheduler(config(max_num_batched_tokens=64, long_prefill_token_threshold=5, max_num_partial_prefills=2))
     runner = FakeRunner(64, 4)
     sched.add_request(make_request("a", 12, max_tokens=2))
     sched.add_request(make_request("b", 12, max_tokens=2))

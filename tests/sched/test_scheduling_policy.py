@@ -1,0 +1,175 @@
+"""Scheduling under pressure: decodes first, partial-prefill cap, admission against projected KV
+use, the bounded waiting queue, and priorities shared fairly."""
+
+import pytest
+from sched_testkit import FakeRunner, assert_outputs_match_reference, drive, make_request
+
+from jaxserve.sched import Scheduler, SchedulerConfig
+from jaxserve.sched.chunking import max_chunk_for_itl
+from jaxserve.sched.errors import Overloaded
+from jaxserve.sched.policy import pick_victim
+from jaxserve.sched.request import Request
+
+
+def config(**kw):
+    kw.setdefault("num_blocks", 64)
+    kw.setdefault("block_size", 4)
+    kw.setdefault("max_model_len", 128)
+    kw.setdefault("max_num_batched_tokens", 16)
+    return SchedulerConfig(**kw)
+
+
+def step(sched, runner):
+    out = sched.schedule()
+    sched.update(out, runner.execute(out, sched))
+    return out
+
+
+def test_decodes_are_scheduled_before_prefill_chunks():
+    sched = Scheduler(config(long_prefill_token_threshold=8))
+    runner = FakeRunner(64, 4)
+    sched.add_request(make_request("long", 100, max_tokens=4))
+    step(sched, runner)
+    sched.add_request(make_request("chat", 3, max_tokens=30))
+    out = step(sched, runner)
+    assert [(s.request_id, len(s.token_ids)) for s in out.requests] == [("long", 8), ("chat", 3)]
+    out = step(sched, runner)
+    assert [(s.request_id, len(s.token_ids)) for s in out.requests] == [("chat", 1), ("long", 8)]
+
+
+def test_only_max_num_partial_prefills_prompts_are_mid_prefill_at_once():
+    sched, runner = Scheduler(config(max_num_partial_prefills=1, long_prefill_token_threshold=8)), FakeRunner(64, 4)
+    for r in ("a", "b"):
+        sched.add_request(make_request(r, 40, max_tokens=2))
+    out = step(sched, runner)
+    assert [(s.request_id, len(s.token_ids)) for s in out.requests] == [("a", 8)]
+    sched, runner = Scheduler(config(max_num_partial_prefills=2, long_prefill_token_threshold=8)), FakeRunner(64, 4)
+    for r in ("a", "b"):
+        sched.add_request(make_request(r, 40, max_tokens=2))
+    out = step(sched, runner)
+    assert [(s.request_id, len(s.token_ids)) for s in out.requests] == [("a", 8), ("b", 8)]
+
+
+def test_a_prompt_that_finishes_this_step_may_overtake_one_that_cannot():
+    sched = Scheduler(config(max_num_partial_prefills=1, long_prefill_token_threshold=8))
+    runner = FakeRunner(64, 4)
+    sched.add_request(make_request("a", 40, max_tokens=2))
+    sched.add_request(make_request("b", 30, max_tokens=2))
+    sched.add_request(make_request("short", 5, max_tokens=2))
+    out = step(sched, runner)
+    assert [(s.request_id, len(s.token_ids)) for s in out.requests] == [("a", 8), ("short", 5)]
+    drive(sched, runner=runner)
+
+
+def test_a_waiting_prompt_is_overtaken_only_until_it_starves():
+    cfg = config(max_num_partial_prefills=1, starvation_steps=5, long_prefill_token_threshold=8)
+    sched, runner = Scheduler(cfg), FakeRunner(64, 4)
+    sched.add_request(make_request("first", 120, max_tokens=2))  # mid-prefill for 15 steps
+    sched.add_request(make_request("second", 30, max_tokens=2))
+    overtook = []
+    for i in range(8):
+        sched.add_request(make_request(f"s{i}", 1, max_tokens=1))
+        out = step(sched, runner)
+        overtook += [s.request_id for s in out.requests if s.request_id.startswith("s")]
+    # short ones got in while "second" was young; from its 5th step on, everyone queues behind it
+    assert overtook == [f"s{i}" for i in range(4)]
+    drive(sched, runner=runner)
+
+
+def test_admission_leaves_room_for_running_requests_to_grow():
+    # 16 usable blocks of 4. Each request: 8 prompt tokens, 40 output tokens -> up to 12 blocks.
+    eager = Scheduler(config(num_blocks=17, max_model_len=64, admission_output_share=0.0, kv_watermark=0.0))
+    careful = Scheduler(config(num_blocks=17, max_model_len=64, admission_output_share=1.0, kv_watermark=0.0))
+    for sched in (eager, careful):
+        reqs = [make_request(f"r{i}", 8, max_tokens=40, ignore_eos=True) for i in range(4)]
+        drive(sched, reqs)
+        assert_outputs_match_reference(reqs, 64)
+    assert eager.num_preemptions > 0
+    assert careful.num_preemptions == 0  # admitted only what could grow to completion
+
+
+def test_the_watermark_keeps_blocks_free_at_admission_but_never_blocks_a_lone_request():
+    cfg = config(num_blocks=101, max_model_len=400, kv_watermark=0.1, admission_output_share=0.0,
+                 max_num_batched_tokens=512)
+    sched, runner = Scheduler(cfg), FakeRunner(101, 4)
+    sched.add_request(make_request("big", 396, max_tokens=4))  # 99 blocks: more than total - watermark
+    out = step(sched, runner)
+    assert [s.request_id for s in out.requests] == ["big"]
+    drive(sched, runner=runner)
+    sched.add_request(make_request("a", 300, max_tokens=2))  # 75 blocks
+    sched.add_request(make_request("b", 64, max_tokens=2))  # 16 more: would leave 9 < 10 free
+    out = step(sched, runner)
+    assert [s.request_id for s in out.requests] == ["a"]
+    drive(sched, runner=runner)
+
+
+def test_a_full_waiting_queue_rejects_new_requests_with_overloaded():
+    sched = Scheduler(config(max_waiting_requests=2))
+    sched.add_request(make_request("a", 4))
+    sched.add_request(make_request("b", 4))
+    with pytest.raises(Overloaded, match="2 requests are waiting, the limit is max_waiting_requests=2"):
+        sched.add_request(make_request("c", 4))
+    assert sched.get_request("c") is None
+    sched.fork_request("a", make_request("a2", sched.get_request("a").prompt_token_ids))  # forks are exempt
+    drive(sched)
+
+
+def test_victims_are_least_urgent_then_least_work_then_newest():
+    def r(rid, prio, computed):
+        req = Request(rid, [1] * 50, 4, priority=prio)
+        req.num_computed_tokens = computed
+        return req
+
+    assert pick_victim([r("a", 0, 5), r("b", 1, 40), r("c", 0, 1)]).request_id == "b"
+    assert pick_victim([r("a", 0, 5), r("b", 0, 40), r("c", 0, 1)]).request_id == "c"
+    assert pick_victim([r("a", 0, 5), r("b", 0, 5)]).request_id == "b"
+
+
+def test_urgent_requests_get_the_larger_share_when_both_classes_are_backlogged():
+    sched = Scheduler(config(scheduling_policy="priority", priority_weight_base=2.0, max_num_seqs=1))
+    for i in range(12):
+        sched.add_request(make_request(f"bg{i}", 4, max_tokens=2, ignore_eos=True, priority=1))
+    for i in range(12):
+        sched.add_request(make_request(f"u{i}", 4, max_tokens=2, ignore_eos=True, priority=0))
+    order = []
+    drive(sched, on_step=lambda i, out: order.extend(s.request_id for s in out.requests if s.num_output_tokens == 0))
+    first12 = order[:12]
+    assert sum(x.startswith("u") for x in first12) == 8  # a 2:1 share, 8 urgent to 4 background
+    assert "bg0" in first12  # background is slowed, not stopped
+
+
+def test_an_urgent_request_evicts_a_less_urgent_one_to_get_in():
+    cfg = config(num_blocks=13, max_model_len=48, scheduling_policy="priority", admission_output_share=0.0)
+    sched, runner = Scheduler(cfg), FakeRunner(13, 4)
+    bg = make_request("bg", 30, max_tokens=10, ignore_eos=True, priority=5)
+    sched.add_request(bg)
+    for _ in range(3):
+        step(sched, runner)
+    urgent = make_request("urgent", 20, max_tokens=4, ignore_eos=True, priority=0)
+    sched.add_request(urgent)
+    out = step(sched, runner)
+    assert out.preempted_ids == ("bg",) and [s.request_id for s in out.requests] == ["urgent"]
+    drive(sched, runner=runner)
+    assert_outputs_match_reference([bg, urgent], 48)
+
+
+def test_chunk_size_follows_the_itl_budget_and_prefill_throughput():
+    assert max_chunk_for_itl(0.05, 2000.0) == 96  # 100 tokens fit in 50 ms, rounded down to 16s
+    assert max_chunk_for_itl(0.001, 200.0) == 16  # never below the minimum
+    with pytest.raises(ValueError, match="itl_budget_s must be > 0, got 0"):
+        max_chunk_for_itl(0, 100.0)
+
+
+@pytest.mark.parametrize(
+    "kw,msg",
+    [
+        ({"scheduling_policy": "lifo"}, "scheduling_policy must be 'fcfs' or 'priority', got 'lifo'"),
+        ({"preemption_mode": "swap"}, "num_host_blocks must be >= 1, got 0"),
+        ({"kv_watermark": 1.5}, r"kv_watermark must be a number in \[0, 1\], got 1.5"),
+        ({"max_waiting_requests": -1}, "max_waiting_requests must be an int >= 0, got -1"),
+        ({"priority_weight_base": 0.5}, "priority_weight_base must be a number >= 1, got 0.5"),
+    ],
+)
+def test_bad_policy_settings_are_rejected_with_field_and_value(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        SchedulerConfig(num_blocks=8, **kw)
