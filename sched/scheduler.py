@@ -197,6 +197,7 @@ class Scheduler:
     def _schedule_waiting(self, st: _Step) -> None:
         c = self.config
         j = 0
+        made_room_for = None  # the request less urgent ones were just evicted for
         while j < len(self.waiting) and st.budget > 0 and len(self.running) < c.max_num_seqs:
             req = self.waiting[j]
             if req.request_id in st.preempted:
@@ -205,23 +206,25 @@ class Scheduler:
             starving = self._step - self._arrival_step[req.request_id] >= c.starvation_steps
             swapped = req.status is RequestStatus.SWAPPED
             prefix = SharedPrefix(num_tokens=req.num_computed_tokens) if swapped else self._shared_prefix(req)
-            if prefix is None:  # a fork child whose parent has not computed the prefix yet
+            n = self._num_new_tokens(req, prefix.num_tokens, st.budget) if prefix is not None else 0
+            partial = prefix is not None and prefix.num_tokens + n < req.num_tokens
+            capped = partial and c.max_num_partial_prefills and len(st.partial) >= c.max_num_partial_prefills
+            if prefix is None or capped:
+                # a fork child waiting for its parent's prefill, or a prompt that would be left
+                # mid-prefill while the cap is reached: one that finishes this step may go first,
+                # unless this one has starved or room was just made for it
+                if (capped and starving) or req is made_room_for:
+                    break
                 j += 1
                 continue
-            n = self._num_new_tokens(req, prefix.num_tokens, st.budget)
             if n == 0:
                 break  # chunking off and the prompt does not fit what is left of the budget
-            partial = prefix.num_tokens + n < req.num_tokens
-            if partial and c.max_num_partial_prefills and len(st.partial) >= c.max_num_partial_prefills:
-                if starving:
-                    break  # nobody overtakes a request that waited too long
-                j += 1  # a prompt that finishes this step may go first
-                continue
             if not self._admit(req, prefix, n, st):
                 victim = self._less_urgent_victim(req, st)
                 if victim is None:
                     break  # first come, first served: nobody overtakes the head
                 self._preempt(victim, st)  # priority policy: make room, then look again
+                made_room_for = req
                 j = self.waiting.index(req)  # the victim may have been queued in front of it
                 continue
             first = req.status is RequestStatus.WAITING
@@ -243,7 +246,11 @@ class Scheduler:
         one admitted in this very step: its swap-in or first chunk is not even computed yet)."""
         if self.config.scheduling_policy != "priority":
             return None
-        less_urgent = [r for r in self.running if r.priority > req.priority and r.request_id not in st.admitted]
+        parent = self._fork_parent.get(req.request_id)  # a fork child never evicts its own parent
+        less_urgent = [
+            r for r in self.running
+            if r.priority > req.priority and r.request_id not in st.admitted and r.request_id != parent
+        ]
         return pick_victim(less_urgent) if less_urgent else None
 
     def _admit(self, req: Request, prefix: SharedPrefix, n: int, st: _Step) -> bool:
