@@ -112,6 +112,12 @@ class KVCacheManager:
         """Give req the blocks to write num_new_tokens more tokens, sharing `prefix` first when it
         joins (a hit or a fork). Returns False and changes nothing if fewer than
         `blocks_needed + reserve` blocks are available. Appends any copy-on-write to `copies`."""
+        bs = self.block_size
+        if prefix is None and req.num_computed_tokens + num_new_tokens <= len(req.block_ids) * bs:
+            # the common decode: the slots exist already; only a shared block needs work
+            i = req.num_computed_tokens // bs
+            if num_new_tokens == 0 or self.pool.refcount(req.block_ids[i]) == 1:
+                return True
         need = self.blocks_needed(req, num_new_tokens, prefix)
         if need + reserve > self.num_available:
             return False
@@ -122,7 +128,6 @@ class KVCacheManager:
             self._nodes[req.request_id] = list(prefix.nodes)
             if self.cache is not None:
                 self.cache.touch(prefix.nodes)
-        bs = self.block_size
         i = req.num_computed_tokens // bs
         if num_new_tokens > 0 and i < len(req.block_ids) and self.pool.refcount(req.block_ids[i]) > 1:
             (dst,) = self._take(1)
