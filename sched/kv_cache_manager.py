@@ -7,7 +7,8 @@ tree nodes of its leading full blocks, so that newly full blocks can be inserted
 Rules that keep the K/V correct:
   - a request only writes slots at positions >= num_computed_tokens, so only its block holding
     that position can be partially computed; if that block is shared (a fork), the writer gets a
-    private copy first (copy-on-write: the runner copies src -> dst before the step);
+    private copy first (copy-on-write: the runner copies src -> dst before the step), and src
+    stays referenced until the step's decisions are final, so nothing overwrites it first;
   - a block enters the prefix cache in `cache_computed_blocks`, after the step that filled it,
     so a request admitted in the same step can never hit K/V no step has computed yet;
   - a hit never covers the last known token: something must be computed to get logits.
@@ -44,6 +45,7 @@ class KVCacheManager:
         self._nodes: dict[str, list[Node]] = {}  # request id -> nodes of its leading cached blocks
         self.prefix_cache_queries = 0  # prompt tokens looked up at first admission
         self.prefix_cache_hits = 0  # of those, tokens served from the cache
+        self._pinned: list[int] = []  # copy-on-write sources of the step being scheduled
 
     # ---- capacity -----------------------------------------------------------------------------
     @property
@@ -133,12 +135,21 @@ class KVCacheManager:
             (dst,) = self._take(1)
             src = req.block_ids[i]
             copies.append((src, dst))
-            self.pool.free([src])  # still held by the other sharers
+            # Keep our reference to src until the step's decisions are final (release_pins): if
+            # its other sharers were preempted later in this step, src must not be handed out
+            # again (a swap-in would overwrite it before the runner copies it).
+            self._pinned.append(src)
             req.block_ids[i] = dst
         grow = cdiv(req.num_computed_tokens + num_new_tokens, bs) - len(req.block_ids)
         if grow > 0:
             req.block_ids.extend(self._take(grow))
         return True
+
+    def release_pins(self) -> None:
+        """End of schedule(): drop the references copy-on-write sources kept during the step."""
+        if self._pinned:
+            self.pool.free(self._pinned)
+            self._pinned = []
 
     def _take(self, n: int) -> list[int]:
         short = n - self.pool.num_free

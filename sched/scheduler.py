@@ -164,6 +164,7 @@ class Scheduler:
             self._schedule_waiting(st)
         if st.host_freed:
             self.host_pool.free(st.host_freed)
+        self.kv.release_pins()
         self.num_kv_blocks_in_use_peak = max(self.num_kv_blocks_in_use_peak, self.kv.pool.num_in_use)
         reqs = tuple(st.scheduled.values())
         return SchedulerOutput(

@@ -73,11 +73,8 @@ class FakeRunner:
 
     def execute(self, out: SchedulerOutput, sched: Scheduler) -> dict[str, int]:
         bs = self.block_size
-        pool = sched.kv.pool
         for dev, host in out.swap_out:
             self.host[host] = self.kv[dev].copy()
-            if pool.refcount(dev) == 0 and not pool.is_cached(dev):
-                self.kv[dev] = -1  # nobody holds the block now: poison it, so stale reads show
             self.num_swapped_out += 1
         for host, dev in out.swap_in:
             self.kv[dev] = self.host.pop(host)
@@ -103,6 +100,10 @@ class FakeRunner:
             assert ctx == req.all_token_ids[:end], f"{sr.request_id}: the KV arena holds the wrong context"
             if sr.sample:
                 sampled[sr.request_id] = next_token(ctx)
+        # blocks nobody holds lose their content: a later read of one shows as a wrong context
+        pool = sched.kv.pool
+        for b in pool.free_block_ids():
+            self.kv[b] = -1
         return sampled
 
 

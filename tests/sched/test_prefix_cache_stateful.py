@@ -45,7 +45,9 @@ class PoolAndTree(RuleBasedStateMachine):
     def _join(self, req, prefix):
         n = req.num_tokens - prefix.num_tokens
         copies = []
-        if not self.kv.allocate_slots(req, n, copies, prefix):
+        ok = self.kv.allocate_slots(req, n, copies, prefix)
+        self.kv.release_pins()  # what the scheduler does at the end of schedule()
+        if not ok:
             return False
         self.live[req.request_id] = req
         return n, copies
@@ -83,7 +85,9 @@ class PoolAndTree(RuleBasedStateMachine):
         req.output_token_ids.extend(new)
         n = req.num_tokens - req.num_computed_tokens
         copies = []
-        if self.kv.allocate_slots(req, n, copies):
+        ok = self.kv.allocate_slots(req, n, copies)
+        self.kv.release_pins()
+        if ok:
             self._compute(req, n, copies)
             self.kv.cache_computed_blocks(req)
         else:
