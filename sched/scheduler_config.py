@@ -79,6 +79,14 @@ class SchedulerConfig:
                     f"max_num_batched_tokens={self.max_num_batched_tokens} must be >= "
                     f"max_model_len={self.max_model_len}"
                 )
+            g = self.chunk_granularity
+            longest = -(-(self.max_model_len - 1) // g) * g  # prompt + outputs, charged in whole tiles
+            if self.max_num_batched_tokens < longest:
+                raise ValueError(
+                    f"with enable_chunked_prefill=False and chunk_granularity={g}, a whole prompt of "
+                    f"{self.max_model_len - 1} tokens costs {longest} of the budget, so "
+                    f"max_num_batched_tokens={self.max_num_batched_tokens} must be >= {longest}"
+                )
             if t:
                 raise ValueError(
                     f"long_prefill_token_threshold={t} cuts prompts into chunks; it needs "

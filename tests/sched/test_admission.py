@@ -64,6 +64,8 @@ def test_bad_request_fields_name_the_field(kw, field):
         ({"long_prefill_token_threshold": -3}, "long_prefill_token_threshold must be an int >= 0, got -3"),
         ({"enable_chunked_prefill": False, "long_prefill_token_threshold": 8, "max_num_batched_tokens": 4096},
          "needs enable_chunked_prefill=True"),
+        ({"enable_chunked_prefill": False, "max_model_len": 30, "max_num_batched_tokens": 30, "chunk_granularity": 8},
+         "a whole prompt of 29 tokens costs 32 of the budget, so max_num_batched_tokens=30 must be >= 32"),
     ],
 )
 def test_bad_configs_are_rejected_with_the_field_and_value(kw, msg):

@@ -13,7 +13,9 @@ def workloads(draw):
     block_size = draw(st.sampled_from([1, 2, 4, 8]))
     max_model_len = draw(st.integers(8, 48))
     chunked = draw(st.booleans())
-    budget = draw(st.integers(1, 64)) if chunked else draw(st.integers(max_model_len, max_model_len + 16))
+    granularity = draw(st.sampled_from([1, 1, 4]))
+    longest = -(-(max_model_len - 1) // granularity) * granularity
+    budget = draw(st.integers(1, 64)) if chunked else draw(st.integers(max(max_model_len, longest), longest + 16))
     need_blocks = -(-max_model_len // block_size)
     mode = draw(st.sampled_from(["recompute", "swap", "auto"]))
     cfg = SchedulerConfig(
@@ -32,6 +34,7 @@ def workloads(draw):
         max_model_len=max_model_len,
         enable_chunked_prefill=chunked,
         long_prefill_token_threshold=draw(st.integers(0, 8)) if chunked else 0,
+        chunk_granularity=granularity,
         enable_prefix_caching=draw(st.booleans()),
     )
     shared = draw(st.lists(st.integers(3, 63), min_size=0, max_size=12))  # a common prefix
