@@ -1,0 +1,96 @@
+"""The Engine's step loop without a model: a deterministic fake runner whose next token is a
+function of the whole context, so any scheduling mistake (a lost, repeated or reordered token)
+changes the outputs."""
+
+from jaxserve.engine.engine import Engine
+from jaxserve.runner.model_runner import ModelRunnerOutput, SampledToken
+from jaxserve.sampling_params import SamplingParams
+from jaxserve.sched.scheduler import Scheduler
+from jaxserve.sched.scheduler_config import SchedulerConfig
+
+VOCAB = 97
+EOS = 0
+
+
+class FakeRunner:
+    """Keeps each request's context as the scheduler feeds it; next token = hash of the context."""
+
+    def __init__(self):
+        self.contexts: dict[str, list[int]] = {}
+        self.steps = 0
+
+    def execute(self, sched_out):
+        self.steps += 1
+        sampled = {}
+        for r in sched_out.requests:
+            ctx = self.contexts.setdefault(r.request_id, [])
+            del ctx[r.num_computed_tokens:]          # a preempted request recomputes from its start
+            ctx.extend(r.token_ids)
+            if r.sample:
+                sampled[r.request_id] = SampledToken(1 + sum((i + 1) * t for i, t in enumerate(ctx)) % (VOCAB - 1))
+        return ModelRunnerOutput(sampled)
+
+
+def expected(prompt, n):
+    ctx = list(prompt)
+    for _ in range(n):
+        ctx.append(1 + sum((i + 1) * t for i, t in enumerate(ctx)) % (VOCAB - 1))
+    return ctx[len(prompt):]
+
+
+def make_engine(num_blocks=200, **kw):
+    sched = Scheduler(SchedulerConfig(num_blocks=num_blocks, block_size=4, max_num_seqs=4, max_num_batched_tokens=16,
+                                      max_model_len=128, **kw))
+    return Engine(scheduler=sched, runner=FakeRunner(), tokenizer=None, vocab_size=VOCAB, max_model_len=128,
+                  eos_token_ids=[EOS])
+
+
+def run(engine):
+    done = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+    return done
+
+
+PROMPTS = [[5, 6, 7], list(range(1, 40)), [9] * 20, [3, 1, 4, 1, 5, 9, 2, 6]]
+
+
+def test_every_request_gets_exactly_the_tokens_of_its_own_context():
+    engine = make_engine()
+    for i, p in enumerate(PROMPTS):
+        engine.add_request(f"r{i}", {"prompt_token_ids": p}, SamplingParams(max_tokens=10 + i, temperature=0))
+    done = run(engine)
+    for i, p in enumerate(PROMPTS):
+        assert done[f"r{i}"].outputs[0].token_ids == expected(p, 10 + i)
+        assert done[f"r{i}"].outputs[0].finish_reason == "length"
+    s = engine.stats()
+    assert s.num_kv_blocks_free + s.num_kv_blocks_cached == s.num_kv_blocks_total
+    assert s.generation_tokens_total == sum(10 + i for i in range(len(PROMPTS)))
+
+
+def test_a_cramped_pool_preempts_without_changing_any_output():
+    engine = make_engine(num_blocks=20, kv_watermark=0.0, enable_prefix_caching=False)
+    for i, p in enumerate(PROMPTS):
+        engine.add_request(f"r{i}", {"prompt_token_ids": p}, SamplingParams(max_tokens=24, temperature=0))
+    done = run(engine)
+    assert engine.stats().num_preemptions > 0
+    for i, p in enumerate(PROMPTS):
+        assert done[f"r{i}"].outputs[0].token_ids == expected(p, 24)
+    s = engine.stats()
+    assert s.num_kv_blocks_free + s.num_kv_blocks_cached == s.num_kv_blocks_total
+
+
+def test_abort_frees_blocks_and_other_requests_continue():
+    engine = make_engine()
+    engine.add_request("keep", {"prompt_token_ids": PROMPTS[1]}, SamplingParams(max_tokens=12, temperature=0))
+    engine.add_request("drop", {"prompt_token_ids": PROMPTS[2]}, SamplingParams(max_tokens=50, temperature=0))
+    engine.step()
+    engine.step()
+    engine.abort("drop")
+    done = run(engine)
+    assert "drop" not in done
+    assert done["keep"].outputs[0].token_ids == expected(PROMPTS[1], 12)
+    s = engine.stats()
+    assert s.num_requests_running == 0 and s.num_kv_blocks_free + s.num_kv_blocks_cached == s.num_kv_blocks_total
