@@ -461,6 +461,16 @@ class Scheduler:
     def get_request(self, request_id: str) -> Request | None:
         return self._requests.get(request_id)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block (they return to the free list), e.g. after the KV arena was
+        written by someone else. Only between workloads: returns False, changing nothing, while
+        requests are live (their blocks may be shared with the tree)."""
+        if self.has_unfinished_requests():
+            return False
+        if self.kv.cache is not None:
+            self.kv.cache.evict(self.kv.pool.num_total)
+        return self.kv.pool.num_cached == 0
+
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests)
 

@@ -276,11 +276,8 @@ class Engine:
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix block (they return to the free pool)."""
-        reset = getattr(self.scheduler, "reset_prefix_cache", None)
-        if reset is not None:
-            reset()
-        elif self.scheduler.kv.cache is not None:   # until sched grows reset_prefix_cache()
-            self.scheduler.kv.cache.evict(self.scheduler.num_kv_blocks_total)
+        if not self.scheduler.reset_prefix_cache():
+            raise RuntimeError("cannot reset the prefix cache while requests are running")
 
     # -- introspection -----------------------------------------------------------------------
     @property

@@ -162,3 +162,22 @@ def test_outputs_are_identical_with_the_cache_on_or_off_under_eviction_pressure(
         assert sched.prefix_cache_hits > 0 and sched.kv.cache.num_evictions > 0
     else:
         assert sched.prefix_cache_hits == 0 and sched.num_kv_blocks_cached == 0
+
+
+def test_reset_prefix_cache_empties_the_tree_only_between_workloads():
+    from jaxserve.sched.request import Request
+    from jaxserve.sched.scheduler import Scheduler
+    from jaxserve.sched.scheduler_config import SchedulerConfig
+
+    s = Scheduler(SchedulerConfig(num_blocks=32, block_size=4, max_num_seqs=4, max_num_batched_tokens=64,
+                                  max_model_len=64))
+    s.add_request(Request("a", list(range(1, 17)), 2))
+    out = s.schedule()
+    s.update(out, {"a": 5})
+    assert not s.reset_prefix_cache()          # a live request: nothing changes
+    while s.has_unfinished_requests():
+        out = s.schedule()
+        s.update(out, {r.request_id: 5 for r in out.requests if r.sample})
+    assert s.num_kv_blocks_cached > 0
+    assert s.reset_prefix_cache()
+    assert s.num_kv_blocks_cached == 0 and s.num_kv_blocks_free == s.num_kv_blocks_total
