@@ -77,7 +77,6 @@ def hf_greedy(path: str, prompt_ids: list[int], max_new_tokens: int) -> list[int
     """Greedy continuation by HF transformers on PyTorch (fp32); EOS is banned until
     max_new_tokens (min_new_tokens), like SamplingParams(min_tokens=max_tokens)."""
     import torch
-    import transformers
 
     model = _hf_model(path)
     ids = torch.tensor([prompt_ids])

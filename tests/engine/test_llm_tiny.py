@@ -1,7 +1,6 @@
 """The engine end to end on a tiny random Llama: parity with HF transformers, invariance of the
 outputs under batching, chunking and preemption, stop conditions, and clear errors at the door."""
 
-import numpy as np
 import pytest
 
 from jaxserve import LLM, SamplingParams

@@ -34,7 +34,7 @@ def test_prefix_cache_hits_do_not_change_greedy_outputs(llm):
     on = LLM.sharing_runner(llm, enable_prefix_caching=True)
     first = on.generate(prompts[:1], GREEDY, use_tqdm=False)
     rest = on.generate(prompts, GREEDY, use_tqdm=False)
-    assert ids(first) + ids(rest)[1:] == [want[0]] + want[1:]
+    assert ids(first) == want[:1]
     assert ids(rest) == want
     assert all(o.num_cached_tokens > 0 for o in rest)
     s = on.stats()
