@@ -1,17 +1,21 @@
 """Ragged paged attention in plain XLA, fast enough to serve from on the CPU.
 
-The reference gathers every query's whole block table; this implementation instead walks the
-context in chunks of `kv_chunk_blocks` blocks with an online softmax, so its cost follows the
-longest live context in the batch (a data-dependent trip count), not the table's width, and it
-materialises one small chunk at a time.
+The reference gathers every query's whole block table. This implementation does work in
+proportion to the live context only: it cuts every live sequence's context into chunks of
+`kv_chunk_blocks` blocks, lays the (sequence, chunk) pairs out as one flat work list (padding
+slots and pages past a sequence's end contribute no items), and walks that list
+`items_per_iter` items per loop iteration, a data-dependent trip count. Each item is a partial
+softmax over its chunk (max, sum, weighted values, as in split-KV "flash decoding"); a segment
+reduction per sequence combines the partials at the end. A batch of 22 decodes of 50..760 tokens
+in 32 slots so costs what its 22 contexts cost, not 32 times the longest.
 
 It needs one promise from the caller, `uniform_q_len=Q` (static): every sequence slot owns
 exactly Q query rows, i.e. cu_q_lens[s] == s * Q. The runner packs decodes as Q = 1 and prefill
 chunks as tiles of Q rows, each tile its own "sequence" whose kv_len is its last row's position
 + 1; rows of a tile past the real chunk sit at later positions and are discarded by the runner.
-Then queries of one slot share their keys, and attention is a plain batched matmul per slot:
-[Q*G, H] x [H, C] per KV head, which XLA:CPU runs well, with no key gathered twice per slot.
-Without the promise it falls back to the reference.
+Then queries of one slot share their keys, and each item is a plain batched matmul,
+[Q*G, H] x [H, C] per KV head, which XLA:CPU runs well. Without the promise it falls back to the
+reference.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ def ragged_paged_attention_xla(
     soft_cap: float | None = None,
     uniform_q_len: int | None = None,
     kv_chunk_blocks: int = 4,
+    items_per_iter: int = 8,
 ) -> jax.Array:
     if uniform_q_len is None:
         return ragged_paged_attention_reference(
@@ -49,53 +54,72 @@ def ragged_paged_attention_xla(
     slots = num_tokens // qlen
     if slots * qlen != num_tokens:
         raise ValueError(f"uniform_q_len={qlen} does not divide the {num_tokens} query rows")
+    rows = qlen * group                         # query rows per (slot, KV head)
     width = block_tables.shape[1]
     chunk_blocks = min(kv_chunk_blocks, width)
     chunk = chunk_blocks * block_size
+    max_chunks = -(-width // chunk_blocks)
+    # Pad the table to whole chunks (null block 0 past the end).
+    tables = jnp.pad(block_tables[:slots], ((0, 0), (0, max_chunks * chunk_blocks - width)))
     n = jnp.reshape(num_seqs, ()).astype(jnp.int32)
-    live = jnp.arange(slots) < n                                           # [S]
+    live = jnp.arange(slots) < n                                            # [S]
     kv_lens = jnp.where(live, kv_lens[:slots], 0)
-    # Pad the table so the last chunk's dynamic slice stays in range (null block 0 past the end).
-    pad = (-width) % chunk_blocks
-    tables = jnp.pad(block_tables[:slots], ((0, 0), (0, pad)))
-    num_chunks = (jnp.max(kv_lens) + chunk - 1) // chunk
+
+    # The work list: item i is chunk item_chunk[i] of slot item_slot[i], slots in order.
+    first_chunk = jnp.zeros_like(kv_lens)
+    if sliding_window is not None:                                          # skip chunks no query sees
+        first_chunk = jnp.maximum(kv_lens - qlen - sliding_window + 1, 0) // chunk
+    num_chunks = jnp.where(kv_lens > 0, (kv_lens + chunk - 1) // chunk - first_chunk, 0)
+    ends = jnp.cumsum(num_chunks)
+    num_items = ends[-1]
+    per_iter = items_per_iter
+    capacity = -(-(slots * max_chunks) // per_iter) * per_iter
+    item = jnp.arange(capacity)
+    item_slot = jnp.minimum(jnp.searchsorted(ends, item, side="right"), slots - 1).astype(jnp.int32)
+    item_valid = item < num_items
+    item_chunk = jnp.where(item_valid, item - ends[item_slot] + num_chunks[item_slot] + first_chunk[item_slot], 0)
 
     # [S, K, Q*G, H]: rows of one slot and one KV head's query group form one matmul operand.
     qs = q.reshape(slots, qlen, num_kv_heads, group, head_dim).transpose(0, 2, 1, 3, 4)
-    qs = qs.reshape(slots, num_kv_heads, qlen * group, head_dim).astype(jnp.float32) * sm_scale
+    qs = qs.reshape(slots, num_kv_heads, rows, head_dim).astype(jnp.float32) * sm_scale
     q_pos = kv_lens[:, None] - qlen + jnp.arange(qlen)[None, :]             # [S, Q]
     q_pos = jnp.repeat(q_pos, group, axis=1)                                # [S, Q*G] (row = q * G + g)
 
     def body(i, carry):
-        m, l, acc = carry
-        ids = jax.lax.dynamic_slice_in_dim(tables, i * chunk_blocks, chunk_blocks, axis=1)  # [S, Cb]
-        # [S, Cb, bs, K, H] -> [S, K, C, H]
-        k = k_cache[ids].reshape(slots, chunk, num_kv_heads, head_dim).transpose(0, 2, 1, 3)
-        v = v_cache[ids].reshape(slots, chunk, num_kv_heads, head_dim).transpose(0, 2, 1, 3)
-        s = jax.lax.dot_general(qs, k.astype(jnp.float32), (((3,), (3,)), ((0, 1), (0, 1))))  # [S, K, QG, C]
+        m_run, l_run, acc_run = carry
+        slot = jax.lax.dynamic_slice_in_dim(item_slot, i * per_iter, per_iter)      # [I]
+        chunk_id = jax.lax.dynamic_slice_in_dim(item_chunk, i * per_iter, per_iter)
+        valid = jax.lax.dynamic_slice_in_dim(item_valid, i * per_iter, per_iter)
+        ids = tables[slot[:, None], chunk_id[:, None] * chunk_blocks + jnp.arange(chunk_blocks)]  # [I, Cb]
+        k = k_cache[ids].reshape(per_iter, chunk, num_kv_heads, head_dim).transpose(0, 2, 1, 3)
+        v = v_cache[ids].reshape(per_iter, chunk, num_kv_heads, head_dim).transpose(0, 2, 1, 3)
+        s = jax.lax.dot_general(qs[slot], k.astype(jnp.float32), (((3,), (3,)), ((0, 1), (0, 1))))  # [I, K, QG, C]
         if soft_cap is not None:
             s = soft_cap * jnp.tanh(s / soft_cap)
-        key_pos = i * chunk + jnp.arange(chunk)
-        mask = key_pos[None, None, :] <= q_pos[:, :, None]                  # [S, QG, C]
+        key_pos = chunk_id[:, None] * chunk + jnp.arange(chunk)                   # [I, C]
+        pos = q_pos[slot]                                                        # [I, QG]
+        mask = (key_pos[:, None, :] <= pos[:, :, None]) & valid[:, None, None]   # [I, QG, C]
         if sliding_window is not None:
-            mask &= key_pos[None, None, :] > q_pos[:, :, None] - sliding_window
-        mask = mask[:, None]                                                # [S, 1, QG, C]
+            mask &= key_pos[:, None, :] > pos[:, :, None] - sliding_window
+        mask = mask[:, None]
         s = jnp.where(mask, s, -jnp.inf)
-        m_new = jnp.maximum(m, s.max(-1))
+        m_new = m_run.at[slot].max(s.max(-1))
         m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
-        p = jnp.where(mask, jnp.exp(s - m_safe[..., None]), 0.0)
-        alpha = jnp.exp(jnp.where(jnp.isfinite(m), m - m_safe, -jnp.inf))
-        # Pages past a sequence's end may hold anything (tests fill them with NaN): mask V too.
-        v = jnp.where(key_pos[None, None, :, None] < kv_lens[:, None, None, None], v.astype(jnp.float32), 0.0)
-        pv = jax.lax.dot_general(p, v, (((3,), (2,)), ((0, 1), (0, 1))))   # [S, K, QG, H]
-        return m_new, l * alpha + p.sum(-1), acc * alpha[..., None] + pv
+        alpha = jnp.where(jnp.isfinite(m_run), jnp.exp(m_run - m_safe), 0.0)      # [S, K, QG]
+        p = jnp.where(mask, jnp.exp(s - m_safe[slot][..., None]), 0.0)
+        in_len = key_pos < kv_lens[slot][:, None]
+        v = jnp.where(in_len[:, None, :, None], v.astype(jnp.float32), 0.0)
+        pv = jax.lax.dot_general(p, v, (((3,), (2,)), ((0, 1), (0, 1))))         # [I, K, QG, H]
+        l_run = (l_run * alpha).at[slot].add(p.sum(-1))
+        acc_run = (acc_run * alpha[..., None]).at[slot].add(pv)
+        return m_new, l_run, acc_run
 
     init = (
-        jnp.full((slots, num_kv_heads, qlen * group), -jnp.inf, jnp.float32),
-        jnp.zeros((slots, num_kv_heads, qlen * group), jnp.float32),
-        jnp.zeros((slots, num_kv_heads, qlen * group, head_dim), jnp.float32),
+        jnp.full((slots, num_kv_heads, rows), -jnp.inf, jnp.float32),
+        jnp.zeros((slots, num_kv_heads, rows), jnp.float32),
+        jnp.zeros((slots, num_kv_heads, rows, head_dim), jnp.float32),
     )
-    _, l, acc = jax.lax.fori_loop(0, num_chunks, body, init)
+    _, l, acc = jax.lax.fori_loop(0, (num_items + per_iter - 1) // per_iter, body, init)
     out = jnp.where(l[..., None] > 0, acc / jnp.where(l > 0, l, 1.0)[..., None], 0.0)
     out = jnp.where(live[:, None, None, None], out, 0.0)
     # [S, K, Q*G, H] -> [S*Q, N, H]

@@ -1,6 +1,6 @@
 """Which ragged paged attention implementation the step calls.
 
-On the CPU the XLA implementation (uniform query slots, chunked online softmax) serves; on a GPU
+On the CPU the XLA implementation (uniform query slots, a flat list of context chunks) serves; on a GPU
 the Pallas kernels behind `pallas_kernels.dispatch` do. `reference` forces the pure-JAX source
 of truth; any other name (e.g. `mosaic_interpret`) is handed to the dispatcher.
 """
@@ -18,7 +18,7 @@ from pallas_kernels.ragged_paged_attention_xla import ragged_paged_attention_xla
 
 def _drop_hint(fn: Callable, **fixed) -> Callable:
     @functools.wraps(fn)
-    def call(*args, uniform_q_len=None, kv_chunk_blocks=None, **kwargs):
+    def call(*args, uniform_q_len=None, kv_chunk_blocks=None, items_per_iter=None, **kwargs):
         return fn(*args, **kwargs, **fixed)
     return call
 

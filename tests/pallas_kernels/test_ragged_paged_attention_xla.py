@@ -41,8 +41,10 @@ def make_case(rng, *, slots, live, qlen, num_kv_heads, group, head_dim, width, k
     return [jnp.asarray(x) for x in (q, k, v, lens, tables, cu, np.array([live], np.int32))]
 
 
-@pytest.mark.parametrize("qlen,group,window", [(1, 3, None), (1, 1, None), (8, 3, None), (8, 4, 5), (3, 2, None)])
-def test_xla_matches_reference_on_uniform_slots(qlen, group, window):
+@pytest.mark.parametrize("qlen,group,window", [(1, 3, None), (1, 1, None), (8, 3, None), (8, 4, 5), (3, 2, None),
+                                               (1, 3, 6)])
+@pytest.mark.parametrize("chunk_blocks,per_iter", [(2, 3), (1, 1), (3, 8)])
+def test_xla_matches_reference_on_uniform_slots(qlen, group, window, chunk_blocks, per_iter):
     rng = np.random.default_rng(qlen * 10 + group)
     slots, live, width = 6, 4, 7
     kv_lens = [max(qlen, x) for x in (1, BLOCK, 2 * BLOCK + 1, width * BLOCK)]
@@ -50,7 +52,7 @@ def test_xla_matches_reference_on_uniform_slots(qlen, group, window):
                      head_dim=16, width=width, kv_lens=kv_lens)
     ref = ragged_paged_attention_reference(*args, sm_scale=0.25, sliding_window=window)
     got = ragged_paged_attention_xla(*args, sm_scale=0.25, sliding_window=window, uniform_q_len=qlen,
-                                     kv_chunk_blocks=2)
+                                     kv_chunk_blocks=chunk_blocks, items_per_iter=per_iter)
     ref, got = np.asarray(ref), np.asarray(got)
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
