@@ -29,7 +29,13 @@ class EngineConfig:
     seed: int = _f(0, "seed for requests that bring none")
     enable_prefix_caching: bool = _f(True, "share KV blocks of common prompt prefixes")
     enable_chunked_prefill: bool = _f(True, "split long prompts into chunks across steps")
-    long_prefill_token_threshold: int = _f(0, "most prompt tokens of one request per step (0: no cap)")
+    long_prefill_token_threshold: int | None = _f(
+        None, "most prompt tokens of one request per step (0: no cap; default: itl_budget_ms x the prefill "
+              "tokens/s measured at start-up, applied only to steps that carry decodes; LLM defaults to 0)")
+    itl_budget_ms: float | None = _f(
+        None, "time a step may add for prefill chunks while decodes wait, from which the default chunk size is "
+              "derived (default: the measured decode-only step time of a full batch, i.e. a long prompt at "
+              "most doubles the inter-token latency)")
     prefill_tile: int = _f(32, "query rows per prefill attention tile")
     decode_buckets: tuple[int, ...] | None = _f(None, "compiled decode batch sizes (default: 1, 4, 16, ... max_num_seqs)")
     prefill_buckets: tuple[int, ...] | None = _f(None, "compiled prefill tile counts (default: 0, 1, 4, ... max)")
@@ -72,8 +78,12 @@ class EngineConfig:
                               ("preemption_mode", ("auto", "recompute", "swap"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be one of {allowed}")
-        if self.long_prefill_token_threshold < 0:
-            raise ValueError(f"long_prefill_token_threshold={self.long_prefill_token_threshold} must be >= 0")
+        if self.long_prefill_token_threshold is not None and (
+                not isinstance(self.long_prefill_token_threshold, int) or self.long_prefill_token_threshold < 0):
+            raise ValueError(f"long_prefill_token_threshold={self.long_prefill_token_threshold!r} must be an "
+                             f"integer >= 0 or None")
+        if self.itl_budget_ms is not None and not self.itl_budget_ms > 0:
+            raise ValueError(f"itl_budget_ms={self.itl_budget_ms!r} must be > 0 or None")
         if (self.usable_kv_blocks is not None and self.num_kv_blocks is not None
                 and self.usable_kv_blocks > self.num_kv_blocks):
             raise ValueError(f"usable_kv_blocks={self.usable_kv_blocks} exceeds num_kv_blocks={self.num_kv_blocks}")

@@ -17,9 +17,17 @@ from jaxserve.outputs import RequestOutput
 from jaxserve.sampling_params import SamplingParams
 
 
+OFFLINE_PREFILL_TOKEN_THRESHOLD = 0   # no per-request cap: whole token budgets of prefill per step
+
+
 class LLM:
     def __init__(self, model: str | None = None, **kwargs: Any):
         progress = kwargs.pop("progress", True)
+        # Offline batches have no one waiting between tokens, so by default LLM does not cap
+        # prefill chunks for inter-token latency (as vLLM's LLM class takes bigger batches than
+        # its server); pass long_prefill_token_threshold=None for the serving default, derived
+        # from an ITL budget at start-up (engine/chunk_policy.py).
+        kwargs.setdefault("long_prefill_token_threshold", OFFLINE_PREFILL_TOKEN_THRESHOLD)
         self.config = EngineConfig.from_kwargs(model=model, **kwargs)
         self.engine = build_engine(self.config, progress=progress)
 

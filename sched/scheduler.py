@@ -50,7 +50,7 @@ class _Step:
     """What one schedule() call has decided so far."""
 
     __slots__ = ("budget", "scheduled", "copies", "preempted", "swap_out", "swap_in", "partial", "host_freed",
-                 "admitted")
+                 "admitted", "decodes")
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
@@ -64,6 +64,7 @@ class _Step:
         # swap-out of the same step (which the runner performs first) cannot overwrite them
         self.host_freed: list[int] = []
         self.admitted: set[str] = set()  # taken from the waiting queue in this step
+        self.decodes = 0  # requests that already stream outputs, scheduled one token each
 
 
 class Scheduler:
@@ -184,7 +185,7 @@ class Scheduler:
                 continue  # preempted earlier in this step
             if st.budget <= 0:
                 break
-            n = self._num_new_tokens(req, req.num_computed_tokens, st.budget)
+            n = self._num_new_tokens(req, req.num_computed_tokens, st)
             if n == 0:
                 continue
             while not self.kv.allocate_slots(req, n, st.copies):
@@ -207,7 +208,7 @@ class Scheduler:
             starving = self._step - self._arrival_step[req.request_id] >= c.starvation_steps
             swapped = req.status is RequestStatus.SWAPPED
             prefix = SharedPrefix(num_tokens=req.num_computed_tokens) if swapped else self._shared_prefix(req)
-            n = self._num_new_tokens(req, prefix.num_tokens, st.budget) if prefix is not None else 0
+            n = self._num_new_tokens(req, prefix.num_tokens, st) if prefix is not None else 0
             partial = prefix is not None and prefix.num_tokens + n < req.num_tokens
             capped = partial and c.max_num_partial_prefills and len(st.partial) >= c.max_num_partial_prefills
             if prefix is None or capped:
@@ -290,14 +291,18 @@ class Scheduler:
         g = self.config.chunk_granularity
         return n if n <= 1 else -(-n // g) * g
 
-    def _num_new_tokens(self, req: Request, num_computed: int, budget: int) -> int:
-        """Tokens to compute for req this step (0 = it cannot run now)."""
+    def _num_new_tokens(self, req: Request, num_computed: int, st: _Step) -> int:
+        """Tokens to compute for req this step (0 = it cannot run now). Decodes are scheduled
+        before any prompt, so st.decodes is final when a prompt's chunk is sized."""
         c = self.config
+        budget = st.budget
         n = req.num_tokens - num_computed
         if not c.enable_chunked_prefill:
             return n if self._charge(n) <= budget else 0
         if c.long_prefill_token_threshold:
             n = min(n, c.long_prefill_token_threshold)
+        if c.decode_step_prefill_cap and st.decodes and n > 1:
+            n = min(n, c.decode_step_prefill_cap)
         if self._charge(n) <= budget:
             return n
         fit = (budget // c.chunk_granularity) * c.chunk_granularity
@@ -332,6 +337,8 @@ class Scheduler:
             payload=req.payload,
         )
         st.budget -= self._charge(n)
+        if n == 1 and req.num_output_tokens > 0:
+            st.decodes += 1
         if c0 + n < req.num_tokens:
             st.partial.add(req.request_id)
 

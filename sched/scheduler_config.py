@@ -23,6 +23,10 @@ class SchedulerConfig:
     max_model_len: int = 2048  # prompt + output tokens of one request
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0  # max tokens of one request per step; 0 = no cap
+    # Max prompt tokens of one request in a step that also carries decodes (0 = no cap): the
+    # chunk an inter-token-latency budget allows. A step with nobody decoding has no ITL to
+    # protect, so there a prompt may take the whole budget.
+    decode_step_prefill_cap: int = 0
     enable_prefix_caching: bool = True
     # A chunk of n > 1 tokens costs ceil(n / chunk_granularity) * chunk_granularity of the budget:
     # the runner computes prefill chunks in tiles of that many rows (1 = plain token counting).
@@ -49,9 +53,10 @@ class SchedulerConfig:
         for name in ("enable_chunked_prefill", "enable_prefix_caching"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        t = self.long_prefill_token_threshold
-        if not isinstance(t, int) or isinstance(t, bool) or t < 0:
-            raise ValueError(f"long_prefill_token_threshold must be an int >= 0, got {t!r}")
+        for name in ("long_prefill_token_threshold", "decode_step_prefill_cap"):
+            t = getattr(self, name)
+            if not isinstance(t, int) or isinstance(t, bool) or t < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {t!r}")
         for name in ("max_num_partial_prefills", "starvation_steps", "max_waiting_requests", "num_host_blocks",
                      "swap_crossover_tokens"):
             v = getattr(self, name)
@@ -87,11 +92,12 @@ class SchedulerConfig:
                     f"{self.max_model_len - 1} tokens costs {longest} of the budget, so "
                     f"max_num_batched_tokens={self.max_num_batched_tokens} must be >= {longest}"
                 )
-            if t:
-                raise ValueError(
-                    f"long_prefill_token_threshold={t} cuts prompts into chunks; it needs "
-                    f"enable_chunked_prefill=True"
-                )
+            for name in ("long_prefill_token_threshold", "decode_step_prefill_cap"):
+                if getattr(self, name):
+                    raise ValueError(
+                        f"{name}={getattr(self, name)} cuts prompts into chunks; it needs "
+                        f"enable_chunked_prefill=True"
+                    )
 
     @property
     def num_usable_blocks(self) -> int:

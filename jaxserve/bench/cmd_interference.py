@@ -2,7 +2,8 @@
 
 Default (the scheduling issue): 16 chats (64-token prompts, 128-token answers) sent at once;
 once every chat has its first token, 4 prompts of 4,096 tokens arrive 0.5 s apart. Variants:
-the chats alone (the ITL baseline), the engine's default chunking, each `--chunk-sizes` value as
+the chats alone (the ITL baseline), the serving default chunking (derived from an ITL budget at
+start-up, engine/chunk_policy.py), each `--chunk-sizes` value as
 `long_prefill_token_threshold`, and `none` = chunked prefill off. Each variant is a fresh engine
 (the chunk size is an engine setting) driven by the step loop with timed arrivals.
 
@@ -22,6 +23,7 @@ from jaxserve.bench.args import add_common, set_command
 from jaxserve.bench.metrics import LatencyStats
 from jaxserve.bench.session import Session, log
 from jaxserve.bench.workloads import interference_workload, warmup_requests
+from jaxserve.config import EngineConfig
 
 
 def add_parser(sub: Any) -> None:
@@ -40,15 +42,27 @@ def add_parser(sub: Any) -> None:
     set_command(p, run)
 
 
-def _variants(text: str) -> list[tuple[str, dict[str, Any]]]:
-    out: list[tuple[str, dict[str, Any]]] = [("default", {})]
+def _variants(text: str, *, budget: int, num_chats: int, tile: int, max_model_len: int
+              ) -> list[tuple[str, dict[str, Any]]]:
+    """(label, engine overrides) per variant. A chunk of C tokens needs a step budget of C plus
+    the chats' decodes, and "unchunked" one that holds the longest prompt whole, so those
+    variants get their token budget raised (in whole tiles); the others keep `budget`."""
+    def fitting(tokens: int) -> int:
+        return max(budget, -(-tokens // tile) * tile)
+
+    # "default" is the serving default (what the gRPC server runs): the chunk derived at start-up
+    # from the ITL budget; LLM alone would default to no cap (offline batches).
+    out: list[tuple[str, dict[str, Any]]] = [("default", {"long_prefill_token_threshold": None})]
     for t in (t.strip() for t in text.split(",") if t.strip()):
         if t == "none":
-            out.append(("unchunked", {"enable_chunked_prefill": False}))
+            out.append(("unchunked", {"enable_chunked_prefill": False,
+                                      "max_num_batched_tokens": fitting(max_model_len)}))
         else:
             if int(t) < 1:
                 raise ValueError(f"--chunk-sizes values must be >= 1 or 'none', got {t!r}")
-            out.append((f"chunk={int(t)}", {"long_prefill_token_threshold": int(t)}))
+            c = int(t)
+            out.append((f"chunk={c}", {"long_prefill_token_threshold": c,
+                                       "max_num_batched_tokens": fitting(c + num_chats)}))
     return out
 
 
@@ -93,7 +107,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     warmup = warmup_requests(chats_only, args.num_warmup)
     session.sized_for(workload)
     runs, table = [], {}
-    for label, overrides in _variants(args.chunk_sizes):
+    defaults = EngineConfig()
+    budget = args.max_num_batched_tokens or defaults.max_num_batched_tokens
+    max_len = args.max_model_len or base_overrides["max_model_len"]
+    variants = _variants(args.chunk_sizes, budget=budget, num_chats=args.num_chats, tile=defaults.prefill_tile,
+                         max_model_len=max_len)
+    for label, overrides in variants:
         backend = session.build("jaxserve", f"jaxserve[{label}]", {**base_overrides, **overrides})
         if backend is None:
             continue

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from jaxserve.checkpoints import Checkpoint, load_checkpoint
 from jaxserve.config import EngineConfig
+from jaxserve.engine.chunk_policy import ChunkPolicy, resolve_chunk_policy
 from jaxserve.engine.engine import Engine
 from jaxserve.models.config import ModelConfig
 from jaxserve.models.params import params_from_hf
@@ -91,18 +92,20 @@ def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, 
     runner.compile_all(progress=progress)
     if runner.host_pool is not None:
         runner.measure_swap_cost()
+    chunking = resolve_chunk_policy(config, runner)
     eos = set(model_config.eos_token_ids)
     if ckpt.tokenizer is not None and ckpt.tokenizer.eos_token_id is not None:
         eos.add(ckpt.tokenizer.eos_token_id)
     return Engine(
-        scheduler=_scheduler(config, runner, max_model_len), runner=runner, tokenizer=ckpt.tokenizer,
+        scheduler=_scheduler(config, runner, max_model_len, chunking), runner=runner, tokenizer=ckpt.tokenizer,
         vocab_size=model_config.vocab_size, max_model_len=max_model_len, eos_token_ids=eos, seed=config.seed,
         checkpoint_identity=ckpt.identity, model_name=os.path.basename(ckpt.source.rstrip("/")),
         compilations_at_warmup=compile_counter.compilations(), compile_counter=compile_counter.compilations,
+        chunk_policy=chunking,
     )
 
 
-def _scheduler(config: EngineConfig, runner: ModelRunner, max_model_len: int) -> Scheduler:
+def _scheduler(config: EngineConfig, runner: ModelRunner, max_model_len: int, chunking: ChunkPolicy) -> Scheduler:
     arena_blocks = runner.arena_spec.num_blocks
     usable = arena_blocks if config.usable_kv_blocks is None else min(arena_blocks, config.usable_kv_blocks + 1)
     host_blocks = runner.host_pool.num_blocks if runner.host_pool is not None else 0
@@ -115,7 +118,8 @@ def _scheduler(config: EngineConfig, runner: ModelRunner, max_model_len: int) ->
         max_num_batched_tokens=config.max_num_batched_tokens,
         max_model_len=max_model_len,
         enable_chunked_prefill=config.enable_chunked_prefill,
-        long_prefill_token_threshold=config.long_prefill_token_threshold,
+        long_prefill_token_threshold=0 if chunking.derived else chunking.chunk_tokens,
+        decode_step_prefill_cap=chunking.chunk_tokens if chunking.derived else 0,
         enable_prefix_caching=config.enable_prefix_caching,
         chunk_granularity=config.prefill_tile,
         max_num_partial_prefills=config.max_num_partial_prefills,
@@ -136,10 +140,13 @@ def _engine_on_shared_runner(config: EngineConfig, other: Engine) -> Engine:
     if other.has_unfinished_requests():
         raise ValueError("cannot share the runner of an engine that still has requests")
     other.reset_prefix_cache()
+    # the runner is the same, so are its measurements: reuse the other engine's derived chunk
+    chunking = (other.chunk_policy if config.long_prefill_token_threshold is None and config.enable_chunked_prefill
+                and other.chunk_policy is not None else resolve_chunk_policy(config, other.runner))
     return Engine(
-        scheduler=_scheduler(config, other.runner, other.max_model_len), runner=other.runner,
+        scheduler=_scheduler(config, other.runner, other.max_model_len, chunking), runner=other.runner,
         tokenizer=other.tokenizer, vocab_size=other.vocab_size, max_model_len=other.max_model_len,
         eos_token_ids=other.eos_token_ids, seed=config.seed, checkpoint_identity=other.checkpoint_identity,
         model_name=other.model_name, compilations_at_warmup=compile_counter.compilations(),
-        compile_counter=compile_counter.compilations,
+        compile_counter=compile_counter.compilations, chunk_policy=chunking,
     )

@@ -69,8 +69,9 @@ class Engine:
     def __init__(self, *, scheduler: Scheduler, runner, tokenizer, vocab_size: int, max_model_len: int,
                  eos_token_ids: Iterable[int], seed: int = 0, checkpoint_identity: str = "",
                  model_name: str = "", compilations_at_warmup: int | None = None,
-                 compile_counter=None):
+                 compile_counter=None, chunk_policy=None):
         self.scheduler = scheduler
+        self.chunk_policy = chunk_policy      # how the prefill chunk size was chosen (engine/chunk_policy.py)
         self.runner = runner
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
@@ -306,4 +307,5 @@ class Engine:
             num_preemptions_recompute=getattr(s, "num_preemptions_recompute", s.num_preemptions),
             num_preemptions_swap=getattr(s, "num_preemptions_swap", 0),
             num_swapped_blocks=getattr(s, "num_swapped_blocks", 0),
+            prefill_chunk_tokens=s.config.long_prefill_token_threshold or s.config.decode_step_prefill_cap,
         )

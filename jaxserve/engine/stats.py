@@ -24,6 +24,8 @@ class EngineStats:
     num_preemptions_recompute: int = 0
     num_preemptions_swap: int = 0
     num_swapped_blocks: int = 0
+    prefill_chunk_tokens: int = 0      # one request's most prompt tokens per step (0: no cap; a derived
+                                       # chunk applies only to steps that carry decodes)
 
     @property
     def kv_usage(self) -> float:

@@ -125,3 +125,22 @@ def test_scheduled_request_describes_its_step_exactly():
 def test_an_empty_scheduler_schedules_nothing():
     out = Scheduler(config()).schedule()
     assert out.requests == () and out.num_batched_tokens == 0
+
+
+def test_decode_step_prefill_cap_applies_only_while_someone_decodes():
+    sched = Scheduler(config(max_num_batched_tokens=32, decode_step_prefill_cap=8))
+    runner = FakeRunner(64, 4)
+    sched.add_request(make_request("first", 40, max_tokens=20))
+    out = step(sched, runner)               # nobody decodes: the prompt takes the whole budget
+    assert [(s.request_id, len(s.token_ids)) for s in out.requests] == [("first", 32)]
+    step(sched, runner)                     # the last 8 prompt tokens; "first" samples its first token
+    sched.add_request(make_request("second", 40, max_tokens=2))
+    out = step(sched, runner)               # "first" decodes, so "second" gets only the ITL chunk
+    assert [(s.request_id, len(s.token_ids)) for s in out.requests] == [("first", 1), ("second", 8)]
+    drive(sched, runner=runner)
+    assert sched.num_running == sched.num_waiting == 0
+
+
+def test_decode_step_prefill_cap_is_validated():
+    with pytest.raises(ValueError, match="decode_step_prefill_cap must be an int >= 0"):
+        config(decode_step_prefill_cap=-1)

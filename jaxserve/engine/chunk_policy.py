@@ -1,0 +1,45 @@
+"""The default prefill chunk size, derived from an inter-token-latency budget at start-up.
+
+While a long prompt prefills, every decoding request waits for the step that carries its chunk.
+If that step may take `itl_budget` longer than a decode-only step, the chunk may hold
+itl_budget x prefill tokens/s tokens (jaxserve.sched.chunking.max_chunk_for_itl). The budget
+defaults to the measured decode-only step time of a full decode batch, so a long prompt at most
+doubles the decoders' inter-token latency; the prefill throughput is measured on the largest
+prefill bucket. Both measurements run once, on scratch blocks, before the engine takes requests.
+The derived chunk caps prompts only in steps that carry decodes (the scheduler's
+`decode_step_prefill_cap`): with nobody decoding there is no latency to protect, and a prompt
+takes the whole token budget. An explicit `long_prefill_token_threshold` (0 = no cap) skips all
+of this and caps every step, as in vLLM.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from jaxserve.config import EngineConfig
+from jaxserve.sched.chunking import max_chunk_for_itl
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkPolicy:
+    chunk_tokens: int                       # most prompt tokens of one request per step (0: no cap)
+    derived: bool                           # True: measured at start-up, applied only beside decodes
+    itl_budget_s: float | None = None
+    prefill_tokens_per_s: float | None = None
+
+
+def resolve_chunk_policy(config: EngineConfig, runner) -> ChunkPolicy:
+    if config.long_prefill_token_threshold is not None:
+        return ChunkPolicy(config.long_prefill_token_threshold, derived=False)
+    if not config.enable_chunked_prefill:
+        return ChunkPolicy(0, derived=False)
+    budget = config.itl_budget_ms / 1e3 if config.itl_budget_ms else runner.measure_decode_step_time()
+    tokens_per_s = runner.measure_prefill_throughput()
+    chunk = max_chunk_for_itl(budget, tokens_per_s, multiple=config.prefill_tile, minimum=config.prefill_tile)
+    policy = ChunkPolicy(chunk, derived=True, itl_budget_s=budget, prefill_tokens_per_s=tokens_per_s)
+    log.info("prefill chunk: %d tokens = ITL budget %.0f ms x %.0f prefill tokens/s (rounded down to %d-token tiles)",
+             chunk, budget * 1e3, tokens_per_s, config.prefill_tile)
+    return policy

@@ -1,0 +1,19 @@
+"""The interference benchmark's variants: each chunk size gets a step budget that can hold it."""
+
+import pytest
+
+from jaxserve.bench.cmd_interference import _variants
+
+
+def test_variants_size_the_budget_for_their_chunk():
+    v = dict(_variants("64,256,1024,none", budget=512, num_chats=16, tile=32, max_model_len=4352))
+    assert v["default"] == {"long_prefill_token_threshold": None}          # the serving default
+    assert v["chunk=64"] == {"long_prefill_token_threshold": 64, "max_num_batched_tokens": 512}
+    assert v["chunk=256"] == {"long_prefill_token_threshold": 256, "max_num_batched_tokens": 512}
+    assert v["chunk=1024"] == {"long_prefill_token_threshold": 1024, "max_num_batched_tokens": 1056}
+    assert v["unchunked"] == {"enable_chunked_prefill": False, "max_num_batched_tokens": 4352}
+
+
+def test_bad_chunk_size_is_rejected():
+    with pytest.raises(ValueError, match="chunk-sizes"):
+        _variants("0", budget=512, num_chats=16, tile=32, max_model_len=1024)
