@@ -21,16 +21,10 @@ _TRAINING_TEXT = [
 
 
 def make_tokenizer(vocab_size: int = 320):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    # the same byte-level BPE as the bench's random models, trained on this module's text
+    from jaxserve.bench.random_model import bpe_tokenizer, fast_tokenizer
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(_TRAINING_TEXT * 4, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    fast = fast_tokenizer(bpe_tokenizer(_TRAINING_TEXT * 4, vocab_size))
     fast.chat_template = (
         "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
         "{% if add_generation_prompt %}<s>assistant: {% endif %}")
