@@ -58,10 +58,24 @@ def model_files(spec: ModelSpec) -> list[str]:
     return [os.path.join(spec.directory, n) for n in names]
 
 
+_SHA256_MEMO: dict[tuple, str] = {}
+
+
 def files_sha256(spec: ModelSpec) -> str:
-    """sha256 over (name, bytes) of the model's files: identifies what the PyTorch path loaded."""
+    """sha256 over (name, bytes) of the model's files: identifies what the PyTorch path loaded.
+
+    Remembered per process for unchanged files (same names, sizes and modification times): a run
+    asks for it more than once, and an 8 B model's 16 GB take seconds to hash each time."""
+    files = model_files(spec)
+    key = tuple((f, st.st_size, st.st_mtime_ns) for f in files for st in (os.stat(f),))
+    if key not in _SHA256_MEMO:
+        _SHA256_MEMO[key] = _sha256_of(files)
+    return _SHA256_MEMO[key]
+
+
+def _sha256_of(files: list[str]) -> str:
     h = hashlib.sha256()
-    for f in model_files(spec):
+    for f in files:
         h.update(os.path.basename(f).encode())
         with open(f, "rb") as fh:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
