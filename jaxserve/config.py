@@ -38,7 +38,7 @@ class EngineConfig:
               "most doubles the inter-token latency)")
     prefill_tile: int = _f(32, "query rows per prefill attention tile")
     decode_buckets: tuple[int, ...] | None = _f(None, "compiled decode batch sizes (default: 1, 4, 16, ... max_num_seqs)")
-    prefill_buckets: tuple[int, ...] | None = _f(None, "compiled prefill tile counts (default: 0, 1, 4, ... max)")
+    prefill_buckets: tuple[int, ...] | None = _f(None, "compiled prefill tile counts (default: 0, 1, 2, 4, ... max)")
     max_num_partial_prefills: int = _f(1, "most prompts left mid-prefill after a step (0: no cap)")
     starvation_steps: int = _f(32, "a request waiting this many steps is never overtaken again")
     scheduling_policy: str = _f("fcfs", "fcfs, or priority (lower value = more urgent)", choices=("fcfs", "priority"))

@@ -4,8 +4,11 @@ While a long prompt prefills, every decoding request waits for the step that car
 If that step may take `itl_budget` longer than a decode-only step, the chunk may hold
 itl_budget x prefill tokens/s tokens (jaxserve.sched.chunking.max_chunk_for_itl). The budget
 defaults to the measured decode-only step time of a full decode batch, so a long prompt at most
-doubles the decoders' inter-token latency; the prefill throughput is measured on the largest
-prefill bucket. Both measurements run once, on scratch blocks, before the engine takes requests.
+doubles the decoders' inter-token latency. The prefill rate is the marginal one that matters
+here: prompt tokens per second a chunk adds to a full decode batch, with the chunk halfway into
+max_model_len (a long prompt's typical depth, where attention over its context is a large part
+of the cost; a prefill from an empty context overstates the rate several times). Both
+measurements run once, on scratch blocks, before the engine takes requests.
 The derived chunk caps prompts only in steps that carry decodes (the scheduler's
 `decode_step_prefill_cap`): with nobody decoding there is no latency to protect, and a prompt
 takes the whole token budget. An explicit `long_prefill_token_threshold` (0 = no cap) skips all
@@ -37,7 +40,7 @@ def resolve_chunk_policy(config: EngineConfig, runner) -> ChunkPolicy:
     if not config.enable_chunked_prefill:
         return ChunkPolicy(0, derived=False)
     budget = config.itl_budget_ms / 1e3 if config.itl_budget_ms else runner.measure_decode_step_time()
-    tokens_per_s = runner.measure_prefill_throughput()
+    tokens_per_s = runner.measure_chunk_rate()
     chunk = max_chunk_for_itl(budget, tokens_per_s, multiple=config.prefill_tile, minimum=config.prefill_tile)
     policy = ChunkPolicy(chunk, derived=True, itl_budget_s=budget, prefill_tokens_per_s=tokens_per_s)
     log.info("prefill chunk: %d tokens = ITL budget %.0f ms x %.0f prefill tokens/s (rounded down to %d-token tiles)",

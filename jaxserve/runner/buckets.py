@@ -42,4 +42,6 @@ def max_prefill_tiles(max_num_batched_tokens: int, prefill_tile: int) -> int:
 
 
 def default_prefill_buckets(max_tiles: int) -> tuple[int, ...]:
-    return (0,) + geometric_buckets(1, max_tiles)
+    # Powers of two: a step beside decodes usually carries one ITL-sized chunk of a few tiles
+    # (engine/chunk_policy.py), and rounding 2 tiles up to 4 would double its cost.
+    return (0,) + geometric_buckets(1, max_tiles, factor=2)

@@ -186,21 +186,19 @@ class ModelRunner:
         self._prefill_tokens_per_s = n / best
         return self._prefill_tokens_per_s
 
-    def measure_decode_step_time(self, context: int = 256, repeats: int = 2) -> float:
-        """Seconds of a decode-only step of the largest decode bucket, every row at `context`
-        tokens. The rows share one block table of scratch blocks (the arena is empty at start-up),
-        so this works however small the arena is."""
-        from jaxserve.sched.scheduler_output import ScheduledRequest, SchedulerOutput
+    def _decode_rows(self, context: int) -> tuple:
+        """A full decode batch at `context` tokens on shared scratch blocks."""
+        from jaxserve.sched.scheduler_output import ScheduledRequest
         from jaxserve.sampling_params import SamplingParams
         from jaxserve.runner.sampler import RowSampling
 
         bs = self.shapes.block_size
-        context = max(1, min(context, self.shapes.max_model_len - 1, (self.arena_spec.num_blocks - 1) * bs))
         blocks = tuple(range(1, 1 + -(-context // bs)))
         greedy = RowSampling(SamplingParams(temperature=0), 0)
-        reqs = tuple(ScheduledRequest(f"warmup-{i}", (0,), context - 1, blocks, True, 0, greedy)
+        return tuple(ScheduledRequest(f"warmup-{i}", (0,), context - 1, blocks, True, 0, greedy)
                      for i in range(self.shapes.decode_buckets[-1]))
-        out = SchedulerOutput(reqs, len(reqs))
+
+    def _best_time(self, out, repeats: int) -> float:
         self.execute(out)
         best = float("inf")
         for _ in range(repeats):
@@ -208,6 +206,40 @@ class ModelRunner:
             self.execute(out)
             best = min(best, time.perf_counter() - t)
         return best
+
+    def measure_decode_step_time(self, context: int = 256, repeats: int = 2) -> float:
+        """Seconds of a decode-only step of the largest decode bucket, every row at `context`
+        tokens. The rows share one block table of scratch blocks (the arena is empty at start-up),
+        so this works however small the arena is."""
+        from jaxserve.sched.scheduler_output import SchedulerOutput
+
+        bs = self.shapes.block_size
+        context = max(1, min(context, self.shapes.max_model_len - 1, (self.arena_spec.num_blocks - 1) * bs))
+        rows = self._decode_rows(context)
+        return self._best_time(SchedulerOutput(rows, len(rows)), repeats)
+
+    def measure_chunk_rate(self, chunk_tiles: int = 2, decode_context: int = 256, repeats: int = 2) -> float:
+        """Prompt tokens per second that a chunk of `chunk_tiles` tiles adds to a full decode
+        batch, the chunk sitting halfway into max_model_len (a long prompt's mean depth, where its
+        attention costs what it typically costs): (chunk tokens) / (mixed step - decode-only step).
+        This is the rate an ITL budget buys, which the largest-bucket prefill from an empty context
+        (measure_prefill_throughput) overstates."""
+        from jaxserve.sched.scheduler_output import ScheduledRequest, SchedulerOutput
+        from jaxserve.sampling_params import SamplingParams
+        from jaxserve.runner.sampler import RowSampling
+
+        bs, tile = self.shapes.block_size, self.shapes.prefill_tile
+        capacity = (self.arena_spec.num_blocks - 1) * bs
+        chunk = min(chunk_tiles, self.shapes.prefill_buckets[-1]) * tile
+        decode_context = max(1, min(decode_context, capacity, self.shapes.max_model_len - 1))
+        depth = max(0, min(self.shapes.max_model_len // 2, self.shapes.max_model_len - chunk, capacity - chunk))
+        rows = self._decode_rows(decode_context)
+        decode_only = self._best_time(SchedulerOutput(rows, len(rows)), repeats)
+        blocks = tuple(range(1, 1 + -(-(depth + chunk) // bs)))
+        prompt = ScheduledRequest("warmup-chunk", (0,) * chunk, depth, blocks, True, 0,
+                                  RowSampling(SamplingParams(temperature=0), 0))
+        mixed = self._best_time(SchedulerOutput(rows + (prompt,), len(rows) + chunk), repeats)
+        return chunk / max(mixed - decode_only, 1e-6)
 
     def measure_swap_cost(self) -> SwapCostModel:
         """The cost model behind preemption_mode="auto": swap bandwidth and fixed cost against

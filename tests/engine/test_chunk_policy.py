@@ -17,7 +17,7 @@ class MeasuredRunner:
         self.calls.append("decode")
         return self.decode_step_s
 
-    def measure_prefill_throughput(self) -> float:
+    def measure_chunk_rate(self) -> float:
         self.calls.append("prefill")
         return self.prefill_tokens_per_s
 
