@@ -9,6 +9,13 @@ Shapes:
   tiny       the model the bench tests use: vocab 384, hidden 64, 2 layers, 4 heads (2 KV heads)
   llama3-8b  Llama-3-8B's shape: vocab 128,256, hidden 4096, intermediate 14,336, 32 layers,
              32 heads (8 KV heads), rope theta 500,000; about 8.03 B parameters (16 GB in bfloat16)
+  smollm2-135m
+             the embedded SmolLM2-135M's shape: vocab 49,152, hidden 576, intermediate 1536,
+             30 layers, 9 heads (3 KV heads, head_dim 64), tied embeddings, rope theta 100,000;
+             134.5 M parameters. Weights drawn with std 0.04: at the default 0.02 thirty random
+             layers repeat a handful of tokens, at 0.1-0.2 they amplify rounding (fp32 logits
+             1e-3 from fp64's at 0.2) until greedy choices hinge on it; at 0.04 greedy output
+             varies and fp32 logits stay within about 1e-5 of fp64's (scripts/gpu_parity_check.py)
 
 The BPE is trained to at most TRAINED_VOCAB tokens; when the model's vocabulary is larger, the
 tokenizer's vocabulary is padded with `<|reserved_N|>` tokens up to the model's size (as
@@ -46,6 +53,12 @@ SHAPES: dict[str, dict[str, Any]] = {
         rms_norm_eps=1e-5, rope_parameters=dict(rope_type="default", rope_theta=500000.0),
         tie_word_embeddings=False,
     ),
+    "smollm2-135m": dict(
+        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+        num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+        rms_norm_eps=1e-5, rope_parameters=dict(rope_type="default", rope_theta=100000.0),
+        tie_word_embeddings=True, initializer_range=0.04,
+    ),
 }
 DTYPES = ("float32", "bfloat16")
 DEVICES = ("cpu", "cuda")
@@ -71,7 +84,8 @@ def bpe_tokenizer(texts: Iterable[str], vocab_size: int) -> Any:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)   # its progress is blank lines on a non-terminal
     tok.train_from_iterator(texts, trainer)
     return tok
 

@@ -70,6 +70,28 @@ def test_llama3_8b_has_llama_3_8b_shape():
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
 
 
+def test_smollm2_135m_has_the_embedded_models_shape():
+    import gguf
+
+    from jaxserve.checkpoints.gguf_loader import gguf_config
+    from jaxserve.checkpoints import embedded_model_path
+
+    config = random_model.hf_config("smollm2-135m")
+    cfg = config.to_dict()
+    reader = gguf.GGUFReader(embedded_model_path())   # metadata only: tensors stay on disk (mmap)
+    metadata = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.ggml.")}
+    embedded = gguf_config({**metadata, "tokenizer.ggml.tokens": ()}, [t.name for t in reader.tensors])
+    keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "max_position_embeddings", "tie_word_embeddings")
+    assert {k: cfg[k] for k in keys} == {k: embedded[k] for k in keys}
+    assert cfg["head_dim"] == embedded["head_dim"] == 64
+    assert cfg["rms_norm_eps"] == pytest.approx(embedded["rms_norm_eps"])
+    assert cfg["rope_parameters"]["rope_theta"] == embedded["rope_theta"] == 100000.0
+    assert cfg["initializer_range"] == 0.04   # see random_model's docstring: clear greedy margins
+    model = random_model.build_model(config, "float32", device="meta")
+    assert sum(p.numel() for p in model.parameters()) == 134_515_008   # SmolLM2-135M's count (tied)
+
+
 def test_the_tokenizer_is_padded_to_the_model_vocabulary():
     from jaxserve.bench.corpus import corpus_text
 
