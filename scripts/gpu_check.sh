@@ -4,9 +4,15 @@
 #      (the CI cases plus larger Llama-3-8B-shaped ones), one line per case;
 #   2. scripts/gpu_kernel_bench.py: decode attention at batch 1/8/64/256 x context 1k/4k/16k,
 #      achieved KV bytes/s against measured copy bandwidth, for our kernels, the XLA path and
-#      jax's deprecated Triton paged_attention, one line per measurement.
-# Finishes in under 5 minutes (each step has a hard timeout); paste its output into
-# docs/kernels.md ("Numbers on a GPU"). Usage: scripts/gpu_check.sh [python]
+#      jax's deprecated Triton paged_attention, one line per measurement;
+#   3. scripts/gpu_parity_check.py: greedy parity through the engine (float32, a random-weight
+#      model of the embedded SmolLM2-135M's shape built from a seed): attention_impl=gpu against
+#      the reference path and both against HF transformers, one `parity ...` line per comparison.
+#      Extra flags in GPU_PARITY_ARGS (e.g. "--matmul-precision highest").
+# Finishes in under 8 minutes (each step has a hard timeout: 100 + 165 + 190 s); paste its output
+# into docs/kernels.md ("Numbers on a GPU"). Usage: scripts/gpu_check.sh [python]
+# The python needs jax, torch and transformers, not our install (PYTHONPATH is set to the checkout;
+# the parity step maps jaxserve.sched/checkpoints itself, as jaxserve.bench.run_from_checkout does).
 set -u
 cd "$(dirname "$0")/.."
 PY="${1:-${PYTHON:-}}"
@@ -28,5 +34,10 @@ timeout 165 "$PY" scripts/gpu_kernel_bench.py --time-budget 130 2> /tmp/gpu_kern
 bench_rc=$?
 [ $bench_rc -ne 0 ] && tail -n 30 /tmp/gpu_kernel_bench.err
 
-echo "gpu_check: kernel-check rc=$check_rc (124 = timed out), bench rc=$bench_rc"
-[ $check_rc -eq 0 ] && [ $bench_rc -eq 0 ]
+# shellcheck disable=SC2086  # GPU_PARITY_ARGS is a list of flags
+timeout -k 5 190 "$PY" scripts/gpu_parity_check.py ${GPU_PARITY_ARGS:-} 2> /tmp/gpu_parity_check.err
+parity_rc=$?
+[ $parity_rc -ne 0 ] && tail -n 30 /tmp/gpu_parity_check.err
+
+echo "gpu_check: kernel-check rc=$check_rc, bench rc=$bench_rc, parity rc=$parity_rc (124/137 = timed out)"
+[ $check_rc -eq 0 ] && [ $bench_rc -eq 0 ] && [ $parity_rc -eq 0 ]
