@@ -67,7 +67,10 @@ def ragged_paged_attention_reference(
     k = k_cache[tables].reshape(num_tokens, width * block_size, num_kv_heads, head_dim)
     v = v_cache[tables].reshape(num_tokens, width * block_size, num_kv_heads, head_dim)
     qg = q.reshape(num_tokens, num_kv_heads, group, head_dim).astype(jnp.float32)
-    scores = jnp.einsum("tkgh,tlkh->tkgl", qg, k.astype(jnp.float32)) * sm_scale
+    # HIGHEST: on a GPU the default precision of a float32 dot is TF32, not the float32 the
+    # reference promises (a no-op on the CPU).
+    hi = jax.lax.Precision.HIGHEST
+    scores = jnp.einsum("tkgh,tlkh->tkgl", qg, k.astype(jnp.float32), precision=hi) * sm_scale
     if soft_cap is not None:
         scores = soft_cap * jnp.tanh(scores / soft_cap)
     key_pos = jnp.arange(width * block_size, dtype=jnp.int32)
@@ -82,5 +85,5 @@ def ragged_paged_attention_reference(
     probs = jnp.where(mask[:, None, None, :], probs, 0.0)
     # Unused pages may hold garbage (tests fill them with NaN): never multiply them in.
     v = jnp.where(mask[:, :, None, None], v.astype(jnp.float32), 0.0)
-    out = jnp.einsum("tkgl,tlkh->tkgh", probs, v)
+    out = jnp.einsum("tkgl,tlkh->tkgh", probs, v, precision=hi)
     return out.reshape(num_tokens, num_heads, head_dim).astype(q.dtype)

@@ -38,6 +38,8 @@ def _kernel(meta_ref, bt_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *,
     head_dim = q_ref.shape[-1]
 
     q = q_ref[kh, pl.ds(row0, rows), :]                                   # [rows, H]
+    # float32 dots on the GPU default to TF32 in the Triton lowering: ask for true float32.
+    precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
     # Rows past the item's end belong to the next item; clamping keeps their softmax finite.
     token = jnp.minimum((lrow0 + lax.broadcasted_iota(jnp.int32, (rows, 1), 0)) // group,
                         jnp.maximum(q_len - 1, 0))
@@ -48,7 +50,7 @@ def _kernel(meta_ref, bt_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *,
         block = bt_ref[seq, j]
         k = k_ref[block, :, kh, :]                                        # [block_size, H]
         v = v_ref[block, :, kh, :]
-        s = jnp.dot(q, k.T, preferred_element_type=jnp.float32) * sm_scale  # [rows, block_size]
+        s = jnp.dot(q, k.T, preferred_element_type=jnp.float32, precision=precision) * sm_scale  # [rows, block_size]
         if soft_cap is not None:
             s = soft_cap * jnp.tanh(s / soft_cap)
         key = j * block_size + lax.broadcasted_iota(jnp.int32, (1, block_size), 1)
@@ -62,7 +64,7 @@ def _kernel(meta_ref, bt_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *,
         p = jnp.exp(s - m_safe[:, None])
         # Slots past kv_len may hold anything (NaN in tests): never let them reach the sum.
         v = jnp.where(jnp.reshape(key, (block_size, 1)) < kv_len, v, jnp.zeros_like(v))
-        pv = jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+        pv = jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32, precision=precision)
         return acc * alpha[:, None] + pv, m_new, l * alpha + jnp.sum(p, axis=1)
 
     acc = jnp.zeros((rows, head_dim), jnp.float32)

@@ -25,6 +25,8 @@ import jax.numpy as jnp
 
 from pallas_kernels.ragged_paged_attention import ragged_paged_attention_reference
 
+HIGHEST = jax.lax.Precision.HIGHEST   # float32 on a GPU too (its default is TF32); no-op on the CPU
+
 
 def ragged_paged_attention_xla(
     q: jax.Array,
@@ -93,7 +95,8 @@ def ragged_paged_attention_xla(
         ids = tables[slot[:, None], chunk_id[:, None] * chunk_blocks + jnp.arange(chunk_blocks)]  # [I, Cb]
         k = k_cache[ids].reshape(per_iter, chunk, num_kv_heads, head_dim).transpose(0, 2, 1, 3)
         v = v_cache[ids].reshape(per_iter, chunk, num_kv_heads, head_dim).transpose(0, 2, 1, 3)
-        s = jax.lax.dot_general(qs[slot], k.astype(jnp.float32), (((3,), (3,)), ((0, 1), (0, 1))))  # [I, K, QG, C]
+        s = jax.lax.dot_general(qs[slot], k.astype(jnp.float32), (((3,), (3,)), ((0, 1), (0, 1))),
+                                precision=HIGHEST)                               # [I, K, QG, C]
         if soft_cap is not None:
             s = soft_cap * jnp.tanh(s / soft_cap)
         key_pos = chunk_id[:, None] * chunk + jnp.arange(chunk)                   # [I, C]
@@ -109,7 +112,7 @@ def ragged_paged_attention_xla(
         p = jnp.where(mask, jnp.exp(s - m_safe[slot][..., None]), 0.0)
         in_len = key_pos < kv_lens[slot][:, None]
         v = jnp.where(in_len[:, None, :, None], v.astype(jnp.float32), 0.0)
-        pv = jax.lax.dot_general(p, v, (((3,), (2,)), ((0, 1), (0, 1))))         # [I, K, QG, H]
+        pv = jax.lax.dot_general(p, v, (((3,), (2,)), ((0, 1), (0, 1))), precision=HIGHEST)  # [I, K, QG, H]
         l_run = (l_run * alpha).at[slot].add(p.sum(-1))
         acc_run = (acc_run * alpha[..., None]).at[slot].add(pv)
         return m_new, l_run, acc_run
