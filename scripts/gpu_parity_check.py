@@ -31,11 +31,10 @@ implementations disagree on some token. scripts/gpu_kernel_check.py checks the b
 against tolerances instead.
 
 Matmul precision: JAX lets a GPU run float32 dots as TF32 unless told otherwise. The model's own
-matmuls ask for HIGHEST (jaxserve/models/llama.py), the attention implementations do not (the
-reference's einsums, the Triton kernel's jnp.dot, whose Pallas lowering maps the default
-precision to TF32 for float32 inputs). --matmul-precision highest sets
-jax_default_matmul_precision, which reaches all of them: if the default run differs, that rerun
-tells TF32 rounding (about 1e4 times float32's) from a kernel bug.
+matmuls and the attention implementations' float32 dots ask for HIGHEST (the Triton kernel's
+jnp.dot included, whose Pallas lowering would otherwise pick TF32). --matmul-precision highest
+also sets jax_default_matmul_precision, which reaches any dot that does not ask: if the default
+run differs, that rerun tells TF32 rounding (about 1e4 times float32's) from a kernel bug.
 
 Usage (a GPU machine; the checkout needs no install):
     python scripts/gpu_parity_check.py [--impl gpu] [--matmul-precision default|highest]
