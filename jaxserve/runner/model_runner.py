@@ -165,38 +165,28 @@ class ModelRunner:
     def measure_prefill_throughput(self, repeats: int = 2) -> float:
         """Prompt tokens per second of the largest prefill bucket, written into scratch blocks
         (the arena is empty at start-up). Measured once; later calls return the first result."""
-        if self._prefill_tokens_per_s is not None:
-            return self._prefill_tokens_per_s
-        from jaxserve.sched.scheduler_output import ScheduledRequest, SchedulerOutput
-        from jaxserve.sampling_params import SamplingParams
-        from jaxserve.runner.sampler import RowSampling
-
-        bs = self.shapes.block_size
-        n = min(self.shapes.prefill_buckets[-1] * self.shapes.prefill_tile, self.shapes.max_model_len - 1,
-                (self.arena_spec.num_blocks - 1) * bs)
-        blocks = tuple(range(1, 1 + -(-n // bs)))
-        req = ScheduledRequest("warmup", (0,) * n, 0, blocks, True, 0, RowSampling(SamplingParams(temperature=0), 0))
-        out = SchedulerOutput((req,), n)
-        self.execute(out)
-        best = float("inf")
-        for _ in range(repeats):
-            t = time.perf_counter()
-            self.execute(out)
-            best = min(best, time.perf_counter() - t)
-        self._prefill_tokens_per_s = n / best
+        if self._prefill_tokens_per_s is None:
+            n = min(self.shapes.prefill_buckets[-1] * self.shapes.prefill_tile, self.shapes.max_model_len - 1,
+                    (self.arena_spec.num_blocks - 1) * self.shapes.block_size)
+            step = _scratch_step([self._scratch_request("warmup", n, 0)])
+            self._prefill_tokens_per_s = n / self._best_time(step, repeats)
         return self._prefill_tokens_per_s
 
-    def _decode_rows(self, context: int) -> tuple:
-        """A full decode batch at `context` tokens on shared scratch blocks."""
+    def _scratch_request(self, request_id: str, num_tokens: int, num_computed: int):
+        """A greedy request of `num_tokens` new tokens after `num_computed` cached ones, on the
+        scratch blocks 1, 2, ... (their contents do not matter for timing)."""
         from jaxserve.sched.scheduler_output import ScheduledRequest
         from jaxserve.sampling_params import SamplingParams
         from jaxserve.runner.sampler import RowSampling
 
-        bs = self.shapes.block_size
-        blocks = tuple(range(1, 1 + -(-context // bs)))
-        greedy = RowSampling(SamplingParams(temperature=0), 0)
-        return tuple(ScheduledRequest(f"warmup-{i}", (0,), context - 1, blocks, True, 0, greedy)
-                     for i in range(self.shapes.decode_buckets[-1]))
+        end = num_computed + num_tokens
+        blocks = tuple(range(1, 1 + -(-end // self.shapes.block_size)))
+        return ScheduledRequest(request_id, (0,) * num_tokens, num_computed, blocks, True, 0,
+                                RowSampling(SamplingParams(temperature=0), 0))
+
+    def _decode_rows(self, context: int) -> list:
+        """A full decode batch at `context` tokens on shared scratch blocks."""
+        return [self._scratch_request(f"warmup-{i}", 1, context - 1) for i in range(self.shapes.decode_buckets[-1])]
 
     def _best_time(self, out, repeats: int) -> float:
         self.execute(out)
@@ -211,12 +201,9 @@ class ModelRunner:
         """Seconds of a decode-only step of the largest decode bucket, every row at `context`
         tokens. The rows share one block table of scratch blocks (the arena is empty at start-up),
         so this works however small the arena is."""
-        from jaxserve.sched.scheduler_output import SchedulerOutput
-
         bs = self.shapes.block_size
         context = max(1, min(context, self.shapes.max_model_len - 1, (self.arena_spec.num_blocks - 1) * bs))
-        rows = self._decode_rows(context)
-        return self._best_time(SchedulerOutput(rows, len(rows)), repeats)
+        return self._best_time(_scratch_step(self._decode_rows(context)), repeats)
 
     def measure_chunk_rate(self, chunk_tiles: int = 2, decode_context: int = 256, repeats: int = 2) -> float:
         """Prompt tokens per second that a chunk of `chunk_tiles` tiles adds to a full decode
@@ -224,21 +211,13 @@ class ModelRunner:
         attention costs what it typically costs): (chunk tokens) / (mixed step - decode-only step).
         This is the rate an ITL budget buys, which the largest-bucket prefill from an empty context
         (measure_prefill_throughput) overstates."""
-        from jaxserve.sched.scheduler_output import ScheduledRequest, SchedulerOutput
-        from jaxserve.sampling_params import SamplingParams
-        from jaxserve.runner.sampler import RowSampling
-
-        bs, tile = self.shapes.block_size, self.shapes.prefill_tile
-        capacity = (self.arena_spec.num_blocks - 1) * bs
-        chunk = min(chunk_tiles, self.shapes.prefill_buckets[-1]) * tile
+        capacity = (self.arena_spec.num_blocks - 1) * self.shapes.block_size
+        chunk = min(chunk_tiles, self.shapes.prefill_buckets[-1]) * self.shapes.prefill_tile
         decode_context = max(1, min(decode_context, capacity, self.shapes.max_model_len - 1))
         depth = max(0, min(self.shapes.max_model_len // 2, self.shapes.max_model_len - chunk, capacity - chunk))
         rows = self._decode_rows(decode_context)
-        decode_only = self._best_time(SchedulerOutput(rows, len(rows)), repeats)
-        blocks = tuple(range(1, 1 + -(-(depth + chunk) // bs)))
-        prompt = ScheduledRequest("warmup-chunk", (0,) * chunk, depth, blocks, True, 0,
-                                  RowSampling(SamplingParams(temperature=0), 0))
-        mixed = self._best_time(SchedulerOutput(rows + (prompt,), len(rows) + chunk), repeats)
+        decode_only = self._best_time(_scratch_step(rows), repeats)
+        mixed = self._best_time(_scratch_step(rows + [self._scratch_request("warmup-chunk", chunk, depth)]), repeats)
         return chunk / max(mixed - decode_only, 1e-6)
 
     def measure_swap_cost(self) -> SwapCostModel:
@@ -264,6 +243,12 @@ class ModelRunner:
 
 
 COPY_BATCH = 16
+
+
+def _scratch_step(requests):
+    from jaxserve.sched.scheduler_output import SchedulerOutput
+
+    return SchedulerOutput(tuple(requests), sum(len(r.token_ids) for r in requests))
 
 
 def _copy_blocks_impl(kv_caches, src, dst):
