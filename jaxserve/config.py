@@ -36,8 +36,13 @@ class EngineConfig:
         None, "time a step may add for prefill chunks while decodes wait, from which the default chunk size is "
               "derived (default: the measured decode-only step time of a full batch, i.e. a long prompt at "
               "most doubles the inter-token latency)")
-    prefill_tile: int = _f(32, "query rows per prefill attention tile")
-    decode_buckets: tuple[int, ...] | None = _f(None, "compiled decode batch sizes (default: 1, 4, 16, ... max_num_seqs)")
+    prefill_tile: int = _f(16, "query rows per prefill attention tile (the smallest prefill chunk a step carries "
+                                "beside decodes)")
+    decode_buckets: tuple[int, ...] | None = _f(
+        None, "compiled decode rows of steps with prefill tiles (default: 1, 4, 16, ... max_num_seqs)")
+    decode_only_buckets: tuple[int, ...] | None = _f(
+        None, "compiled decode rows of decode-only steps (default: decode_buckets if those are set, else "
+              "1, 2, 4, 6, 8, 12, 16, 24, 32, 48, ... max_num_seqs)")
     prefill_buckets: tuple[int, ...] | None = _f(None, "compiled prefill tile counts (default: 0, 1, 2, 4, ... max)")
     max_num_partial_prefills: int = _f(1, "most prompts left mid-prefill after a step (0: no cap)")
     starvation_steps: int = _f(32, "a request waiting this many steps is never overtaken again")
@@ -87,7 +92,7 @@ class EngineConfig:
         if (self.usable_kv_blocks is not None and self.num_kv_blocks is not None
                 and self.usable_kv_blocks > self.num_kv_blocks):
             raise ValueError(f"usable_kv_blocks={self.usable_kv_blocks} exceeds num_kv_blocks={self.num_kv_blocks}")
-        for name in ("decode_buckets", "prefill_buckets"):
+        for name in ("decode_buckets", "decode_only_buckets", "prefill_buckets"):
             v = getattr(self, name)
             if v is not None:
                 v = tuple(int(x) for x in v)

@@ -19,9 +19,10 @@ from jaxserve.engine.engine import Engine
 from jaxserve.models.config import ModelConfig
 from jaxserve.models.params import params_from_hf
 from jaxserve.runner import compile_counter
-from jaxserve.runner.buckets import default_decode_buckets, default_prefill_buckets, max_prefill_tiles
+from jaxserve.runner.buckets import (RunnerShapes, default_decode_buckets, default_decode_only_buckets,
+                                    default_prefill_buckets, max_prefill_tiles)
 from jaxserve.runner.kv_arena import plan_arena
-from jaxserve.runner.model_runner import ModelRunner, RunnerShapes
+from jaxserve.runner.model_runner import ModelRunner
 from jaxserve.sched.scheduler import Scheduler
 from jaxserve.sched.scheduler_config import SchedulerConfig
 
@@ -50,8 +51,12 @@ def runner_shapes(config: EngineConfig, max_model_len: int) -> RunnerShapes:
     tiles = max_prefill_tiles(config.max_num_batched_tokens, config.prefill_tile)
     decode = config.decode_buckets or default_decode_buckets(config.max_num_seqs)
     prefill = config.prefill_buckets or default_prefill_buckets(tiles)
-    if decode[-1] < config.max_num_seqs:
-        raise ValueError(f"decode_buckets={decode} must reach max_num_seqs={config.max_num_seqs}")
+    # explicit decode_buckets alone also serve decode-only steps (what a test that pins them expects)
+    decode_only = config.decode_only_buckets or (
+        decode if config.decode_buckets else default_decode_only_buckets(config.max_num_seqs))
+    for name, rows in (("decode_buckets", decode), ("decode_only_buckets", decode_only)):
+        if rows[-1] < config.max_num_seqs:
+            raise ValueError(f"{name}={rows} must reach max_num_seqs={config.max_num_seqs}")
     if prefill[-1] < tiles:
         raise ValueError(f"prefill_buckets={prefill} must reach {tiles} tiles: a step of "
                          f"max_num_batched_tokens={config.max_num_batched_tokens} in tiles of "
@@ -62,6 +67,7 @@ def runner_shapes(config: EngineConfig, max_model_len: int) -> RunnerShapes:
         prefill_tile=config.prefill_tile,
         decode_buckets=decode,
         prefill_buckets=prefill,
+        decode_only_buckets=decode_only,
     )
 
 

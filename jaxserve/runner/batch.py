@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jaxserve.runner.buckets import pick_bucket
+from jaxserve.runner.buckets import RunnerShapes
 from jaxserve.runner.sampler import sampling_arrays
 
 
@@ -30,10 +30,10 @@ def num_tiles(n: int, tile: int) -> int:
     return -(-n // tile)
 
 
-def bucket_for(sched_out, tile: int, decode_buckets, prefill_buckets) -> tuple[int, int]:
+def bucket_for(sched_out, shapes: RunnerShapes) -> tuple[int, int]:
     d = sum(1 for r in sched_out.requests if len(r.token_ids) == 1)
-    p = sum(num_tiles(len(r.token_ids), tile) for r in sched_out.requests if len(r.token_ids) > 1)
-    return pick_bucket(max(d, 1), decode_buckets), pick_bucket(p, prefill_buckets)
+    p = sum(num_tiles(len(r.token_ids), shapes.prefill_tile) for r in sched_out.requests if len(r.token_ids) > 1)
+    return shapes.pick(d, p)
 
 
 def sample_rows_bucket(D: int, P: int) -> int:
@@ -41,9 +41,9 @@ def sample_rows_bucket(D: int, P: int) -> int:
     return 1 << (D + P - 1).bit_length()
 
 
-def pack_step(sched_out, *, block_size: int, tile: int, table_width: int, decode_buckets,
-              prefill_buckets) -> PackedStep:
-    D, P = bucket_for(sched_out, tile, decode_buckets, prefill_buckets)
+def pack_step(sched_out, shapes: RunnerShapes) -> PackedStep:
+    D, P = bucket_for(sched_out, shapes)
+    block_size, tile, table_width = shapes.block_size, shapes.prefill_tile, shapes.table_width
     T = D + P * tile
     R = sample_rows_bucket(D, P)
     input_ids = np.zeros(T, np.int32)

@@ -6,7 +6,6 @@ the arena donated, and hands back the sampled tokens. It makes no scheduling dec
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from jaxserve.models.config import ModelConfig
 from jaxserve.runner import compile_counter
 from jaxserve.runner.attention import select_attention
 from jaxserve.runner.batch import batch_shapes, pack_step, sample_rows_bucket
+from jaxserve.runner.buckets import RunnerShapes
 from jaxserve.runner.sampler import sample, sampling_arrays
 from jaxserve.runner.host_swap import HostSwapPool, SwapCostModel, measure_swap_cost
 from jaxserve.runner.kv_arena import ArenaSpec, allocate_arena
@@ -37,23 +37,6 @@ class SampledToken:
 @dataclass(frozen=True, slots=True)
 class ModelRunnerOutput:
     sampled: dict[str, SampledToken] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class RunnerShapes:
-    block_size: int
-    max_model_len: int
-    prefill_tile: int
-    decode_buckets: tuple[int, ...]
-    prefill_buckets: tuple[int, ...]
-
-    @property
-    def table_width(self) -> int:
-        # a prefill tile's padding rows may reach max_model_len + tile - 1
-        return -(-(self.max_model_len + self.prefill_tile) // self.block_size)
-
-    def buckets(self) -> list[tuple[int, int]]:
-        return list(itertools.product(self.decode_buckets, self.prefill_buckets))
 
 
 class ModelRunner:
@@ -137,9 +120,7 @@ class ModelRunner:
             self.copy_blocks(sched_out.block_copies)
         if not sched_out.requests:
             return ModelRunnerOutput()
-        packed = pack_step(sched_out, block_size=self.shapes.block_size, tile=self.shapes.prefill_tile,
-                           table_width=self.shapes.table_width, decode_buckets=self.shapes.decode_buckets,
-                           prefill_buckets=self.shapes.prefill_buckets)
+        packed = pack_step(sched_out, self.shapes)
         step = self._compiled.get(packed.bucket)
         if step is None:
             raise RuntimeError(f"bucket {packed.bucket} was not compiled at start-up")
@@ -186,7 +167,7 @@ class ModelRunner:
 
     def _decode_rows(self, context: int) -> list:
         """A full decode batch at `context` tokens on shared scratch blocks."""
-        return [self._scratch_request(f"warmup-{i}", 1, context - 1) for i in range(self.shapes.decode_buckets[-1])]
+        return [self._scratch_request(f"warmup-{i}", 1, context - 1) for i in range(self.shapes.max_decode_rows)]
 
     def _best_time(self, out, repeats: int) -> float:
         self.execute(out)
@@ -205,16 +186,17 @@ class ModelRunner:
         context = max(1, min(context, self.shapes.max_model_len - 1, (self.arena_spec.num_blocks - 1) * bs))
         return self._best_time(_scratch_step(self._decode_rows(context)), repeats)
 
-    def measure_chunk_rate(self, chunk_tiles: int = 2, decode_context: int = 256, repeats: int = 2) -> float:
+    def measure_chunk_rate(self, chunk_tiles: int = 1, decode_context: int = 256, repeats: int = 2) -> float:
         """Prompt tokens per second that a chunk of `chunk_tiles` tiles adds to a full decode
-        batch, the chunk sitting halfway into max_model_len (a long prompt's mean depth, where its
-        attention costs what it typically costs): (chunk tokens) / (mixed step - decode-only step).
-        This is the rate an ITL budget buys, which the largest-bucket prefill from an empty context
-        (measure_prefill_throughput) overstates."""
+        batch, the chunk at the deepest position a prompt reaches (max_model_len less the chunk):
+        (chunk tokens) / (mixed step - decode-only step). A chunk's attention reads its whole
+        context, so the deepest chunk is the costliest, and an ITL bound that is to hold for every
+        chunk of a prompt (the p99, not the mean) must be sized by it. The largest-bucket prefill
+        from an empty context (measure_prefill_throughput) overstates this rate several times."""
         capacity = (self.arena_spec.num_blocks - 1) * self.shapes.block_size
         chunk = min(chunk_tiles, self.shapes.prefill_buckets[-1]) * self.shapes.prefill_tile
         decode_context = max(1, min(decode_context, capacity, self.shapes.max_model_len - 1))
-        depth = max(0, min(self.shapes.max_model_len // 2, self.shapes.max_model_len - chunk, capacity - chunk))
+        depth = max(0, min(self.shapes.max_model_len - chunk, capacity - chunk))
         rows = self._decode_rows(decode_context)
         decode_only = self._best_time(_scratch_step(rows), repeats)
         mixed = self._best_time(_scratch_step(rows + [self._scratch_request("warmup-chunk", chunk, depth)]), repeats)

@@ -72,3 +72,17 @@ def test_a_real_engine_derives_its_chunk_at_start_up(tiny_llama_dir):
                        use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 16
     assert llm.stats().num_compilations_after_warmup == 0
+
+
+def test_the_chunk_rate_is_measured_at_the_deepest_chunk(tiny_llama_dir):
+    llm = LLM(tiny_llama_dir, **TINY_ENGINE)
+    runner = llm.engine.runner
+    timed = []
+    runner._best_time = lambda step, repeats: timed.append(step) or 0.1 * len(timed)
+    assert runner.measure_chunk_rate() == pytest.approx(TINY_ENGINE["prefill_tile"] / 0.1)
+    decode_only, mixed = timed
+    chunk = [r for r in mixed.requests if len(r.token_ids) > 1]
+    assert len(chunk) == 1 and len(chunk[0].token_ids) == TINY_ENGINE["prefill_tile"]
+    # the chunk's last token sits at the last position a prompt can have
+    assert chunk[0].num_computed_tokens + len(chunk[0].token_ids) == TINY_ENGINE["max_model_len"]
+    assert len(decode_only.requests) == len(mixed.requests) - 1 == runner.shapes.max_decode_rows

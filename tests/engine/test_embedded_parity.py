@@ -24,7 +24,7 @@ NEW_TOKENS = 32
 def llm():
     # 8 seats and a 256-token budget: two step shapes and their samplers to compile.
     return LLM(None, max_num_seqs=8, max_num_batched_tokens=256, max_model_len=512, num_kv_blocks=128,
-               decode_buckets=(8,), prefill_buckets=(0, 15), compilation_cache_dir="", progress=False)
+               decode_buckets=(8,), prefill_buckets=(0, 16), compilation_cache_dir="", progress=False)
 
 
 @pytest.fixture(scope="module")
