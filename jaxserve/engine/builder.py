@@ -96,6 +96,7 @@ def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, 
                          xla_optimization_level=config.xla_optimization_level,
                          num_host_blocks=config.swap_space // arena.bytes_per_block)
     runner.compile_all(progress=progress)
+    runner.warm_up(progress=progress)
     if runner.host_pool is not None:
         runner.measure_swap_cost()
     chunking = resolve_chunk_policy(config, runner)
