@@ -18,6 +18,10 @@ from jaxserve.sampling_params import SamplingParams
 
 
 OFFLINE_PREFILL_TOKEN_THRESHOLD = 0   # no per-request cap: whole token budgets of prefill per step
+# Serving defaults to 8-row prefill tiles, the floor of a chunk beside decodes (one 8-row tile at
+# depth 2,048 adds 53 ms to a step of 16 decodes where a 16-row tile adds 90 ms); offline there is
+# no one to protect, and a 512-token prefill step runs 10% faster in 16-row tiles (925 vs 1,031 ms).
+OFFLINE_PREFILL_TILE = 16
 
 
 class LLM:
@@ -28,6 +32,7 @@ class LLM:
         # its server); pass long_prefill_token_threshold=None for the serving default, derived
         # from an ITL budget at start-up (engine/chunk_policy.py).
         kwargs.setdefault("long_prefill_token_threshold", OFFLINE_PREFILL_TOKEN_THRESHOLD)
+        kwargs.setdefault("prefill_tile", OFFLINE_PREFILL_TILE)
         self.config = EngineConfig.from_kwargs(model=model, **kwargs)
         self.engine = build_engine(self.config, progress=progress)
 

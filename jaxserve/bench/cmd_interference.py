@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from jaxserve.bench import plots
-from jaxserve.bench.args import add_common, set_command
+from jaxserve.bench.args import add_common, engine_kwargs, set_command
 from jaxserve.bench.metrics import LatencyStats
 from jaxserve.bench.session import Session, log
 from jaxserve.bench.workloads import interference_workload, warmup_requests
@@ -66,6 +66,12 @@ def _variants(text: str, *, budget: int, num_chats: int, tile: int, max_model_le
     return out
 
 
+def serving_prefill_tile(args: argparse.Namespace) -> int:
+    """The server's prefill tile (LLM, which the benchmark drives, defaults to the offline one),
+    unless --engine-arg sets it."""
+    return int(engine_kwargs(args).get("prefill_tile", EngineConfig().prefill_tile))
+
+
 def row(records: list[Any]) -> dict[str, Any]:
     chats = [r for r in records if r.group == "chat"]
     longs = [r for r in records if r.group == "long"]
@@ -107,10 +113,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     warmup = warmup_requests(chats_only, args.num_warmup)
     session.sized_for(workload)
     runs, table = [], {}
-    defaults = EngineConfig()
-    budget = args.max_num_batched_tokens or defaults.max_num_batched_tokens
+    serving = EngineConfig()  # the server's defaults, where LLM's offline ones differ (prefill_tile)
+    budget = args.max_num_batched_tokens or serving.max_num_batched_tokens
     max_len = args.max_model_len or base_overrides["max_model_len"]
-    variants = _variants(args.chunk_sizes, budget=budget, num_chats=args.num_chats, tile=defaults.prefill_tile,
+    tile = base_overrides["prefill_tile"] = serving_prefill_tile(args)
+    variants = _variants(args.chunk_sizes, budget=budget, num_chats=args.num_chats, tile=tile,
                          max_model_len=max_len)
     for label, overrides in variants:
         backend = session.build("jaxserve", f"jaxserve[{label}]", {**base_overrides, **overrides})

@@ -17,3 +17,17 @@ def test_variants_size_the_budget_for_their_chunk():
 def test_bad_chunk_size_is_rejected():
     with pytest.raises(ValueError, match="chunk-sizes"):
         _variants("0", budget=512, num_chats=16, tile=32, max_model_len=1024)
+
+
+def test_variants_run_on_the_servers_prefill_tile_unless_one_is_given():
+    import argparse
+
+    from jaxserve.bench.args import add_common
+    from jaxserve.bench.cmd_interference import serving_prefill_tile
+    from jaxserve.config import EngineConfig
+    from jaxserve.llm import OFFLINE_PREFILL_TILE
+
+    p = argparse.ArgumentParser()
+    add_common(p, "jaxserve")
+    assert serving_prefill_tile(p.parse_args([])) == EngineConfig().prefill_tile != OFFLINE_PREFILL_TILE
+    assert serving_prefill_tile(p.parse_args(["--engine-arg", "prefill_tile=32"])) == 32
