@@ -27,6 +27,10 @@ class SchedulerConfig:
     # chunk an inter-token-latency budget allows. A step with nobody decoding has no ITL to
     # protect, so there a prompt may take the whole budget.
     decode_step_prefill_cap: int = 0
+    # Finer caps by the number of decodes in the step: (at most this many decodes, cap) pairs,
+    # bounds increasing; a step with more decodes than the last bound uses decode_step_prefill_cap.
+    # Fewer decoders make a cheaper decode-only step, so the same ITL ratio allows a smaller chunk.
+    decode_step_prefill_caps: tuple[tuple[int, int], ...] = ()
     enable_prefix_caching: bool = True
     # A chunk of n > 1 tokens costs ceil(n / chunk_granularity) * chunk_granularity of the budget:
     # the runner computes prefill chunks in tiles of that many rows (1 = plain token counting).
@@ -44,6 +48,13 @@ class SchedulerConfig:
     num_host_blocks: int = 0  # host-memory pool for swapped-out blocks (swap and auto modes)
     swap_crossover_tokens: int = 256  # auto: swap when recompute would redo at least this many tokens
 
+    def prefill_cap_beside(self, num_decodes: int) -> int:
+        """Most prompt tokens of one request in a step that carries num_decodes > 0 decodes (0 = no cap)."""
+        for bound, cap in self.decode_step_prefill_caps:
+            if num_decodes <= bound:
+                return cap
+        return self.decode_step_prefill_cap
+
     def __post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
                      "chunk_granularity"):
@@ -57,6 +68,11 @@ class SchedulerConfig:
             t = getattr(self, name)
             if not isinstance(t, int) or isinstance(t, bool) or t < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {t!r}")
+        bounds = [b for b, _ in self.decode_step_prefill_caps]
+        if (bounds != sorted(set(bounds)) or any(not isinstance(b, int) or not isinstance(c, int) or b < 1 or c < 1
+                                                for b, c in self.decode_step_prefill_caps)):
+            raise ValueError(f"decode_step_prefill_caps must be (decodes, cap) pairs of positive ints with "
+                             f"increasing decodes, got {self.decode_step_prefill_caps!r}")
         for name in ("max_num_partial_prefills", "starvation_steps", "max_waiting_requests", "num_host_blocks",
                      "swap_crossover_tokens"):
             v = getattr(self, name)
@@ -92,7 +108,7 @@ class SchedulerConfig:
                     f"{self.max_model_len - 1} tokens costs {longest} of the budget, so "
                     f"max_num_batched_tokens={self.max_num_batched_tokens} must be >= {longest}"
                 )
-            for name in ("long_prefill_token_threshold", "decode_step_prefill_cap"):
+            for name in ("long_prefill_token_threshold", "decode_step_prefill_cap", "decode_step_prefill_caps"):
                 if getattr(self, name):
                     raise ValueError(
                         f"{name}={getattr(self, name)} cuts prompts into chunks; it needs "

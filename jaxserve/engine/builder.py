@@ -127,6 +127,7 @@ def _scheduler(config: EngineConfig, runner: ModelRunner, max_model_len: int, ch
         enable_chunked_prefill=config.enable_chunked_prefill,
         long_prefill_token_threshold=0 if chunking.derived else chunking.chunk_tokens,
         decode_step_prefill_cap=chunking.chunk_tokens if chunking.derived else 0,
+        decode_step_prefill_caps=chunking.by_decodes,
         enable_prefix_caching=config.enable_prefix_caching,
         chunk_granularity=config.prefill_tile,
         max_num_partial_prefills=config.max_num_partial_prefills,

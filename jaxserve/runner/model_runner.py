@@ -193,9 +193,9 @@ class ModelRunner:
         return ScheduledRequest(request_id, (0,) * num_tokens, num_computed, blocks, True, 0,
                                 RowSampling(SamplingParams(temperature=0), 0))
 
-    def _decode_rows(self, context: int) -> list:
-        """A full decode batch at `context` tokens on shared scratch blocks."""
-        return [self._scratch_request(f"warmup-{i}", 1, context - 1) for i in range(self.shapes.max_decode_rows)]
+    def _decode_rows(self, context: int, rows: int | None = None) -> list:
+        """A decode batch (default: a full one) at `context` tokens on shared scratch blocks."""
+        return [self._scratch_request(f"warmup-{i}", 1, context - 1) for i in range(rows or self.shapes.max_decode_rows)]
 
     def _best_time(self, out, repeats: int) -> float:
         self.execute(out)
@@ -206,13 +206,13 @@ class ModelRunner:
             best = min(best, time.perf_counter() - t)
         return best
 
-    def measure_decode_step_time(self, context: int = 256, repeats: int = 2) -> float:
-        """Seconds of a decode-only step of the largest decode bucket, every row at `context`
-        tokens. The rows share one block table of scratch blocks (the arena is empty at start-up),
+    def measure_decode_step_time(self, context: int = 256, repeats: int = 2, rows: int | None = None) -> float:
+        """Seconds of a decode-only step of `rows` decodes (default: the largest decode bucket),
+        every row at `context` tokens. The rows share one block table of scratch blocks (the arena is empty at start-up),
         so this works however small the arena is."""
         bs = self.shapes.block_size
         context = max(1, min(context, self.shapes.max_model_len - 1, (self.arena_spec.num_blocks - 1) * bs))
-        return self._best_time(_scratch_step(self._decode_rows(context)), repeats)
+        return self._best_time(_scratch_step(self._decode_rows(context, rows)), repeats)
 
     def measure_chunk_rate(self, chunk_tiles: int = 1, decode_context: int = 256, repeats: int = 2) -> float:
         """Prompt tokens per second that a chunk of `chunk_tiles` tiles adds to a full decode

@@ -1,5 +1,7 @@
 """The default prefill chunk: ITL budget x measured prefill throughput, in whole tiles."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from jaxserve import LLM, SamplingParams
@@ -9,13 +11,16 @@ from tests.conftest import TINY_ENGINE
 
 
 class MeasuredRunner:
-    def __init__(self, decode_step_s: float, prefill_tokens_per_s: float):
+    """Decode-only steps cost decode_step_s for the largest bucket, proportionally less below."""
+
+    def __init__(self, decode_step_s: float, prefill_tokens_per_s: float, decode_buckets=(32,)):
         self.decode_step_s, self.prefill_tokens_per_s = decode_step_s, prefill_tokens_per_s
+        self.shapes = SimpleNamespace(decode_buckets=decode_buckets)
         self.calls: list[str] = []
 
-    def measure_decode_step_time(self) -> float:
-        self.calls.append("decode")
-        return self.decode_step_s
+    def measure_decode_step_time(self, rows: int) -> float:
+        self.calls.append(f"decode {rows}")
+        return self.decode_step_s * rows / self.shapes.decode_buckets[-1]
 
     def measure_chunk_rate(self) -> float:
         self.calls.append("prefill")
@@ -27,14 +32,23 @@ def test_default_budget_is_the_measured_decode_step():
     policy = resolve_chunk_policy(EngineConfig(prefill_tile=32), runner)
     assert (policy.chunk_tokens, policy.derived) == (64, True)
     assert policy.itl_budget_s == 0.2 and policy.prefill_tokens_per_s == 430.0
-    assert runner.calls == ["decode", "prefill"]
+    assert runner.calls == ["prefill", "decode 32"] and policy.by_decodes == ()
+
+
+def test_smaller_decode_batches_get_their_own_smaller_chunks():
+    runner = MeasuredRunner(0.2, 430.0, decode_buckets=(1, 4, 16, 32))
+    policy = resolve_chunk_policy(EngineConfig(prefill_tile=8), runner)
+    # budgets 6.25, 25, 100, 200 ms x 430 tok/s = 2.7, 10.8, 43, 86 tokens -> tiles of 8 (at least one)
+    assert policy.by_decodes == ((1, 8), (4, 8), (16, 40))
+    assert policy.chunk_tokens == 80 and policy.itl_budget_s == 0.2
+    assert runner.calls == ["prefill", "decode 1", "decode 4", "decode 16", "decode 32"]
 
 
 def test_an_explicit_itl_budget_replaces_the_decode_measurement():
     runner = MeasuredRunner(0.2, 430.0)
     policy = resolve_chunk_policy(EngineConfig(prefill_tile=32, itl_budget_ms=500), runner)
     assert policy.chunk_tokens == 192          # 0.5 x 430 = 215 -> 192
-    assert runner.calls == ["prefill"]
+    assert runner.calls == ["prefill"] and policy.by_decodes == ()
 
 
 def test_a_tiny_budget_still_gets_one_tile():

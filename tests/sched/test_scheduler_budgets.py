@@ -144,3 +144,23 @@ def test_decode_step_prefill_cap_applies_only_while_someone_decodes():
 def test_decode_step_prefill_cap_is_validated():
     with pytest.raises(ValueError, match="decode_step_prefill_cap must be an int >= 0"):
         config(decode_step_prefill_cap=-1)
+
+
+def test_fewer_decodes_get_the_finer_cap():
+    c = config(max_num_batched_tokens=32, decode_step_prefill_cap=16, decode_step_prefill_caps=((1, 4), (3, 8)))
+    assert [c.prefill_cap_beside(d) for d in (1, 2, 3, 4, 9)] == [4, 8, 8, 16, 16]
+    sched = Scheduler(c)
+    runner = FakeRunner(64, 4)
+    sched.add_request(make_request("first", 8, max_tokens=20))
+    step(sched, runner)                     # "first" prefills whole and samples its first token
+    sched.add_request(make_request("second", 40, max_tokens=2))
+    out = step(sched, runner)               # one decode beside: the 1-decode cap
+    assert [(s.request_id, len(s.token_ids)) for s in out.requests] == [("first", 1), ("second", 4)]
+    drive(sched, runner=runner)
+    assert sched.num_running == sched.num_waiting == 0
+
+
+@pytest.mark.parametrize("caps", [((4, 8), (2, 4)), ((0, 8),), ((2, 0),)])
+def test_decode_step_prefill_caps_are_validated(caps):
+    with pytest.raises(ValueError, match="decode_step_prefill_caps"):
+        config(decode_step_prefill_caps=caps)
