@@ -34,8 +34,8 @@ class EngineConfig:
               "tokens/s measured at start-up, applied only to steps that carry decodes; LLM defaults to 0)")
     itl_budget_ms: float | None = _f(
         None, "time a step may add for prefill chunks while decodes wait, from which the default chunk size is "
-              "derived (default: the measured decode-only step time of a full batch, i.e. a long prompt at "
-              "most doubles the inter-token latency)")
+              "derived (default: the measured decode-only step time of the decode batch beside the chunk, one per "
+              "decode bucket, i.e. a long prompt at most doubles the inter-token latency)")
     prefill_tile: int = _f(8, "query rows per prefill attention tile: the smallest prefill chunk a step carries "
                                "beside decodes (LLM defaults to 16: bulk prefill runs faster in bigger tiles)")
     decode_buckets: tuple[int, ...] | None = _f(

@@ -301,8 +301,9 @@ class Scheduler:
             return n if self._charge(n) <= budget else 0
         if c.long_prefill_token_threshold:
             n = min(n, c.long_prefill_token_threshold)
-        if st.decodes and n > 1 and c.prefill_cap_beside(st.decodes):
-            n = min(n, c.prefill_cap_beside(st.decodes))
+        cap = c.prefill_cap_beside(st.decodes) if st.decodes and n > 1 else 0
+        if cap:
+            n = min(n, cap)
         if self._charge(n) <= budget:
             return n
         fit = (budget // c.chunk_granularity) * c.chunk_granularity

@@ -7,18 +7,19 @@ defaults to the measured decode-only step time of the decode batch beside the ch
 prompt at most doubles the decoders' inter-token latency: one budget per compiled decode bucket
 of mixed steps (1, 4, 16, 32 decodes by default), each its decode-only step time, since a step
 of 16 decodes takes about 60% of one of 32 and the same ratio then allows a smaller chunk.
-The prefill rate is the marginal one that matters here: prompt tokens per second a one-tile chunk adds to a full decode batch, with the chunk at
-the deepest position a prompt reaches (max_model_len less the chunk). A chunk's attention reads
-its whole context, so the deepest chunk is the costliest, and the bound is to hold for every
-chunk, the p99 of the decoders' latency rather than its mean (a rate taken halfway in let the
-last quarter of a long prompt overshoot the budget; a prefill from an empty context overstates
-the rate several times). The chunk is never smaller than one prefill tile: where even one tile
-at the deepest position costs more than the budget (a long max_model_len on a slow machine),
-that tile is the floor, and `prefill_tile` is the knob that lowers it. Both measurements run
-once, on scratch blocks, before the engine takes requests.
-The derived chunk caps prompts only in steps that carry decodes (the scheduler's
-`decode_step_prefill_cap`): with nobody decoding there is no latency to protect, and a prompt
-takes the whole token budget. An explicit `long_prefill_token_threshold` (0 = no cap) skips all
+The prefill rate is the marginal one that matters here: prompt tokens per second a one-tile
+chunk adds to a full decode batch, with the chunk at the deepest position a prompt reaches
+(max_model_len less the chunk). A chunk's attention reads its whole context, so the deepest
+chunk is the costliest, and the bound is to hold for every chunk, the p99 of the decoders'
+latency rather than its mean (a rate taken halfway in let the last quarter of a long prompt
+overshoot the budget; a prefill from an empty context overstates the rate several times).
+The chunk is never smaller than one prefill tile: where even one tile at the deepest position
+costs more than the budget (a long max_model_len on a slow machine), that tile is the floor,
+and `prefill_tile` is the knob that lowers it. Both measurements run once, on scratch blocks,
+before the engine takes requests.
+The derived chunks cap prompts only in steps that carry decodes (the scheduler's
+`decode_step_prefill_cap` and `decode_step_prefill_caps`): with nobody decoding there is no
+latency to protect, and a prompt takes the whole token budget. An explicit `long_prefill_token_threshold` (0 = no cap) skips all
 of this and caps every step, as in vLLM.
 """
 

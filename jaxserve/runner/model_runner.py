@@ -81,23 +81,16 @@ class ModelRunner:
         jobs = [("step", b) for b in self.shapes.buckets() if b not in self._compiled]
         rows = sorted({sample_rows_bucket(*b) for b in self.shapes.buckets()} - set(self._samplers))
         jobs += [("sampler", r) for r in rows]
-        bar = None
-        if progress and jobs:
-            from tqdm.auto import tqdm
-            bar = tqdm(total=len(jobs), desc="compiling", unit="shape", leave=False)
 
         def build(job):
             kind, key = job
             lowered = self._lower(key) if kind == "step" else self._lower_sampler(key)
             return job, lowered.compile(compiler_options=self._compiler_options or None)
 
-        with ThreadPoolExecutor(max_workers=2) as pool:
+        with ThreadPoolExecutor(max_workers=2) as pool, _progress(progress, len(jobs), "compiling") as bar:
             for (kind, key), compiled in pool.map(build, jobs):
                 (self._compiled if kind == "step" else self._samplers)[key] = compiled
-                if bar is not None:
-                    bar.update(1)
-        if bar is not None:
-            bar.close()
+                bar.update(1)
         self._warm_helpers()
 
     def _warm_helpers(self) -> None:
@@ -114,27 +107,22 @@ class ModelRunner:
         the later ones (measured, embedded model: 8 decodes + one tile 563 ms, then 144 ms; an
         all-zero input removes only part of it), and while serving that would stall every
         request in the step that first needs a bucket: the step after the last long prompt
-        finishes, the first step with 4 decodes, ..."""
+        finishes, the first step with 4 decodes, ... Start-up only: the scratch writes would
+        overwrite blocks a live engine's requests and prefix cache hold."""
         tile = self.shapes.prefill_tile
         room = min(self.shapes.max_model_len - 1, (self.arena_spec.num_blocks - 1) * self.shapes.block_size)
         tiles_per_prompt = room // tile
         buckets = [b for b in sorted(self._compiled) if b[1] == 0 or tiles_per_prompt]
-        bar = None
-        if progress and buckets:
-            from tqdm.auto import tqdm
-            bar = tqdm(total=len(buckets), desc="warming up", unit="shape", leave=False)
-        for D, P in buckets:
-            requests = [self._scratch_request(f"warmup-{i}", 1, 0) for i in range(D)]
-            left = P
-            while left:
-                n = min(left, tiles_per_prompt)
-                requests.append(self._scratch_request(f"warmup-prompt-{left}", n * tile, 0))
-                left -= n
-            self.execute(_scratch_step(requests))
-            if bar is not None:
+        with _progress(progress, len(buckets), "warming up") as bar:
+            for D, P in buckets:
+                requests = [self._scratch_request(f"warmup-{i}", 1, 0) for i in range(D)]
+                left = P
+                while left:
+                    n = min(left, tiles_per_prompt)
+                    requests.append(self._scratch_request(f"warmup-prompt-{left}", n * tile, 0))
+                    left -= n
+                self.execute(_scratch_step(requests))
                 bar.update(1)
-        if bar is not None:
-            bar.close()
 
     # -- execution ---------------------------------------------------------------------------
     def execute(self, sched_out) -> ModelRunnerOutput:
@@ -195,7 +183,8 @@ class ModelRunner:
 
     def _decode_rows(self, context: int, rows: int | None = None) -> list:
         """A decode batch (default: a full one) at `context` tokens on shared scratch blocks."""
-        return [self._scratch_request(f"warmup-{i}", 1, context - 1) for i in range(rows or self.shapes.max_decode_rows)]
+        rows = rows or self.shapes.max_decode_rows
+        return [self._scratch_request(f"warmup-{i}", 1, context - 1) for i in range(rows)]
 
     def _best_time(self, out, repeats: int) -> float:
         self.execute(out)
@@ -208,8 +197,8 @@ class ModelRunner:
 
     def measure_decode_step_time(self, context: int = 256, repeats: int = 2, rows: int | None = None) -> float:
         """Seconds of a decode-only step of `rows` decodes (default: the largest decode bucket),
-        every row at `context` tokens. The rows share one block table of scratch blocks (the arena is empty at start-up),
-        so this works however small the arena is."""
+        every row at `context` tokens. The rows share one block table of scratch blocks (the arena
+        is empty at start-up), so this works however small the arena is."""
         bs = self.shapes.block_size
         context = max(1, min(context, self.shapes.max_model_len - 1, (self.arena_spec.num_blocks - 1) * bs))
         return self._best_time(_scratch_step(self._decode_rows(context, rows)), repeats)
@@ -253,6 +242,12 @@ class ModelRunner:
 
 
 COPY_BATCH = 16
+
+
+def _progress(enabled: bool, total: int, desc: str):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="shape", leave=False, disable=not enabled or not total)
 
 
 def _scratch_step(requests):
