@@ -30,7 +30,7 @@ def add_common(p: argparse.ArgumentParser, default_backends: str) -> None:
     g.add_argument("--name", default=None, help="file stem of the result (default: SUBCOMMAND-UTC-TIMESTAMP)")
     g.add_argument("--num-warmup", type=int, default=1, help="untimed requests sent to each backend first")
     g.add_argument("--no-plots", action="store_true", help="write no PNG files")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.add_argument("--no-progress", action="store_true", help="no progress bars (requests, and jaxserve's compiling and warm-up)")
 
     e = p.add_argument_group("jaxserve engine (unset flags keep the engine's defaults)")
     e.add_argument("--dtype", default="float32", choices=("auto", "float32", "bfloat16"),

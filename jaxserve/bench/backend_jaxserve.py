@@ -21,11 +21,12 @@ from jaxserve.bench.progress import progress_bar
 from jaxserve.bench.workloads import BenchRequest, at_once
 
 
-def load_llm(model_path: str, engine_kwargs: dict[str, Any]) -> Any:
-    """Indirection so tests can substitute a fake LLM with the same shape."""
+def load_llm(model_path: str, engine_kwargs: dict[str, Any], progress: bool = True) -> Any:
+    """Indirection so tests can substitute a fake LLM with the same shape. `progress` shows the
+    engine's compile and warm-up bars."""
     from jaxserve import LLM
 
-    return LLM(model=model_path, **engine_kwargs)
+    return LLM(model=model_path, progress=progress, **engine_kwargs)
 
 
 def sampling_params(**kwargs: Any) -> Any:
@@ -61,7 +62,8 @@ class JaxServeBackend:
     name = "jaxserve"
 
     def __init__(self, model_path: str, engine_kwargs: dict[str, Any] | None = None,
-                 label: str | None = None, api: str = "auto", kv_trace: bool = True) -> None:
+                 label: str | None = None, api: str = "auto", kv_trace: bool = True,
+                 progress: bool = True) -> None:
         if api not in ("auto", "generate", "engine"):
             raise ValueError(f"api must be 'auto', 'generate' or 'engine', got {api!r}")
         self.engine_kwargs = dict(engine_kwargs or {})
@@ -69,7 +71,7 @@ class JaxServeBackend:
         self.api = api
         self.kv_trace = kv_trace
         t = time.perf_counter()
-        self.llm = load_llm(model_path, self.engine_kwargs)
+        self.llm = load_llm(model_path, self.engine_kwargs, progress)
         self.startup_s = time.perf_counter() - t
         self.checkpoint_identity = str(getattr(self.llm, "checkpoint_identity", "unknown"))
 
@@ -91,6 +93,11 @@ class JaxServeBackend:
                               [greedy_params(r.output_len) for r in requests], use_tqdm=False)
 
     def run(self, requests: Sequence[BenchRequest], options: RunOptions) -> BackendRun:
+        # every run starts from a cold prefix cache, so a backend that runs the same prompts
+        # again (bench throughput --repeats) is not answered from its previous run
+        reset = getattr(self.llm.engine, "reset_prefix_cache", None)
+        if reset is not None:
+            reset()
         use_engine = self.api == "engine" or (
             self.api == "auto" and (options.timed_arrivals or options.max_concurrency is not None))
         run = self._run_engine(requests, options) if use_engine else self._run_generate(requests, options)

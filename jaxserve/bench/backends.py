@@ -13,12 +13,13 @@ BACKENDS = ("jaxserve", "hf", "hf-cb", "vllm")
 def make_backend(name: str, spec: ModelSpec, *, engine_kwargs: dict[str, Any] | None = None,
                  label: str | None = None, hf_batch_size: int = 16, hf_cb_max_requests: int = 16,
                  hf_cb_max_batch_tokens: int = 512, jaxserve_api: str = "auto", max_seq_len: int = 2048,
-                 dtype: str = "float32") -> Backend:
-    """Load a backend (weights, compilation, warm threads): nothing here is timed."""
+                 dtype: str = "float32", progress: bool = True) -> Backend:
+    """Load a backend (weights, compilation, warm threads): nothing here is timed. `progress`
+    shows jaxserve's compile and warm-up bars."""
     if name == "jaxserve":
         from jaxserve.bench.backend_jaxserve import JaxServeBackend
 
-        return JaxServeBackend(spec.path, engine_kwargs, label=label, api=jaxserve_api)
+        return JaxServeBackend(spec.path, engine_kwargs, label=label, api=jaxserve_api, progress=progress)
     if name == "hf":
         from jaxserve.bench.backend_hf import HFStaticBackend
 

@@ -95,6 +95,22 @@ def targets(table: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def itl_bars(result: dict[str, Any], path: str) -> str:
+    table = result["extra"]["interference_table"]
+    labels = list(table)
+    return plots.grouped_bars("chats' inter-token latency while long prompts prefill", "milliseconds", labels,
+                              {"p50": [1e3 * table[k]["chat_itl_p50_s"] for k in labels],
+                               "p99": [1e3 * table[k]["chat_itl_p99_s"] for k in labels]}, path)
+
+
+def long_ttft_bars(result: dict[str, Any], path: str) -> str:
+    table = result["extra"]["interference_table"]
+    labels = [k for k in table if k != "chats alone"]
+    return plots.grouped_bars("long prompts' time to first token", "seconds", labels,
+                              {"mean": [table[k]["long_ttft_mean_s"] for k in labels],
+                               "max": [table[k]["long_ttft_max_s"] for k in labels]}, path)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     session = Session(args, "interference")
     if args.backend != "jaxserve":
@@ -150,18 +166,5 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               f"{f(t['long_ttft_mean_s'], 1):>18}")
     for k, v in met.items():
         print(f"{k}: {v}")
-
-    def itl_bars(result: dict[str, Any], path: str) -> str:
-        labels = list(table)
-        return plots.grouped_bars("chats' inter-token latency while long prompts prefill", "milliseconds", labels,
-                                  {"p50": [1e3 * table[k]["chat_itl_p50_s"] for k in labels],
-                                   "p99": [1e3 * table[k]["chat_itl_p99_s"] for k in labels]}, path)
-
-    def long_ttft_bars(result: dict[str, Any], path: str) -> str:
-        labels = [k for k in table if k != "chats alone"]
-        return plots.grouped_bars("long prompts' time to first token", "seconds", labels,
-                                  {"mean": [table[k]["long_ttft_mean_s"] for k in labels],
-                                   "max": [table[k]["long_ttft_max_s"] for k in labels]}, path)
-
     return session.finish(workload, runs, extra={"interference_table": table, "targets": met},
                           plots=[itl_bars, long_ttft_bars, plots.latency_cdfs])

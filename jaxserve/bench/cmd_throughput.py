@@ -3,6 +3,8 @@
 Default: the foundation issue's workload (32 requests, prompts of 32-512 tokens of real text,
 outputs of 16-256 tokens, EOS ignored, greedy), every request sent at once, through jaxserve and
 HF static batching. `--request-rate` takes several rates for a sweep (TTFT against rate plot).
+`--repeats N` runs the backends in turn N times (bench/repeats.py) and reports medians and the
+median per-round throughput ratio.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 from jaxserve.bench import plots
 from jaxserve.bench.args import add_arrivals, add_common, add_dataset, parse_rates, set_command
 from jaxserve.bench.backends import parse_backends
+from jaxserve.bench.repeats import format_repeat_summary, repeat_summary, run_interleaved
 from jaxserve.bench.session import Session, log
 from jaxserve.bench.workloads import (
     LengthRange, Workload, random_workload, shared_prefix_workload, sharegpt_workload, warmup_requests, with_arrivals,
@@ -27,6 +30,9 @@ def add_parser(sub: Any) -> None:
     add_common(p, "jaxserve,hf")
     add_dataset(p, num_prompts=32, input_len="32:512", output_len="16:256")
     add_arrivals(p)
+    p.add_argument("--repeats", type=int, default=1,
+                   help="rounds in which every backend runs the workload in turn (all backends stay "
+                        "loaded); the summary gives medians and the median per-round throughput ratio")
     set_command(p, run)
 
 
@@ -58,14 +64,32 @@ def rate_workloads(session: Session, rates: list[float]) -> list[Workload]:
     return out
 
 
+def _run_config(args: argparse.Namespace, rate: float) -> dict[str, Any]:
+    return {"request_rate": "inf" if math.isinf(rate) else rate, "burstiness": args.burstiness,
+            "max_concurrency": args.max_concurrency}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     session = Session(args, "throughput")
     names = parse_backends(args.backend)
     rates = parse_rates(args.request_rate)
+    if args.repeats < 1:
+        raise SystemExit(f"--repeats must be >= 1, got {args.repeats}")
+    if args.repeats > 1 and len(rates) > 1:
+        raise SystemExit("--repeats takes a single --request-rate (run a rate sweep again to repeat it)")
     workloads = rate_workloads(session, rates)
     base = workloads[0]
     warmup = warmup_requests(base, args.num_warmup)
     session.sized_for(*workloads)
+    chosen = [plots.throughput_bars, plots.latency_cdfs] + ([plots.ttft_vs_rate] if len(rates) > 1 else [])
+    if args.repeats > 1:
+        rate = rates[0]
+        runs = run_interleaved(session, names, base.requests, warmup,
+                               session.options(not math.isinf(rate), args.max_concurrency),
+                               _run_config(args, rate), args.repeats)
+        summary = repeat_summary(runs)
+        print(format_repeat_summary(summary))
+        return session.finish(base, runs, extra={"repeats": summary}, plots=chosen)
     runs = []
     for name in names:
         backend = session.build(name)
@@ -77,14 +101,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for rate, workload in zip(rates, workloads):
                 log(f"running {backend.label} at request rate {rate}")
                 r = session.run(backend, workload.requests,
-                                session.options(not math.isinf(rate), args.max_concurrency),
-                                {"request_rate": "inf" if math.isinf(rate) else rate,
-                                 "burstiness": args.burstiness, "max_concurrency": args.max_concurrency})
+                                session.options(not math.isinf(rate), args.max_concurrency), _run_config(args, rate))
                 if r is not None:
                     if len(rates) > 1:
                         r.label = f"{r.label}@{'inf' if math.isinf(rate) else rate}"
                     runs.append(r)
         finally:
             backend.close()
-    chosen = [plots.throughput_bars, plots.latency_cdfs] + ([plots.ttft_vs_rate] if len(rates) > 1 else [])
     return session.finish(base, runs, plots=chosen)

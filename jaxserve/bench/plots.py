@@ -91,6 +91,14 @@ def ttft_vs_rate(result: dict[str, Any], path: str) -> str:
     return path
 
 
+LOG_SCALE_SPREAD = 30   # bar charts whose values span more than this factor get a log y axis
+
+
+def wants_log_scale(values: list[float | None]) -> bool:
+    present = [v for v in values if v is not None]
+    return bool(present) and min(present) > 0 and max(present) / min(present) > LOG_SCALE_SPREAD
+
+
 def grouped_bars(title: str, ylabel: str, labels: list[str], series: dict[str, list[float]], path: str) -> str:
     """One group of bars per label, one bar per series (interference and prefix tables)."""
     plt = _pyplot()
@@ -101,6 +109,9 @@ def grouped_bars(title: str, ylabel: str, labels: list[str], series: dict[str, l
         bars = ax.bar(xs, [y if y is not None else 0.0 for y in ys], width, label=name)
         ax.bar_label(bars, fmt="%.3g", fontsize="x-small")
     ax.set_xticks(np.arange(len(labels)) + width * (len(series) - 1) / 2, labels, rotation=15, ha="right")
+    if wants_log_scale([y for ys in series.values() for y in ys]):
+        ax.set_yscale("log")   # else the small bars (the ones that matter) are invisible
+        ylabel += " (log scale)"
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend(fontsize="small")

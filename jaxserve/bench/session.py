@@ -1,6 +1,7 @@
 """One benchmark invocation: resolve the model once, build backends one after the other, write results.
 
-Backends are built, run and closed in turn (never two models in memory at once). A backend that
+Backends are built, run and closed in turn (never two models in memory at once; the one
+exception is `bench throughput --repeats`, bench/repeats.py, where they take turns). A backend that
 cannot run here (not installed, feature missing) is skipped with a message that says why; one
 that fails mid-run is reported with its traceback; both are recorded in the result's
 `extra.skipped`, and the other backends' runs are kept.
@@ -71,7 +72,7 @@ class Session:
                 name, self.spec, engine_kwargs={**engine_kwargs(a), **(overrides or {})}, label=label,
                 hf_batch_size=a.hf_batch_size, hf_cb_max_requests=a.hf_cb_max_requests,
                 hf_cb_max_batch_tokens=a.hf_cb_max_batch_tokens, jaxserve_api=a.jaxserve_api,
-                max_seq_len=self.max_seq_len, dtype=a.dtype,
+                max_seq_len=self.max_seq_len, dtype=a.dtype, progress=not a.no_progress,
             )
         except UnsupportedBackend as e:
             log(f"skipping backend {label or name}: {e}")

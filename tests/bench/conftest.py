@@ -25,8 +25,9 @@ def fake_jaxserve(monkeypatch: pytest.MonkeyPatch) -> list[FakeLLM]:
 
     built: list[FakeLLM] = []
 
-    def load(model_path: str, kwargs: dict) -> FakeLLM:
+    def load(model_path: str, kwargs: dict, progress: bool = True) -> FakeLLM:
         llm = FakeLLM(model_path, **kwargs)
+        llm.progress = progress
         built.append(llm)
         return llm
 

@@ -84,6 +84,11 @@ class FakeEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def reset_prefix_cache(self) -> None:
+        if self.has_unfinished_requests():
+            raise RuntimeError("cannot reset the prefix cache while requests are running")
+        self.seen_prefixes.clear()
+
     def _cached(self, ids: list[int]) -> int:
         if not self.prefix_caching:
             return 0

@@ -45,3 +45,16 @@ def test_summary_prints_milliseconds_and_na_for_missing_samples():
     assert lines["Mean TPOT (ms)"] == "n/a"          # one token: no TPOT samples
     assert lines["Output token throughput (tok/s)"] == "2.00"
     assert summarize(recs, 0.5).output_throughput == 2.0
+
+
+@pytest.mark.parametrize("values, log", [
+    ([96.9, 146.0, 178.0, 838.8], False),        # within 30x: a linear axis shows every bar
+    ([96.9, 146.0, 37902.3], True),               # 390x: the small bars vanish on a linear axis
+    ([None, 5.0, 400.0], True),                   # missing values are left out, not read as 0
+    ([0.0, 5.0, 400.0], False),                   # a zero has no place on a log axis
+    ([None], False),
+])
+def test_bar_charts_switch_to_a_log_axis_when_values_span_more_than_30x(values, log):
+    from jaxserve.bench.plots import wants_log_scale
+
+    assert wants_log_scale(values) is log

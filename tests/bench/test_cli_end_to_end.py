@@ -51,6 +51,36 @@ def test_throughput_runs_every_backend_side_by_side(tiny_model_dir, fake_jaxserv
     assert data["runs"][1]["checkpoint_identity"] == data["model"]["files_sha256"]
     assert data["environment"]["packages"]["torch"]
     assert fake_jaxserve[0].model == os.path.abspath(tiny_model_dir)
+    assert fake_jaxserve[0].progress is False   # --no-progress also silences compiling and warm-up
+
+
+def test_throughput_repeats_take_turns_on_one_loaded_backend_each_and_report_median_ratios(
+        tiny_model_dir, fake_jaxserve, tmp_path, capsys):
+    res = bench(tiny_model_dir, tmp_path, "throughput", "--backend", "jaxserve,hf", "--num-prompts", "4",
+                "--input-len", "40:60", "--output-len", "2:4", "--hf-batch-size", "2", "--repeats", "3",
+                "--name", "rep")
+    data = check_files(res, 2)
+    runs = data["runs"]
+    assert [(r["backend"], r["config"]["repeat"]) for r in runs] == [
+        ("jaxserve", 1), ("hf", 1), ("jaxserve", 2), ("hf", 2), ("jaxserve", 3), ("hf", 3)]
+    assert len(set(r["label"] for r in runs)) == 6 and runs[0]["label"] == "jaxserve#1"
+    assert len(fake_jaxserve) == 1                                  # built and warmed once
+    # each round starts from a cold prefix cache: the same prompts are not answered from round 1
+    assert all(q["num_cached_tokens"] == 0 for r in runs if r["backend"] == "jaxserve" for q in r["requests"])
+    tput = {(r["backend"], r["config"]["repeat"]): r["metrics"]["output_throughput"] for r in runs}
+    summary = data["extra"]["repeats"]
+    ratios = [tput["jaxserve", k] / tput["hf", k] for k in (1, 2, 3)]
+    assert summary["reference"] == "jaxserve"
+    assert summary["ratio_of_reference"]["hf"]["per_round"] == pytest.approx(ratios)
+    assert summary["ratio_of_reference"]["hf"]["median"] == pytest.approx(sorted(ratios)[1])
+    assert summary["output_throughput"]["hf"]["median"] == pytest.approx(sorted(tput["hf", k] for k in (1, 2, 3))[1])
+    assert "median" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("extra", [["--repeats", "0"], ["--repeats", "2", "--request-rate", "1,2"]])
+def test_throughput_repeats_reject_what_they_cannot_do(tiny_model_dir, fake_jaxserve, tmp_path, extra):
+    with pytest.raises(SystemExit, match="--repeats"):
+        bench(tiny_model_dir, tmp_path, "throughput", "--backend", "jaxserve", "--num-prompts", "2", *extra)
 
 
 def test_throughput_rate_sweep_uses_the_engine_loop_and_plots_ttft_against_rate(tiny_model_dir, fake_jaxserve,
