@@ -15,11 +15,15 @@ def make_backend(name: str, spec: ModelSpec, *, engine_kwargs: dict[str, Any] | 
                  hf_cb_max_batch_tokens: int = 512, jaxserve_api: str = "auto", max_seq_len: int = 2048,
                  dtype: str = "float32", progress: bool = True) -> Backend:
     """Load a backend (weights, compilation, warm threads): nothing here is timed. `progress`
-    shows jaxserve's compile and warm-up bars."""
+    shows loading bars (jaxserve's compiling and warm-up, transformers' weight loading)."""
     if name == "jaxserve":
         from jaxserve.bench.backend_jaxserve import JaxServeBackend
 
         return JaxServeBackend(spec.path, engine_kwargs, label=label, api=jaxserve_api, progress=progress)
+    if name in ("hf", "hf-cb") and not progress:
+        from jaxserve.bench.hf_loading import disable_progress_bars
+
+        disable_progress_bars()
     if name == "hf":
         from jaxserve.bench.backend_hf import HFStaticBackend
 

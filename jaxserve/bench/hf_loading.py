@@ -9,6 +9,15 @@ from jaxserve.bench.backend_base import UnsupportedBackend
 from jaxserve.bench.model_files import ModelSpec
 
 
+def disable_progress_bars() -> None:
+    """transformers' own bars (loading weights, ...), for --no-progress; process-wide."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        return
+    hf_logging.disable_progress_bar()
+
+
 def load_hf_model(spec: ModelSpec, dtype: str = "float32") -> Any:
     """dtype as jaxserve's: float32, bfloat16, or auto (float32 on CPU, bfloat16 on a GPU)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -52,6 +52,12 @@ def test_throughput_runs_every_backend_side_by_side(tiny_model_dir, fake_jaxserv
     assert data["environment"]["packages"]["torch"]
     assert fake_jaxserve[0].model == os.path.abspath(tiny_model_dir)
     assert fake_jaxserve[0].progress is False   # --no-progress also silences compiling and warm-up
+    from transformers.utils import logging as hf_logging
+
+    try:
+        assert not hf_logging.is_progress_bar_enabled()   # ... and transformers' weight loading
+    finally:
+        hf_logging.enable_progress_bar()
 
 
 def test_throughput_repeats_take_turns_on_one_loaded_backend_each_and_report_median_ratios(
