@@ -155,6 +155,30 @@ def test_interference_runs_each_chunk_setting_on_a_fresh_engine(tiny_model_dir, 
     assert "itl_target_met (<= 2)" in data["extra"]["targets"]
 
 
+def test_interference_repeats_the_baseline_and_default_pair_and_tables_the_median_round(
+        tiny_model_dir, fake_jaxserve, tmp_path):
+    res = bench(tiny_model_dir, tmp_path, "interference", "--num-chats", "3", "--chat-prompt-len", "8",
+                "--chat-output-len", "6", "--num-long", "2", "--long-prompt-len", "100", "--long-interval", "0.001",
+                "--chunk-sizes", "32", "--repeats", "3")
+    data = check_files(res, 3)
+    assert len(fake_jaxserve) == 2                         # the rounds share the default engine
+    assert [r["label"] for r in data["runs"]] == [
+        "jaxserve[chats alone]#1", "jaxserve[default]#1", "jaxserve[chats alone]#2", "jaxserve[default]#2",
+        "jaxserve[chats alone]#3", "jaxserve[default]#3", "jaxserve[chunk=32]"]
+    rounds = data["extra"]["rounds"]
+    ratios = {k: r["default"]["chat_itl_p99_s"] / r["chats alone"]["chat_itl_p50_s"] for k, r in rounds.items()}
+    assert set(ratios) == {"1", "2", "3"}
+    assert all(rounds[k]["ratio"] == pytest.approx(v) for k, v in ratios.items())
+    median = sorted(ratios.values())[1]
+    assert ratios[str(data["extra"]["median_round"])] == pytest.approx(median)
+    table = data["extra"]["interference_table"]
+    assert list(table) == ["chats alone", "default", "chunk=32"]
+    assert data["extra"]["targets"]["chat_p99_itl_over_baseline_p50"] == pytest.approx(median)
+    assert table["default"] == {k: v for k, v in rounds[str(data["extra"]["median_round"])]["default"].items()}
+    with pytest.raises(SystemExit, match="--repeats"):
+        bench(tiny_model_dir, tmp_path, "interference", "--num-chats", "2", "--repeats", "0")
+
+
 def test_report_writes_a_markdown_table(tiny_model_dir, fake_jaxserve, tmp_path):
     a = bench(tiny_model_dir, tmp_path, "throughput", "--backend", "jaxserve", "--num-prompts", "2",
               "--input-len", "8", "--output-len", "2", "--no-plots", "--name", "a")

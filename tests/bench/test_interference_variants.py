@@ -31,3 +31,16 @@ def test_variants_run_on_the_servers_prefill_tile_unless_one_is_given():
     add_common(p, "jaxserve")
     assert serving_prefill_tile(p.parse_args([])) == EngineConfig().prefill_tile != OFFLINE_PREFILL_TILE
     assert serving_prefill_tile(p.parse_args(["--engine-arg", "prefill_tile=32"])) == 32
+
+
+def test_median_round_is_the_round_with_the_median_ratio_and_skips_incomplete_rounds():
+    from jaxserve.bench.cmd_interference import median_round
+
+    def pair(p50, p99):
+        return {"chats alone": {"chat_itl_p50_s": p50, "chat_itl_p99_s": 2 * p50},
+                "default": {"chat_itl_p50_s": p99 / 2, "chat_itl_p99_s": p99}}
+
+    rounds = {1: pair(0.1, 0.25), 2: pair(0.1, 0.18), 3: pair(0.1, 0.21), 4: {"chats alone": pair(0.1, 1)["chats alone"]}}
+    assert median_round(rounds) == 3                 # ratios 2.5, 1.8, 2.1; round 4 has no default run
+    assert median_round({1: pair(0.1, 0.25), 2: pair(0.1, 0.18)}) == 2   # even count: the lower middle
+    assert median_round({1: {}}) is None
