@@ -99,6 +99,21 @@ def median_round(rounds: dict[int, dict[str, dict[str, Any]]]) -> int | None:
     return complete[(len(complete) - 1) // 2][1] if complete else None
 
 
+def table_median_round(rounds: dict[int, dict[str, dict[str, Any]]], table: dict[str, dict[str, Any]]
+                       ) -> dict[str, Any]:
+    """Puts the median round's rows in `table` (keeping its order); returns what the result's
+    extra gets: every complete round's rows and ratio, and which round is the median."""
+    mid = median_round(rounds)
+    if mid is None:
+        return {}
+    table.update(rounds[mid])
+    by_round = {str(k): {**r, "ratio": itl_ratio(r["chats alone"], r["default"])}
+                for k, r in rounds.items() if "chats alone" in r and "default" in r}
+    print("chats' p99 ITL / baseline p50 by round: "
+          + ", ".join(f"{r['ratio']:.2f}" for r in by_round.values()) + f" (median: round {mid})")
+    return {"rounds": by_round, "median_round": mid}
+
+
 def targets(table: dict[str, dict[str, Any]]) -> dict[str, Any]:
     base, default, unchunked = table.get("chats alone"), table.get("default"), table.get("unchunked")
     out: dict[str, Any] = {}
@@ -183,15 +198,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             session.skipped.append({"backend": f"jaxserve[{label}]", "reason": str(e)})
         finally:
             backend.close()
-    extra: dict[str, Any] = {}
-    k = median_round(rounds) if args.repeats > 1 else None
-    if k is not None:
-        table.update(rounds[k])   # the table shows the median round (insertion order is kept)
-        extra["rounds"] = {str(i): {**r, "ratio": itl_ratio(r["chats alone"], r["default"])}
-                           for i, r in rounds.items() if "chats alone" in r and "default" in r}
-        extra["median_round"] = k
-        print("chats' p99 ITL / baseline p50 by round: "
-              + ", ".join(f"{r['ratio']:.2f}" for r in extra["rounds"].values()) + f" (median: round {k})")
+    extra = table_median_round(rounds, table) if args.repeats > 1 else {}
     met = targets(table)
     print(f"{'variant':<14}{'chat ITL p50 ms':>16}{'chat ITL p99 ms':>16}{'long TTFT mean s':>18}")
     for name, t in table.items():
