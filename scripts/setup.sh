@@ -7,8 +7,9 @@ cd "$(dirname "$0")/.."
 
 find_python() {
   # Python 3.12 comes from pyenv on our machines (its global version is older); elsewhere from PATH.
+  # The oldest >= 3.12 first: 3.12 is what the pins were tested on and what the GPU machines run.
   if command -v pyenv >/dev/null 2>&1; then
-    for v in $(pyenv versions --bare 2>/dev/null | grep -E '^3\.(1[2-9])(\.|$)' | sort -rV); do
+    for v in $(pyenv versions --bare 2>/dev/null | grep -E '^3\.(1[2-9])(\.|$)' | sort -V); do
       local p; p="$(pyenv root)/versions/$v/bin/python3"
       [ -x "$p" ] && { echo "$p"; return; }
     done
