@@ -28,8 +28,13 @@ def parse_steps(text: str) -> dict[int, int]:
     """'25:67,17:52' -> {25: 67, 17: 52} (rows: number of steps)."""
     out = {}
     for part in filter(None, text.split(",")):
-        rows, count = part.split(":")
-        out[int(rows)] = out.get(int(rows), 0) + int(count)
+        try:
+            rows, count = (int(v) for v in part.split(":"))
+        except ValueError:
+            raise ValueError(f"decode steps must be ROWS:STEPS pairs of integers, got {part!r}") from None
+        if rows < 1 or count < 0:
+            raise ValueError(f"decode steps need ROWS >= 1 and STEPS >= 0, got {part!r}")
+        out[rows] = out.get(rows, 0) + count
     return out
 
 
@@ -66,6 +71,13 @@ def main() -> None:
     p.add_argument("--output-tokens", type=int, default=0, help="to print the floor as tokens/s")
     p.add_argument("--repeats", type=int, default=7)
     a = p.parse_args()
+    try:
+        decode_steps = parse_steps(a.decode_steps)
+        rows = {int(r) for r in a.rows.split(",") if r}
+    except ValueError as e:
+        p.error(str(e))
+    if any(r < 1 for r in rows) or a.prefill_rows < 1 or a.prefill_tokens < 0 or a.repeats < 1:
+        p.error("--rows and --prefill-rows must be >= 1, --prefill-tokens >= 0, --repeats >= 1")
 
     import jax
     import jax.numpy as jnp
@@ -92,8 +104,7 @@ def main() -> None:
     torch_layers = [[torch.from_numpy(w) for w in ws] for ws in layers]
     torch_embedding = torch.from_numpy(embedding)
 
-    decode_steps = parse_steps(a.decode_steps)
-    wanted = sorted({int(r) for r in a.rows.split(",") if r} | set(decode_steps)
+    wanted = sorted(rows | set(decode_steps)
                     | ({a.prefill_rows} if a.prefill_tokens else set()))
     best: dict[int, float] = {}
     print(f"{'rows':>6} {'xla ms':>9} {'torch ms':>9}   (stack + lm_head; lm_head skipped at the prefill rows)")

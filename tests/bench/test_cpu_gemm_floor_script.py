@@ -43,3 +43,16 @@ def test_a_tiny_run_prints_every_row_count_and_the_floor():
     rows = [int(m[1]) for m in re.finditer(r"^\s*(\d+)\s+[\d.]+\s+[\d.]+$", res.stdout, re.M)]
     assert rows == [1, 2, 3, 4]
     assert re.search(r"^matmul floor: decode [\d.]+ s \+ prefill [\d.]+ s = [\d.]+ s$", res.stdout, re.M), res.stdout
+
+
+@pytest.mark.parametrize("text", ["25", "a:3", "0:4", "4:-1"])
+def test_malformed_decode_steps_are_refused_with_the_offending_pair(text):
+    with pytest.raises(ValueError, match=repr(text)):
+        load_script().parse_steps(text)
+
+
+def test_bad_arguments_exit_with_a_usage_error_before_any_timing():
+    res = subprocess.run([sys.executable, SCRIPT, "--decode-steps", "32"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "ROWS:STEPS" in res.stderr
+    res = subprocess.run([sys.executable, SCRIPT, "--rows", "0"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "--rows" in res.stderr
