@@ -174,6 +174,11 @@ class KVCacheManager:
         """Tokens of req held in prefix-cache nodes: a recompute would likely find them again."""
         return len(self._nodes.get(req.request_id, ())) * self.block_size
 
+    @property
+    def num_prefix_cache_nodes(self) -> int:
+        """Nodes in the prefix-cache tree (0 with caching off): what the tree costs in memory."""
+        return self.cache.num_nodes if self.cache is not None else 0
+
     def num_prefix_blocks_in_use(self, prefix: SharedPrefix) -> int:
         return sum(1 for b in prefix.block_ids if self.pool.refcount(b) > 0)
 

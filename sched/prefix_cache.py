@@ -1,9 +1,15 @@
 """The prefix cache: a radix tree over full KV blocks, with least-recently-used eviction of leaves.
 
 A node stands for one full block of `block_size` tokens whose K/V some step has computed; its
-path from a root spells the token prefix those K/V belong to. Each cache salt (tenant) has its
-own root, and a node is found only through its parent, so a key is (salt, parent, block tokens)
-by construction: two salts can never share a block, whatever their tokens.
+path from the root spells the token prefix those K/V belong to.
+
+Cache salts (tenants) share one root: a prefix's first block is keyed by (salt, block tokens),
+every later block by its tokens under its parent. A node is found only through its parent, so in
+effect a key is (salt, parent, block tokens): two salts can never share a block, whatever their
+tokens. The alternative, a root per salt, needs a second lifecycle (create a root on a salt's
+first block, free it when its last child is evicted) that every path out of the tree must get
+right; left undone, a salt per user or per request grew the tree without bound. With one root a
+salt costs exactly its cached blocks, and eviction stays the only way anything leaves the tree.
 
 The tree holds no references of its own: a node's block is in use while some request's block
 table holds it, and cached (evictable) when none does. Eviction takes unreferenced leaves, least
@@ -16,19 +22,20 @@ eventually be evicted, leaf by leaf.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 from jaxserve.sched.block_pool import BlockPool
 
 
 class Node:
-    __slots__ = ("block_id", "tokens", "parent", "children", "last_access", "attached")
+    __slots__ = ("block_id", "key", "tokens", "parent", "children", "last_access", "attached")
 
-    def __init__(self, block_id: int, tokens: tuple[int, ...], parent: Node | None) -> None:
+    def __init__(self, block_id: int, key: Hashable, tokens: tuple[int, ...], parent: Node | None) -> None:
         self.block_id = block_id
+        self.key = key  # its key in parent.children: (salt, tokens) under the root, else tokens
         self.tokens = tokens
         self.parent = parent
-        self.children: dict[tuple[int, ...], Node] = {}
+        self.children: dict[Hashable, Node] = {}
         self.last_access = 0
         self.attached = True  # False once evicted
 
@@ -40,7 +47,7 @@ class PrefixCache:
     def __init__(self, pool: BlockPool) -> None:
         self.pool = pool
         self.block_size = pool.block_size
-        self._roots: dict[str | None, Node] = {}  # one per salt; root nodes hold no block
+        self._root = Node(-1, None, (), None)  # holds no block; the only node without a parent
         self._clock = 0  # logical time: deterministic, unlike wall time
         # (last_access, tiebreak, node) of nodes that were evictable leaves when pushed; stale
         # entries (touched again, grown a child, evicted) are skipped when popped.
@@ -51,13 +58,12 @@ class PrefixCache:
 
     @property
     def num_nodes(self) -> int:
+        """Nodes in the tree, one per cached block (the root, which holds none, is not counted)."""
         return self._num_nodes
 
-    def _root(self, salt: str | None) -> Node:
-        root = self._roots.get(salt)
-        if root is None:
-            root = self._roots[salt] = Node(-1, (), None)
-        return root
+    def _key(self, parent: Node, salt: str | None, tokens: tuple[int, ...]) -> Hashable:
+        # the salt is spelled once, in a prefix's first block; the path carries it below
+        return (salt, tokens) if parent is self._root else tokens
 
     def _tick(self) -> int:
         self._clock += 1
@@ -67,31 +73,30 @@ class PrefixCache:
     def match(self, salt: str | None, token_ids: Sequence[int], max_blocks: int) -> list[Node]:
         """The nodes of the longest cached prefix of token_ids, at most max_blocks blocks.
         Read-only: the caller shares the blocks (incref) and then calls `touch`."""
-        node = self._roots.get(salt)
+        node = self._root
         out: list[Node] = []
-        if node is None:
-            return out
         bs = self.block_size
         for j in range(min(max_blocks, len(token_ids) // bs)):
-            node = node.children.get(tuple(token_ids[j * bs : (j + 1) * bs]))
+            node = node.children.get(self._key(node, salt, tuple(token_ids[j * bs : (j + 1) * bs])))
             if node is None:
                 break
             out.append(node)
         return out
 
     def insert(self, salt: str | None, parent: Node | None, tokens: tuple[int, ...], block_id: int) -> Node:
-        """Add a computed full block under `parent` (None = the salt's root). If that key is already
-        cached (another request computed the same block), the existing node is returned and the
-        caller should switch to its block."""
+        """Add a computed full block under `parent` (None: the salt's first block). If that key is
+        already cached (another request computed the same block), the existing node is returned
+        and the caller should switch to its block."""
         if len(tokens) != self.block_size:
             raise ValueError(f"only full blocks enter the cache: got {len(tokens)} tokens, block_size {self.block_size}")
         if parent is not None and not parent.attached:
             raise ValueError(f"parent {parent!r} was evicted while a child was inserted")
-        p = self._root(salt) if parent is None else parent
-        node = p.children.get(tokens)
+        p = self._root if parent is None else parent
+        key = self._key(p, salt, tokens)
+        node = p.children.get(key)
         if node is None:
-            node = Node(block_id, tokens, p)
-            p.children[tokens] = node
+            node = Node(block_id, key, tokens, p)
+            p.children[key] = node
             self.pool.mark_cached(block_id)
             self._num_nodes += 1
         node.last_access = self._tick()
@@ -138,35 +143,35 @@ class PrefixCache:
                 continue
             node = entry[2]
             parent = node.parent
-            del parent.children[node.tokens]
+            del parent.children[node.key]
             node.attached = False
             node.parent = None
             self._num_nodes -= 1
             self.pool.uncache(node.block_id)
             self.num_evictions += 1
             out.append(node.block_id)
-            if parent.parent is not None and not parent.children and self.pool.refcount(parent.block_id) == 0:
+            if parent is not self._root and not parent.children and self.pool.refcount(parent.block_id) == 0:
                 self._push(parent)  # it keeps its own last_access: it may be older than others
         return out
 
     def evictable_leaves(self) -> list[Node]:
         """For tests: the current evictable leaves, least recently used first."""
         out = []
-        stack = list(self._roots.values())
+        stack = [self._root]
         while stack:
             n = stack.pop()
             stack.extend(n.children.values())
-            if n.parent is not None and not n.children and self.pool.refcount(n.block_id) == 0:
+            if n is not self._root and not n.children and self.pool.refcount(n.block_id) == 0:
                 out.append(n)
         return sorted(out, key=lambda n: n.last_access)
 
     def all_nodes(self) -> list[Node]:
         """For tests: every cached node."""
         out = []
-        stack = list(self._roots.values())
+        stack = [self._root]
         while stack:
             n = stack.pop()
             stack.extend(n.children.values())
-            if n.parent is not None:
+            if n is not self._root:
                 out.append(n)
         return out

@@ -523,6 +523,10 @@ class Scheduler:
     def prefix_cache_hits(self) -> int:
         return self.kv.prefix_cache_hits
 
+    @property
+    def prefix_cache_nodes(self) -> int:
+        return self.kv.num_prefix_cache_nodes
+
 
 def _common_prefix_len(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))

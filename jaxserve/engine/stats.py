@@ -26,6 +26,7 @@ class EngineStats:
     num_swapped_blocks: int = 0
     prefill_chunk_tokens: int = 0      # one request's most prompt tokens per step (0: no cap; a derived
                                        # chunk applies only to steps that carry decodes)
+    prefix_cache_nodes: int = 0        # nodes in the prefix-cache tree, one per cached block
 
     @property
     def kv_usage(self) -> float:

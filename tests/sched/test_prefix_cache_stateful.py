@@ -2,7 +2,8 @@
 grow, finish, evict and fork sequences. After every step: reference counts equal the number of
 block tables holding each block, free + evictable-cached + in-use == total, no block is both free
 and referenced, every cached block still holds the tokens its tree path spells, every live request
-reads its own tokens back through its block table, and eviction takes leaves, least recently used
+reads its own tokens back through its block table, no block is held under two cache salts, the
+tree's node count is its number of cached blocks, and eviction takes leaves, least recently used
 first."""
 
 import numpy as np
@@ -16,6 +17,8 @@ from jaxserve.sched.request import Request
 BS = 2
 NUM_BLOCKS = 24
 tokens_st = st.lists(st.integers(0, 2), min_size=1, max_size=9)  # tiny alphabet: many shared prefixes
+# a few recurring tenants, and one-off salts (a salt per request) that must cost nothing once evicted
+salt_st = st.one_of(st.sampled_from([None, "", "a", "b"]), st.integers(0, 10**6).map(lambda i: f"once-{i}"))
 
 
 class PoolAndTree(RuleBasedStateMachine):
@@ -53,7 +56,7 @@ class PoolAndTree(RuleBasedStateMachine):
         return n, copies
 
     # ---- rules ----
-    @rule(tokens=tokens_st, salt=st.sampled_from([None, "a", "b"]))
+    @rule(tokens=tokens_st, salt=salt_st)
     def admit(self, tokens, salt):
         req = self._new(tokens, salt)
         prefix = self.kv.find_cached_prefix(req)
@@ -165,6 +168,19 @@ class PoolAndTree(RuleBasedStateMachine):
             assert tuple(self.arena[n.block_id]) == n.tokens, "a cached block lost its content"
             if pool.refcount(n.block_id) > 0 and n.parent.parent is not None:
                 assert pool.refcount(n.parent.block_id) > 0, "a used block's ancestors are used"
+
+    @invariant()
+    def salts_never_share_a_block(self):
+        salts: dict[int, set] = {}
+        for r in self.live.values():
+            for b in r.block_ids:
+                salts.setdefault(b, set()).add(r.cache_salt)
+        shared = {b: s for b, s in salts.items() if len(s) > 1}
+        assert not shared, f"blocks held under more than one salt: {shared}"
+
+    @invariant()
+    def node_count_is_the_number_of_cached_blocks(self):
+        assert self.kv.num_prefix_cache_nodes == len(self.kv.cache.all_nodes())
 
     @invariant()
     def requests_read_their_own_tokens(self):
