@@ -1,6 +1,7 @@
 """A real `jaxserve serve` process on the tiny model: health through warmup, streamed answers equal
-to LLM.generate's, 32 concurrent streams, cancel and deadline returning every block, clear
-INVALID_ARGUMENT messages, reflection, and the metrics endpoint after traffic."""
+to LLM.generate's, 32 concurrent streams, a cancel returning every block, clear INVALID_ARGUMENT
+messages, reflection, and the metrics endpoint after traffic. (A passed deadline is tested in-process,
+test_servicer_in_process.py, where the test can hold the step loop until the deadline has passed.)"""
 
 import asyncio
 import os
@@ -118,22 +119,6 @@ def test_cancelling_mid_stream_returns_every_block(client):
     stream.close()                                        # cancels the call
     info = assert_blocks_all_back(client)
     assert info.num_requests_finished == before + 1       # counted once, as an abort
-
-
-def test_a_passed_deadline_aborts_the_request_and_returns_every_block(server, client):
-    # four long streams hold every seat (max_num_seqs=4), so the deadline passes while it waits
-    blockers = [client.stream(p, max_tokens=100, temperature=0.0, ignore_eos=True) for p in PROMPTS]
-    try:
-        for b in blockers:
-            next(b)
-        with GenerationClient(server.target, timeout=0.2) as hurried:
-            with pytest.raises(grpc.RpcError) as e:
-                hurried.generate(PROMPTS[0], max_tokens=100, ignore_eos=True)
-        assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    finally:
-        for b in blockers:
-            b.close()
-    assert_blocks_all_back(client)
 
 
 @pytest.mark.parametrize("sampling, field", [

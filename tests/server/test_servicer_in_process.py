@@ -1,9 +1,11 @@
 """The servicer in-process (grpc.aio on loopback, the compiled tiny runner shared): a full waiting
-queue gives RESOURCE_EXHAUSTED, an engine that crashes mid-stream gives INTERNAL to every stream in
-flight and UNAVAILABLE afterwards, without hanging, and n samples stream with their indices."""
+queue gives RESOURCE_EXHAUSTED, a passed deadline aborts the request and returns every block, an
+engine that crashes mid-stream gives INTERNAL to every stream in flight and UNAVAILABLE afterwards,
+without hanging, and n samples stream with their indices."""
 
 import asyncio
 import dataclasses
+import threading
 
 import grpc
 import pytest
@@ -88,6 +90,47 @@ async def _idle(client):
     info = await client.server_info()
     return (info.num_requests_running == 0 and info.num_requests_waiting == 0
             and info.num_kv_blocks_free + info.num_kv_blocks_cached == info.num_kv_blocks_total)
+
+
+def test_a_passed_deadline_aborts_the_request_and_returns_every_block(tiny_llm):
+    # The step thread waits at a gate until the deadline has passed and the server has let go of
+    # the call, so the request cannot run before its deadline however fast the machine is, and
+    # the deadline passes however slow it is. Then the engine admits it (it holds blocks) and the
+    # abort the server queued takes them back.
+    engine = LLM.sharing_runner(tiny_llm).engine
+    real_step, gate, blocks_held = engine.step, threading.Event(), []
+
+    def step():
+        gate.wait(HANG_GUARD_S)
+        outputs = real_step()
+        s = engine.stats()
+        blocks_held.append(s.num_kv_blocks_total - s.num_kv_blocks_free - s.num_kv_blocks_cached)
+        return outputs
+
+    engine.step = step
+
+    async def body(client, state):
+        client.timeout = 0.2   # this call's deadline; every other call keeps the hang guard
+        try:
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await client.generate(PROMPT, max_tokens=100, ignore_eos=True, request_id="hurried")
+        finally:
+            client.timeout = HANG_GUARD_S
+        # the handler was cancelled at its deadline: its stream is gone and its abort queued
+        await wait_for(lambda: _not_active(state, "hurried"), "the server to let go of the call")
+        gate.set()
+        await wait_for(lambda: _idle(client), "the engine to be idle")
+        return e.value, await client.server_info()
+
+    err, info = asyncio.run(serve(engine, body))
+    assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert blocks_held and blocks_held[0] > 0, "the request ran after its deadline, holding blocks"
+    assert info.num_requests_finished == 1     # as an abort: it stopped long before 100 tokens
+    assert info.generation_tokens_total < 100
+
+
+async def _not_active(state, request_id):
+    return request_id not in state.aengine.active_request_ids()
 
 
 def test_an_engine_crash_gives_internal_to_streams_in_flight_then_unavailable(tiny_llm):
