@@ -9,8 +9,9 @@ Rules that keep the K/V correct:
     that position can be partially computed; if that block is shared (a fork), the writer gets a
     private copy first (copy-on-write: the runner copies src -> dst before the step), and src
     stays referenced until the step's decisions are final, so nothing overwrites it first;
-  - a block enters the prefix cache in `cache_computed_blocks`, after the step that filled it,
-    so a request admitted in the same step can never hit K/V no step has computed yet;
+  - a block enters the prefix cache in `cache_computed_blocks`, at the update of a step that
+    (or whose successor) fills it, so a request admitted in the same step that fills it can never
+    hit K/V no step computes before it: steps run in order on the device;
   - a hit never covers the last known token: something must be computed to get logits.
 """
 
@@ -84,12 +85,15 @@ class KVCacheManager:
         nodes = self.cache.match(req.cache_salt, tokens, max_blocks)
         return SharedPrefix([n.block_id for n in nodes], nodes, len(nodes) * self.block_size)
 
-    def fork_prefix(self, parent: Request, child: Request) -> SharedPrefix:
+    def fork_prefix(self, parent: Request, child: Request, parent_computed: int | None = None) -> SharedPrefix:
         """The parent's computed blocks that the child can share: the common computed prefix of
-        their tokens, leaving at least the child's last token to compute."""
+        their tokens, leaving at least the child's last token to compute. `parent_computed` caps
+        it at what steps scheduled before the current one compute (a copy-on-write copy runs
+        before the step, so it cannot take K/V the same step writes)."""
         if parent.cache_salt != child.cache_salt:
             return SharedPrefix()  # tenants never share, not even through a fork
-        limit = min(parent.num_computed_tokens, child.num_tokens - 1)
+        computed = parent.num_computed_tokens if parent_computed is None else parent_computed
+        limit = min(computed, parent.num_tokens, child.num_tokens - 1)
         a, b = parent.all_token_ids, child.all_token_ids
         t = 0
         while t < limit and a[t] == b[t]:
@@ -190,7 +194,10 @@ class KVCacheManager:
         if self.cache is None:
             return
         nodes = self._nodes.setdefault(req.request_id, [])
-        num_full = req.num_computed_tokens // self.block_size
+        # a block is keyed by its tokens: one still holding a pending (unknown) token must wait;
+        # one whose K/V a scheduled step is still writing may enter, since every later step that
+        # could hit it runs after that step on the device
+        num_full = min(req.num_computed_tokens, req.num_tokens) // self.block_size
         if num_full <= len(nodes):
             return
         bs = self.block_size

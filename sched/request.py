@@ -3,8 +3,15 @@
 The engine builds a `Request` at the door (after validating the user's input) and hands it to the
 scheduler, which mutates its state fields every step: how many tokens have K/V in the cache
 (`num_computed_tokens`), which blocks hold them (`block_ids`), the tokens sampled so far, and how
-it ended. `payload` is opaque here: the engine keeps its sampling parameters there, so `sched`
+it ended. `sampling` is carried, never read, here: the runner's sampler needs it, so `sched`
 needs neither a tokenizer nor jax.
+
+With the one-step-ahead loop a step is scheduled before the previous step's sampled tokens reach
+the host: `num_computed_tokens` counts tokens whose K/V are computed *or being computed* by a step
+already scheduled, and `num_pending_output_tokens` the tokens such steps have sampled whose values
+the host does not know yet (they stay on the device and feed the next step as placeholders).
+Everything the scheduler keeps per request lives here too, so finishing a request is one
+deletion.
 """
 
 from __future__ import annotations
@@ -12,8 +19,8 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Any
 
+from jaxserve.sched.sampling import GREEDY, SamplingOptions
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"  # never ran, or a fork child waiting for its parent's prefill
@@ -58,7 +65,7 @@ class Request:
     priority: int = 0  # lower = more urgent (as in vLLM)
     arrival_time: float = field(default_factory=time.time)
     cache_salt: str | None = None  # prefix-cache namespace; None = the public one
-    payload: Any = None  # opaque to sched (the engine's sampling params)
+    sampling: SamplingOptions = GREEDY  # for the runner's sampler; the scheduler only carries it
 
     # ---- state, mutated by the scheduler ----
     output_token_ids: list[int] = field(default_factory=list)
@@ -69,6 +76,14 @@ class Request:
     stop_reason: int | str | None = None  # the stop token id, or a stop string set by the engine
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
     num_preemptions: int = 0
+    # sampled by scheduled steps, not yet known on the host (0 or 1 with the one-step-ahead loop)
+    num_pending_output_tokens: int = 0
+
+    # ---- the scheduler's bookkeeping (only sched writes these) ----
+    queue_key: tuple = ()  # order in the waiting queue, kept across preemptions
+    arrival_step: int = 0  # the scheduler step it arrived in (starvation guard)
+    fork_parent_id: str | None = None  # a waiting fork child's parent
+    host_block_ids: list[int] = field(default_factory=list)  # a swapped-out request's host blocks
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str):
@@ -98,6 +113,15 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_tokens_with_pending(self) -> int:
+        """Tokens including those sampled on the device whose values are not known yet."""
+        return self.num_tokens + self.num_pending_output_tokens
+
+    @property
+    def num_outputs_with_pending(self) -> int:
+        return len(self.output_token_ids) + self.num_pending_output_tokens
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -24,23 +24,32 @@ a parallel sample or a beam) waits until its parent has computed their common pr
 the parent's blocks; whoever first writes into a shared, partly filled block gets a copy.
 
 The engine's loop: `schedule()` -> the runner performs `swap_out`, then `swap_in`, then
-`block_copies`, then the step -> `update(out, sampled)`.
+`block_copies`, then the step -> `update(out, sampled)`. With the one-step-ahead loop the engine
+calls `schedule()` for step N+1 before `update()` for step N: `schedule()` advances
+`num_computed_tokens` itself and counts each sample it schedules as a pending output, so a
+decoding request is scheduled again with a placeholder for the token step N is sampling. A request
+whose pending tokens already reach max_tokens or max_model_len is not scheduled again (it ends at
+its update); one that ends by EOS, a stop id or a stop string may be in step N+1 already, whose
+token for it `update()` then ignores. Requests with pending tokens are never admitted from the
+waiting queue (their token ids are not all known), and a preempted request still takes the token
+its last step sampled.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from jaxserve.sched.block_pool import BlockPool
 from jaxserve.sched.errors import Overloaded
 from jaxserve.sched.kv_cache_manager import KVCacheManager, SharedPrefix, cdiv
+from jaxserve.sched.limits import RequestLimits
 from jaxserve.sched.policy import FairShare, pick_victim
 from jaxserve.sched.request import FINISH_REASONS, Request, RequestStatus
 from jaxserve.sched.request_queue import WaitingQueue
 from jaxserve.sched.scheduler_config import SchedulerConfig
-from jaxserve.sched.scheduler_output import RequestUpdate, ScheduledRequest, SchedulerOutput
+from jaxserve.sched.scheduler_output import PLACEHOLDER_TOKEN, RequestUpdate, ScheduledRequest, SchedulerOutput
 from jaxserve.sched.stop_conditions import check_stop
 
 __all__ = ["Overloaded", "Scheduler", "SchedulerConfig"]
@@ -74,11 +83,8 @@ class Scheduler:
         # Host-pool accounting reuses BlockPool, whose id 0 is reserved; the runner's host arrays
         # have no null block, so pool id h is host block h - 1 in SchedulerOutput.
         self.host_pool = BlockPool(config.num_host_blocks + 1, config.block_size) if config.num_host_blocks else None
-        self._requests: dict[str, Request] = {}  # live: waiting or running
-        self._keys: dict[str, tuple] = {}  # queue key, kept across preemptions
-        self._arrival_step: dict[str, int] = {}
-        self._fork_parent: dict[str, str] = {}  # waiting fork child -> parent id
-        self._host_blocks: dict[str, list[int]] = {}  # swapped-out request -> its host blocks
+        self.limits = RequestLimits(config.max_model_len, config.block_size, self.kv.pool.num_total)
+        self._requests: dict[str, Request] = {}  # live: waiting or running; the only per-request map
         self._seq = itertools.count()
         self._fair = FairShare(config.priority_weight_base)
         self._step = 0
@@ -94,26 +100,10 @@ class Scheduler:
         c = self.config
         if req.request_id in self._requests:
             raise ValueError(f"request_id {req.request_id!r} is already in the scheduler")
-        n = req.num_prompt_tokens
-        if n == 0:
-            raise ValueError(f"request {req.request_id!r}: the prompt is empty (0 tokens)")
-        if n > c.max_model_len:
-            raise ValueError(
-                f"request {req.request_id!r}: the prompt has {n} tokens, more than max_model_len={c.max_model_len}"
-            )
-        if n + req.max_tokens > c.max_model_len:
-            raise ValueError(
-                f"request {req.request_id!r}: prompt ({n} tokens) + max_tokens ({req.max_tokens}) = "
-                f"{n + req.max_tokens} exceeds max_model_len={c.max_model_len}"
-            )
-        # the last sampled token's K/V are never computed
-        need = cdiv(n + req.max_tokens - 1, c.block_size)
-        if need > self.kv.pool.num_total:
-            raise ValueError(
-                f"request {req.request_id!r}: prompt ({n} tokens) + max_tokens ({req.max_tokens}) needs "
-                f"{need} KV blocks of {c.block_size} tokens, but the whole pool has {self.kv.pool.num_total}; "
-                f"it could never run"
-            )
+        try:  # the engine's door ran the same check; this guards direct callers
+            self.limits.check(req.num_prompt_tokens, req.max_tokens, req.min_tokens)
+        except ValueError as e:
+            raise ValueError(f"request {req.request_id!r}: {e}") from None
         if req.status is not RequestStatus.WAITING or req.block_ids or req.num_computed_tokens:
             raise ValueError(f"request {req.request_id!r} is not fresh (status {req.status.name})")
 
@@ -145,14 +135,13 @@ class Scheduler:
                 f"{parent.cache_salt!r}; tenants never share blocks"
             )
         self._validate(child)
-        pkey = self._keys[parent_id]
-        self._fork_parent[child.request_id] = parent_id
-        self._enqueue(child, pkey[:-1] + (next(self._seq) + 1,))  # right behind the parent
+        child.fork_parent_id = parent_id
+        self._enqueue(child, parent.queue_key[:-1] + (next(self._seq) + 1,))  # right behind the parent
 
     def _enqueue(self, req: Request, key: tuple) -> None:
         self._requests[req.request_id] = req
-        self._keys[req.request_id] = key
-        self._arrival_step[req.request_id] = self._step
+        req.queue_key = key
+        req.arrival_step = self._step
         self.waiting.push(req, key)
 
     # ---- a step -------------------------------------------------------------------------------
@@ -178,8 +167,10 @@ class Scheduler:
         )
 
     def _schedule_running(self, st: _Step) -> None:
-        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
-        prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
+        # a request whose pending tokens reach its limits ends at its update: nothing to schedule
+        live = [r for r in self.running if not self._ends_with_pending(r)]
+        decodes = [r for r in live if r.num_tokens_with_pending - r.num_computed_tokens == 1]
+        prefills = [r for r in live if r.num_tokens_with_pending - r.num_computed_tokens > 1]
         for req in decodes + prefills:
             if req.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this step
@@ -205,9 +196,12 @@ class Scheduler:
             if req.request_id in st.preempted:
                 j += 1  # evicted in this step: it does not come straight back
                 continue
-            starving = self._step - self._arrival_step[req.request_id] >= c.starvation_steps
+            if req.num_pending_output_tokens:
+                j += 1  # preempted with a token still on its way: its ids are not all known yet
+                continue
+            starving = self._step - req.arrival_step >= c.starvation_steps
             swapped = req.status is RequestStatus.SWAPPED
-            prefix = SharedPrefix(num_tokens=req.num_computed_tokens) if swapped else self._shared_prefix(req)
+            prefix = SharedPrefix(num_tokens=req.num_computed_tokens) if swapped else self._shared_prefix(req, st)
             n = self._num_new_tokens(req, prefix.num_tokens, st) if prefix is not None else 0
             partial = prefix is not None and prefix.num_tokens + n < req.num_tokens
             capped = partial and c.max_num_partial_prefills and len(st.partial) >= c.max_num_partial_prefills
@@ -231,13 +225,13 @@ class Scheduler:
                 continue
             first = req.status is RequestStatus.WAITING
             self.waiting.remove(req)
-            self._fork_parent.pop(req.request_id, None)
+            req.fork_parent_id = None
             if first:
                 req.num_cached_tokens = min(prefix.num_tokens, req.num_prompt_tokens)
                 if not prefix.forked and not swapped:  # the hit statistics describe the tree
                     self.kv.record_lookup(req, prefix)
             if self.config.scheduling_policy == "priority":
-                self._fair.admitted(self._keys[req.request_id][0])
+                self._fair.admitted(req.queue_key[0])
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             st.admitted.add(req.request_id)
@@ -248,7 +242,7 @@ class Scheduler:
         one admitted in this very step: its swap-in or first chunk is not even computed yet)."""
         if self.config.scheduling_policy != "priority":
             return None
-        parent = self._fork_parent.get(req.request_id)  # a fork child never evicts its own parent
+        parent = req.fork_parent_id  # a fork child never evicts its own parent
         less_urgent = [
             r for r in self.running
             if r.priority > req.priority and r.request_id not in st.admitted and r.request_id != parent
@@ -262,18 +256,18 @@ class Scheduler:
             return False
         reserve = self.config.watermark_blocks if busy else 0
         if req.status is RequestStatus.SWAPPED:
-            host = self._host_blocks[req.request_id]
+            host = req.host_block_ids
             dev = self.kv.swap_in(req, host, n, reserve)
             if dev is None:
                 return False
             st.swap_in.extend((h - 1, d) for h, d in zip(host, dev))
             st.host_freed.extend(host)
-            del self._host_blocks[req.request_id]
+            req.host_block_ids = []
             return True
         return self.kv.allocate_slots(req, n, st.copies, prefix, reserve)
 
     def _projected_blocks(self, req: Request) -> int:
-        remaining = req.max_tokens - req.num_output_tokens
+        remaining = req.max_tokens - req.num_outputs_with_pending
         share = math.ceil(self.config.admission_output_share * remaining)
         return cdiv(min(req.num_tokens + share, req.num_prompt_tokens + req.max_tokens - 1), self.config.block_size)
 
@@ -296,7 +290,7 @@ class Scheduler:
         before any prompt, so st.decodes is final when a prompt's chunk is sized."""
         c = self.config
         budget = st.budget
-        n = req.num_tokens - num_computed
+        n = req.num_tokens_with_pending - num_computed
         if not c.enable_chunked_prefill:
             return n if self._charge(n) <= budget else 0
         if c.long_prefill_token_threshold:
@@ -309,39 +303,56 @@ class Scheduler:
         fit = (budget // c.chunk_granularity) * c.chunk_granularity
         return fit if fit > 1 else min(1, budget, n)
 
-    def _shared_prefix(self, req: Request) -> SharedPrefix | None:
+    def _shared_prefix(self, req: Request, st: _Step) -> SharedPrefix | None:
         prefix = self.kv.find_cached_prefix(req)
-        parent_id = self._fork_parent.get(req.request_id)
+        parent_id = req.fork_parent_id
         if parent_id is None:
             return prefix
         parent = self._requests.get(parent_id)
         if parent is None:  # the parent ended: the child runs on its own
-            del self._fork_parent[req.request_id]
+            req.fork_parent_id = None
             return prefix
         if parent.status is not RequestStatus.RUNNING:
             return None
-        fork = self.kv.fork_prefix(parent, req)
+        # the parent's tokens computed by earlier steps only: its chunk in this step is not there yet
+        this_step = st.scheduled.get(parent_id)
+        fork = self.kv.fork_prefix(parent, req, this_step.num_computed_tokens if this_step else None)
         want = min(_common_prefix_len(parent.all_token_ids, req.all_token_ids), req.num_tokens - 1)
         if fork.num_tokens < want:
             return None  # wait for the parent's prefill to reach the shared prefix
         return fork if fork.num_tokens >= prefix.num_tokens else prefix
 
+    def _ends_with_pending(self, req: Request) -> bool:
+        """Pending tokens already take req to max_tokens or max_model_len: it ends at its update."""
+        if not req.num_pending_output_tokens:
+            return False
+        return (req.num_outputs_with_pending >= req.max_tokens
+                or req.num_tokens_with_pending >= self.config.max_model_len)
+
     def _add_scheduled(self, req: Request, n: int, st: _Step) -> None:
+        """Put n of req's tokens in this step and advance its state as if the step had run."""
         c0 = req.num_computed_tokens
+        known = req.num_tokens
+        end = c0 + n
+        token_ids = req.token_slice(c0, min(end, known)) + (PLACEHOLDER_TOKEN,) * max(0, end - max(c0, known))
+        sample = end == req.num_tokens_with_pending
         st.scheduled[req.request_id] = ScheduledRequest(
             request_id=req.request_id,
-            token_ids=req.token_slice(c0, c0 + n),
+            token_ids=token_ids,
             num_computed_tokens=c0,
             block_ids=tuple(req.block_ids),
-            sample=c0 + n == req.num_tokens,
-            num_output_tokens=req.num_output_tokens,
-            payload=req.payload,
+            sample=sample,
+            num_output_tokens=req.num_outputs_with_pending,
+            sampling=req.sampling,
         )
         st.budget -= self._charge(n)
-        if n == 1 and req.num_output_tokens > 0:
+        if n == 1 and req.num_outputs_with_pending > 0:
             st.decodes += 1
-        if c0 + n < req.num_tokens:
+        if end < req.num_tokens_with_pending:
             st.partial.add(req.request_id)
+        req.num_computed_tokens = end
+        if sample:
+            req.num_pending_output_tokens += 1
 
     # ---- preemption ---------------------------------------------------------------------------
     def _preempt(self, victim: Request, st: _Step) -> None:
@@ -350,9 +361,12 @@ class Scheduler:
         rid = victim.request_id
         pending_copy = False
         sr = st.scheduled.pop(rid, None)
-        if sr is not None:
+        if sr is not None:  # undo what _add_scheduled advanced
             st.budget += self._charge(len(sr.token_ids))
             st.partial.discard(rid)
+            victim.num_computed_tokens = sr.num_computed_tokens
+            if sr.sample:
+                victim.num_pending_output_tokens -= 1
             mine = set(victim.block_ids)
             kept = [(s, d) for s, d in st.copies if d not in mine]
             pending_copy = len(kept) != len(st.copies)
@@ -365,7 +379,7 @@ class Scheduler:
             k = cdiv(victim.num_computed_tokens, self.config.block_size)
             host = self.host_pool.allocate(k)
             st.swap_out.extend((d, h - 1) for d, h in zip(victim.block_ids[:k], host))
-            self._host_blocks[rid] = host
+            victim.host_block_ids = host
             self.kv.free(victim)
             victim.status = RequestStatus.SWAPPED
             self.num_preemptions_swap += 1
@@ -377,7 +391,7 @@ class Scheduler:
             self.num_preemptions_recompute += 1
         victim.num_preemptions += 1
         st.preempted.append(rid)
-        self.waiting.push(victim, self._keys[rid])
+        self.waiting.push(victim, victim.queue_key)
 
     def _should_swap(self, req: Request) -> bool:
         mode = self.config.preemption_mode
@@ -393,33 +407,37 @@ class Scheduler:
         return lost >= self.config.swap_crossover_tokens
 
     # ---- after a step -------------------------------------------------------------------------
-    def update(self, sched_out: SchedulerOutput, sampled: Mapping[str, int]) -> list[RequestUpdate]:
-        """Record that the step ran: advance computed tokens, append sampled tokens, finish
-        requests that hit a stop condition (their blocks are freed at once)."""
+    def update(self, sched_out: SchedulerOutput, sampled: Mapping[str, Sequence[int]]) -> list[RequestUpdate]:
+        """Record that the step ran: append each request's sampled tokens (`sampled[id]`, in order),
+        cache newly full blocks, finish requests that hit a stop condition (their blocks are freed
+        at once). Requests finished or aborted since the step was scheduled are skipped: the token
+        a step computed for them is dropped. A request preempted since still takes its token."""
         updates: list[RequestUpdate] = []
         for sr in sched_out.requests:
             req = self._requests.get(sr.request_id)
-            if req is None or req.status is not RequestStatus.RUNNING:
-                continue  # aborted or finished by the engine while the step ran
-            if req.num_computed_tokens != sr.num_computed_tokens:
-                raise ValueError(
-                    f"update() for request {sr.request_id!r}: it has {req.num_computed_tokens} computed "
-                    f"tokens but the step started from {sr.num_computed_tokens}; call update() once per schedule()"
-                )
-            req.num_computed_tokens += len(sr.token_ids)
+            if req is None:
+                continue  # finished or aborted while the step ran
             new: tuple[int, ...] = ()
             stop = None
             if sr.sample:
                 if sr.request_id not in sampled:
                     raise ValueError(f"update(): no sampled token for request {sr.request_id!r}")
-                tok = int(sampled[sr.request_id])
-                req.output_token_ids.append(tok)
-                new = (tok,)
+                new = tuple(int(t) for t in sampled[sr.request_id])
+                if len(new) != 1:
+                    raise ValueError(f"update(): request {sr.request_id!r} got {len(new)} tokens, expected 1")
+                if req.num_pending_output_tokens < len(new):
+                    raise ValueError(
+                        f"update() for request {sr.request_id!r}: it has {req.num_pending_output_tokens} "
+                        f"pending tokens but the step sampled {len(new)}; call update() once per schedule()")
+                req.num_pending_output_tokens -= len(new)
+                req.output_token_ids.extend(new)
                 stop = check_stop(req, self.config.max_model_len)
-            self.kv.cache_computed_blocks(req)
+            if req.status is RequestStatus.RUNNING:
+                self.kv.cache_computed_blocks(req)
             if stop is not None:
                 self._finish(req, *stop)
-            updates.append(RequestUpdate(req, new, stop is not None))
+            if new or req.status is RequestStatus.RUNNING or stop is not None:
+                updates.append(RequestUpdate(req, new, stop is not None))
         return updates
 
     # ---- ending requests from outside ---------------------------------------------------------
@@ -454,16 +472,14 @@ class Scheduler:
         else:
             self.waiting.remove(req)
         self.kv.free(req)
-        host = self._host_blocks.pop(rid, None)
-        if host:
-            self.host_pool.free(host)
+        if req.host_block_ids:
+            self.host_pool.free(req.host_block_ids)
+            req.host_block_ids = []
         req.status = FINISH_REASONS[reason]
         req.finish_reason = reason
         req.stop_reason = stop_reason
+        req.fork_parent_id = None
         del self._requests[rid]
-        del self._keys[rid]
-        del self._arrival_step[rid]
-        self._fork_parent.pop(rid, None)
 
     # ---- state and statistics -----------------------------------------------------------------
     def get_request(self, request_id: str) -> Request | None:

@@ -4,14 +4,18 @@
 input tokens to compute and the block table to write their K/V into, plus the block operations the
 runner performs before the step (copy-on-write copies, swaps). `Scheduler.update()` returns one
 `RequestUpdate` per request it touched, which the engine turns into streamed outputs.
+
+A token the previous step sampled but the host has not seen yet appears in `token_ids` as
+`PLACEHOLDER_TOKEN`; the runner takes its value from that step's sampled tokens on the device.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
 from jaxserve.sched.request import Request
+from jaxserve.sched.sampling import GREEDY, SamplingOptions
+
+PLACEHOLDER_TOKEN = -1  # "the token this request's previous step sampled", resolved on the device
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,8 +26,8 @@ class ScheduledRequest:
     num_computed_tokens: int  # tokens whose K/V are already cached (the context before this step)
     block_ids: tuple[int, ...]  # the full block table after allocation for this step
     sample: bool  # True iff this step reaches the last known token, so a new token is sampled
-    num_output_tokens: int  # outputs generated so far (a seeded sampler's step index)
-    payload: Any = None
+    num_output_tokens: int  # outputs sampled before this step, pending ones included (a seeded sampler's step index)
+    sampling: SamplingOptions = GREEDY
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -34,6 +38,16 @@ class ScheduledRequest:
     @property
     def num_new_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def num_placeholders(self) -> int:
+        """Trailing tokens whose values the previous step sampled on the device."""
+        n = 0
+        for t in reversed(self.token_ids):
+            if t != PLACEHOLDER_TOKEN:
+                break
+            n += 1
+        return n
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,5 +76,5 @@ class SchedulerOutput:
 @dataclass(frozen=True, slots=True)
 class RequestUpdate:
     request: Request  # the live request (its state after this update)
-    new_token_ids: tuple[int, ...]  # tokens appended this step (empty for a prefill chunk)
+    new_token_ids: tuple[int, ...]  # tokens appended by this update (empty for a prefill chunk)
     finished: bool

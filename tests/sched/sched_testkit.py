@@ -10,13 +10,13 @@ can be compared with `reference_output`, which runs the same model with no sched
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from jaxserve.sched.request import Request, RequestStatus
 from jaxserve.sched.scheduler import Scheduler
-from jaxserve.sched.scheduler_output import SchedulerOutput
+from jaxserve.sched.scheduler_output import PLACEHOLDER_TOKEN, SchedulerOutput
 
 EOS = 2
 VOCAB = 64
@@ -71,7 +71,11 @@ class FakeRunner:
         self.num_copies = 0
         self.num_swapped_out = 0
 
-    def execute(self, out: SchedulerOutput, sched: Scheduler) -> dict[str, int]:
+    def execute(self, out: SchedulerOutput, sched: Scheduler,
+                pending: Mapping[str, int] | None = None) -> dict[str, list[int]]:
+        """Run one step. `pending[id]` is the token the previous, not yet updated step sampled for
+        id: what a placeholder stands for (the real runner reads it on the device)."""
+        pending = pending or {}
         bs = self.block_size
         for dev, host in out.swap_out:
             self.host[host] = self.kv[dev].copy()
@@ -88,6 +92,8 @@ class FakeRunner:
             end = sr.num_computed_tokens + len(sr.token_ids)
             assert len(sr.block_ids) * bs >= end
             for p, t in zip(range(sr.num_computed_tokens, end), sr.token_ids):
+                if t == PLACEHOLDER_TOKEN:
+                    t = pending[sr.request_id]
                 slot = (sr.block_ids[p // bs], p % bs)
                 assert slot not in written, f"two requests write slot {slot} in one step"
                 written.add(slot)
@@ -97,9 +103,11 @@ class FakeRunner:
             end = sr.num_computed_tokens + len(sr.token_ids)
             ctx = [int(self.kv[sr.block_ids[p // bs], p % bs]) for p in range(end)]
             req = sched.get_request(sr.request_id)
-            assert ctx == req.all_token_ids[:end], f"{sr.request_id}: the KV arena holds the wrong context"
+            from_before = req.num_pending_output_tokens - sr.sample  # sampled by the step before this one
+            known = req.all_token_ids + ([pending[sr.request_id]] if from_before else [])
+            assert ctx == known[:end], f"{sr.request_id}: the KV arena holds the wrong context"
             if sr.sample:
-                sampled[sr.request_id] = next_token(ctx)
+                sampled[sr.request_id] = [next_token(ctx)]
         # blocks nobody holds lose their content: a later read of one shows as a wrong context
         pool = sched.kv.pool
         for b in pool.free_block_ids():
@@ -155,8 +163,12 @@ def drive(
     on_step: Callable[[int, SchedulerOutput], None] | None = None,
     runner: FakeRunner | None = None,
     max_steps: int = 20_000,
+    one_step_ahead: bool = False,
+    on_update: Callable[[int], None] | None = None,
 ) -> dict[str, Request]:
     """Run until every request finished. `arrivals[step]` are added before that step's schedule().
+    With `one_step_ahead`, step N+1 is scheduled and run before step N's update, as the engine's
+    asynchronous loop does; `on_update(step)` runs after each update (e.g. to abort requests).
     Returns all requests by id (finished)."""
     cfg = sched.config
     runner = runner or FakeRunner(cfg.num_blocks, cfg.block_size)
@@ -166,19 +178,28 @@ def drive(
         seen[r.request_id] = r
     arrivals = dict(arrivals or {})
     step = 0
-    while sched.has_unfinished_requests() or arrivals:
+    in_flight: tuple[SchedulerOutput, dict[str, list[int]]] | None = None
+    while sched.has_unfinished_requests() or arrivals or in_flight:
         for r in arrivals.pop(step, []):
             sched.add_request(r)
             seen[r.request_id] = r
         out = sched.schedule()
         assert out.num_batched_tokens <= cfg.max_num_batched_tokens
         assert len({s.request_id for s in out.requests}) == len(out.requests)
-        if sched.has_unfinished_requests() and not arrivals:
+        if sched.has_unfinished_requests() and not arrivals and not in_flight:
             assert out.requests or out.preempted_ids, f"step {step}: nothing scheduled, the scheduler is stuck"
         check_invariants(sched)
-        sampled = runner.execute(out, sched)
-        sched.update(out, sampled)
+        pending = {rid: toks[-1] for rid, toks in in_flight[1].items()} if in_flight else {}
+        sampled = runner.execute(out, sched, pending)
+        if one_step_ahead:
+            if in_flight is not None:
+                sched.update(*in_flight)
+            in_flight = (out, sampled) if out.requests else None
+        else:
+            sched.update(out, sampled)
         check_invariants(sched)
+        if on_update is not None:
+            on_update(step)
         if on_step is not None:
             on_step(step, out)
         step += 1

@@ -17,18 +17,18 @@ def test_an_empty_prompt_is_rejected(sched):
 
 
 def test_a_prompt_longer_than_max_model_len_is_rejected(sched):
-    with pytest.raises(ValueError, match="prompt has 101 tokens, more than max_model_len=100"):
+    with pytest.raises(ValueError, match="prompt has 101 tokens, but max_model_len is 100"):
         sched.add_request(make_request("a", 101, max_tokens=1))
 
 
 def test_prompt_plus_max_tokens_beyond_max_model_len_is_rejected(sched):
-    with pytest.raises(ValueError, match=r"prompt \(90 tokens\) \+ max_tokens \(11\) = 101 exceeds max_model_len=100"):
+    with pytest.raises(ValueError, match=r"prompt \(90 tokens\) plus max_tokens \(11\) is 101 tokens, beyond max_model_len=100"):
         sched.add_request(make_request("a", 90, max_tokens=11))
 
 
 def test_a_request_that_could_never_fit_the_pool_is_rejected(sched):
     # 30 + 4 - 1 = 33 slots need 9 blocks of 4; the pool has 8
-    with pytest.raises(ValueError, match="needs 9 KV blocks of 4 tokens, but the whole pool has 8"):
+    with pytest.raises(ValueError, match="needs 9 KV blocks of 4 tokens, but the whole KV pool has 8"):
         sched.add_request(make_request("a", 30, max_tokens=4))
     sched.add_request(make_request("b", 30, max_tokens=3))  # 32 slots: exactly the pool
 

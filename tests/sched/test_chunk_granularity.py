@@ -39,10 +39,10 @@ def test_tiles_never_exceed_budget_over_granularity_in_a_random_workload():
         assert tiles(out, g) <= budget // g
         decodes = sum(1 for r in out.requests if len(r.token_ids) == 1)
         assert tiles(out, g) * g + decodes <= budget
-        s.update(out, {r.request_id: 7 for r in out.requests if r.sample})
+        s.update(out, {r.request_id: [7] for r in out.requests if r.sample})
     while s.has_unfinished_requests():
         out = s.schedule()
-        s.update(out, {r.request_id: 7 for r in out.requests if r.sample})
+        s.update(out, {r.request_id: [7] for r in out.requests if r.sample})
     assert s.num_kv_blocks_free + s.num_kv_blocks_cached == s.num_kv_blocks_total
 
 

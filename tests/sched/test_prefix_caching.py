@@ -173,11 +173,11 @@ def test_reset_prefix_cache_empties_the_tree_only_between_workloads():
                                   max_model_len=64))
     s.add_request(Request("a", list(range(1, 17)), 2))
     out = s.schedule()
-    s.update(out, {"a": 5})
+    s.update(out, {"a": [5]})
     assert not s.reset_prefix_cache()          # a live request: nothing changes
     while s.has_unfinished_requests():
         out = s.schedule()
-        s.update(out, {r.request_id: 5 for r in out.requests if r.sample})
+        s.update(out, {r.request_id: [5] for r in out.requests if r.sample})
     assert s.num_kv_blocks_cached > 0
     assert s.reset_prefix_cache()
     assert s.num_kv_blocks_cached == 0 and s.num_kv_blocks_free == s.num_kv_blocks_total

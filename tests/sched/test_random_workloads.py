@@ -1,6 +1,8 @@
 """Random workloads: whatever the configuration, arrivals and aborts, every request produces what
-the model alone would produce, the block accounting holds after every step, and nothing leaks."""
+the model alone would produce, the block accounting holds after every step, and nothing leaks;
+with the engine's one-step-ahead loop (step N+1 scheduled before step N's update) as without."""
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sched_testkit import assert_outputs_match_reference, drive, make_request
@@ -66,9 +68,10 @@ def workloads(draw):
     return cfg, arrivals, aborts, forks
 
 
+@pytest.mark.parametrize("one_step_ahead", [False, True], ids=["sync", "one-step-ahead"])
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads())
-def test_random_workloads_match_the_model_alone_and_leak_no_blocks(w):
+def test_random_workloads_match_the_model_alone_and_leak_no_blocks(one_step_ahead, w):
     cfg, arrivals, aborts, forks = w
     sched = Scheduler(cfg)
     children = []
@@ -86,7 +89,7 @@ def test_random_workloads_match_the_model_alone_and_leak_no_blocks(w):
                 sched.fork_request(parent.request_id, child)
                 children.append(child)
 
-    reqs = drive(sched, arrivals=arrivals, on_step=on_step)
+    reqs = drive(sched, arrivals=arrivals, on_step=on_step, one_step_ahead=one_step_ahead)
     assert_outputs_match_reference(list(reqs.values()) + children, cfg.max_model_len)
     for r in list(reqs.values()) + children:
         assert r.is_finished and not r.block_ids

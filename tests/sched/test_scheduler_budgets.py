@@ -4,6 +4,7 @@ import pytest
 from sched_testkit import FakeRunner, assert_outputs_match_reference, drive, make_request
 
 from jaxserve.sched import Scheduler, SchedulerConfig
+from jaxserve.sched.sampling import SamplingOptions
 
 
 def config(**kw):
@@ -110,12 +111,12 @@ def test_running_requests_come_before_waiting_ones_and_decodes_are_never_empty()
 def test_scheduled_request_describes_its_step_exactly():
     sched = Scheduler(config(max_num_batched_tokens=64))
     runner = FakeRunner(64, 4)
-    req = make_request("a", [5, 6, 7, 8, 9], max_tokens=4, payload={"seed": 1})
+    req = make_request("a", [5, 6, 7, 8, 9], max_tokens=4, sampling=SamplingOptions(seed=1))
     sched.add_request(req)
     out = step(sched, runner)
     (sr,) = out.requests
     assert sr.token_ids == (5, 6, 7, 8, 9) and sr.num_computed_tokens == 0 and sr.sample
-    assert len(sr.block_ids) == 2 and sr.num_output_tokens == 0 and sr.payload == {"seed": 1}
+    assert len(sr.block_ids) == 2 and sr.num_output_tokens == 0 and sr.sampling == SamplingOptions(seed=1)
     out = step(sched, runner)
     (sr,) = out.requests
     assert sr.token_ids == (req.output_token_ids[0],) and sr.num_computed_tokens == 5

@@ -1,0 +1,34 @@
+"""SamplingOptions: what the runner needs to choose one request's tokens, typed.
+
+The scheduler never reads these fields; it carries them from the request to the step it schedules
+(`ScheduledRequest.sampling`), so the runner's sampler gets a typed record instead of an opaque
+payload. The engine builds one per request from the user's SamplingParams at the door.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Most ids one request can have masked before min_tokens (EOS and its stop ids): the sampler's
+# fixed width. The engine's door refuses a request that would need more, so none is ever dropped.
+MAX_BANNED_IDS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingOptions:
+    temperature: float = 0.0               # 0 = greedy
+    top_k: int = 0                         # 0 = no top-k cut
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int = 0                          # the request's seed, or one the engine drew for it
+    min_tokens: int = 0
+    # ids masked while fewer than min_tokens outputs exist (EOS unless ignored, and stop ids)
+    banned_before_min_tokens: tuple[int, ...] = ()
+    num_logprobs: int | None = None        # top logprobs per sampled token; None = no logprobs
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.num_logprobs is not None
+
+
+GREEDY = SamplingOptions()
