@@ -5,17 +5,22 @@ Layout of the T = D + P * tile query rows of a (D, P) bucket:
   rows [D, D + P*tile) prefill chunks, each cut into tiles of `tile` rows; a tile is one slot of
                        the uniform-slot attention, with kv_len = its last row's position + 1
 Padding rows read the null block and write their K/V into it; their outputs are discarded.
+A placeholder token (one the previous step sampled, not yet known on the host) gets its row's
+`token_src` = the previous step's logits row; the step reads the id there from the previous
+step's sampled tokens, on the device. Other rows have token_src = -1.
 Everything here is numpy on the host; the arrays go to the device once per step.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
 from jaxserve.runner.buckets import RunnerShapes
 from jaxserve.runner.sampler import sampling_arrays
+from jaxserve.sched.scheduler_output import PLACEHOLDER_TOKEN
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,12 +46,14 @@ def sample_rows_bucket(D: int, P: int) -> int:
     return 1 << (D + P - 1).bit_length()
 
 
-def pack_step(sched_out, shapes: RunnerShapes) -> PackedStep:
+def pack_step(sched_out, shapes: RunnerShapes, prev_rows: Mapping[str, int] | None = None) -> PackedStep:
+    """prev_rows: request id -> its logits row in the previous step, for resolving placeholders."""
     D, P = bucket_for(sched_out, shapes)
     block_size, tile, table_width = shapes.block_size, shapes.prefill_tile, shapes.table_width
     T = D + P * tile
     R = sample_rows_bucket(D, P)
     input_ids = np.zeros(T, np.int32)
+    token_src = np.full(T, -1, np.int32)
     positions = np.zeros(T, np.int32)
     slots = np.zeros(T, np.int32)          # 0 = first slot of the null block
     dec_lens = np.zeros(D, np.int32)
@@ -66,9 +73,17 @@ def pack_step(sched_out, shapes: RunnerShapes) -> PackedStep:
         table = np.asarray(req.block_ids, np.int32)
         pos = np.arange(start, start + n, dtype=np.int32)
         token_slots = table[pos // block_size] * block_size + pos % block_size
+        ids = np.asarray(req.token_ids, np.int32)
+        holes = ids == PLACEHOLDER_TOKEN
+        if holes.any():
+            if prev_rows is None or req.request_id not in prev_rows or holes.sum() != 1 or not holes[-1]:
+                raise ValueError(f"request {req.request_id!r}: a placeholder token the previous step did not sample")
+            ids = np.where(holes, 0, ids)
         if n == 1:
             row = d
-            input_ids[row] = req.token_ids[0]
+            input_ids[row] = ids[0]
+            if holes[0]:
+                token_src[row] = prev_rows[req.request_id]
             positions[row] = start
             slots[row] = token_slots[0]
             dec_lens[d] = start + 1
@@ -77,7 +92,9 @@ def pack_step(sched_out, shapes: RunnerShapes) -> PackedStep:
             d += 1
         else:
             base = D + p * tile
-            input_ids[base:base + n] = req.token_ids
+            input_ids[base:base + n] = ids
+            if holes[-1]:
+                token_src[base + n - 1] = prev_rows[req.request_id]
             tiles = num_tiles(n, tile)
             # padding rows of the last tile continue the positions (their outputs are discarded)
             positions[base:base + tiles * tile] = np.arange(start, start + tiles * tile, dtype=np.int32)
@@ -89,12 +106,12 @@ def pack_step(sched_out, shapes: RunnerShapes) -> PackedStep:
             p += tiles
         if req.sample:
             logits_rows[r] = last_row
-            row_sampling[r] = (req.payload, req.num_output_tokens)
+            row_sampling[r] = (req.sampling, req.num_output_tokens)
             sample_rows.append((req.request_id, r))
             r += 1
 
     arrays = dict(
-        input_ids=input_ids, positions=positions, slot_mapping=slots,
+        input_ids=input_ids, token_src=token_src, positions=positions, slot_mapping=slots,
         dec_kv_lens=dec_lens, dec_tables=dec_tables, dec_num=np.array([d], np.int32),
         pre_kv_lens=pre_lens, pre_tables=pre_tables, pre_num=np.array([p], np.int32),
         logits_rows=logits_rows,
@@ -107,7 +124,7 @@ def batch_shapes(D: int, P: int, *, tile: int, table_width: int) -> dict[str, tu
     T, R = D + P * tile, sample_rows_bucket(D, P)
     i32 = np.dtype(np.int32)
     return dict(
-        input_ids=((T,), i32), positions=((T,), i32), slot_mapping=((T,), i32),
+        input_ids=((T,), i32), token_src=((T,), i32), positions=((T,), i32), slot_mapping=((T,), i32),
         dec_kv_lens=((D,), i32), dec_tables=((D, table_width), i32), dec_num=((1,), i32),
         pre_kv_lens=((P,), i32), pre_tables=((P, table_width), i32), pre_num=((1,), i32),
         logits_rows=((R,), i32),

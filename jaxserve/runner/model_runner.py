@@ -2,10 +2,16 @@
 
 It turns a SchedulerOutput into arrays (runner/batch.py), calls the bucket's compiled step with
 the arena donated, and hands back the sampled tokens. It makes no scheduling decisions.
+
+`dispatch` starts a step and returns at once (JAX dispatches asynchronously) with a `StepHandle`;
+`collect` waits for that step's sampled tokens. Between the two the host is free: the engine's
+one-step-ahead loop schedules and dispatches the next step there. The sampled ids also stay on the
+device (`_prev_tokens`), where the next step reads the placeholders the scheduler left for them.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -36,7 +42,18 @@ class SampledToken:
 
 @dataclass(frozen=True, slots=True)
 class ModelRunnerOutput:
-    sampled: dict[str, SampledToken] = field(default_factory=dict)
+    # request id -> the tokens it sampled in the step, in order (one per step today; a
+    # multi-token step, e.g. speculative decoding, fills more)
+    sampled: dict[str, list[SampledToken]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class StepHandle:
+    """A dispatched step; its outputs may still be computing on the device."""
+
+    sample_rows: tuple[tuple[str, int], ...] = ()   # (request id, logits row) of requests that sample
+    sampler_out: dict | None = None                  # the sampler's device arrays
+    want_logprobs: np.ndarray | None = None          # per logits row
 
 
 class ModelRunner:
@@ -53,6 +70,10 @@ class ModelRunner:
         self._attention = select_attention(attention_impl)
         self._compiled: dict[tuple[int, int], object] = {}
         self._samplers: dict[int, object] = {}
+        # the previous step's sampled ids, on the device, padded to the most logits rows any bucket has
+        self.max_sample_rows = max(sample_rows_bucket(*b) for b in shapes.buckets())
+        self._prev_tokens = jnp.zeros((self.max_sample_rows,), jnp.int32)
+        self._prev_rows: dict[str, int] = {}   # request id -> its row in _prev_tokens
         self._prefill_tokens_per_s: float | None = None
         self._compiler_options = ({} if xla_optimization_level is None
                                   else {"xla_backend_optimization_level": xla_optimization_level})
@@ -66,12 +87,13 @@ class ModelRunner:
         specs = {k: jax.ShapeDtypeStruct(s, d) for k, (s, d) in
                  batch_shapes(D, P, tile=self.shapes.prefill_tile, table_width=self.shapes.table_width).items()}
         kv = self.arena_spec.shape_dtype()
-        return jax.jit(fn, donate_argnums=(1,)).lower(self.params, kv, specs)
+        prev = jax.ShapeDtypeStruct((self.max_sample_rows,), jnp.int32)
+        return jax.jit(fn, donate_argnums=(1,)).lower(self.params, kv, specs, prev)
 
     def _lower_sampler(self, rows: int):
         logits = jax.ShapeDtypeStruct((rows, self.model_config.vocab_size), jnp.float32)
         specs = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in sampling_arrays([None] * rows, rows).items()}
-        return jax.jit(sample).lower(logits, specs)
+        return jax.jit(functools.partial(sample, pad_to=self.max_sample_rows)).lower(logits, specs)
 
     def compile_all(self, progress: bool = True) -> None:
         """Compile every bucket (and the sampler for every row count) ahead of time, two at a time
@@ -126,6 +148,12 @@ class ModelRunner:
 
     # -- execution ---------------------------------------------------------------------------
     def execute(self, sched_out) -> ModelRunnerOutput:
+        """Run one step and wait for its sampled tokens."""
+        return self.collect(self.dispatch(sched_out))
+
+    def dispatch(self, sched_out) -> StepHandle:
+        """Start one step on the device and return without waiting for it. Placeholders in its
+        token ids are read from the previous dispatched step's sampled tokens."""
         # Block operations first, in the scheduler's order: swap-outs may free blocks that
         # swap-ins and copies of the same step reuse.
         if sched_out.swap_out:
@@ -135,28 +163,44 @@ class ModelRunner:
         if sched_out.block_copies:
             self.copy_blocks(sched_out.block_copies)
         if not sched_out.requests:
-            return ModelRunnerOutput()
-        packed = pack_step(sched_out, self.shapes)
+            return StepHandle()
+        packed = pack_step(sched_out, self.shapes, self._prev_rows)
         step = self._compiled.get(packed.bucket)
         if step is None:
             raise RuntimeError(f"bucket {packed.bucket} was not compiled at start-up")
-        self.kv_caches, logits = step(self.params, self.kv_caches, packed.arrays)
+        self.kv_caches, logits = step(self.params, self.kv_caches, packed.arrays, self._prev_tokens)
+        self._prev_rows = dict(packed.sample_rows)
         if not packed.sample_rows:
-            return ModelRunnerOutput()
+            return StepHandle()
         out = self._samplers[logits.shape[0]](logits, packed.sampling)
-        tokens = np.asarray(out["tokens"])
+        self._prev_tokens = out["padded_tokens"]
         wants = packed.sampling["want_logprobs"]
+        # start the copies to the host now; collect() reads them a step later
+        for key in ("tokens", "logprob", "top_ids", "top_logprobs") if wants.any() else ("tokens",):
+            out[key].copy_to_host_async()
+        return StepHandle(packed.sample_rows, out, wants)
+
+    def is_ready(self, handle: StepHandle) -> bool:
+        """Whether a dispatched step's sampled tokens are computed (collect would not wait)."""
+        return not handle.sample_rows or handle.sampler_out["tokens"].is_ready()
+
+    def collect(self, handle: StepHandle) -> ModelRunnerOutput:
+        """Wait for a dispatched step's sampled tokens (and logprobs, where asked) on the host."""
+        if not handle.sample_rows:
+            return ModelRunnerOutput()
+        out, wants = handle.sampler_out, handle.want_logprobs
+        tokens = np.asarray(out["tokens"])
         lp = top_ids = top_lp = None
         if wants.any():
             lp, top_ids, top_lp = (np.asarray(out[k]) for k in ("logprob", "top_ids", "top_logprobs"))
         sampled = {}
-        for request_id, row in packed.sample_rows:
+        for request_id, row in handle.sample_rows:
             if wants[row]:
-                sampled[request_id] = SampledToken(
+                sampled[request_id] = [SampledToken(
                     int(tokens[row]), float(lp[row]),
-                    tuple(zip(top_ids[row].tolist(), top_lp[row].tolist())))
+                    tuple(zip(top_ids[row].tolist(), top_lp[row].tolist())))]
             else:
-                sampled[request_id] = SampledToken(int(tokens[row]))
+                sampled[request_id] = [SampledToken(int(tokens[row]))]
         return ModelRunnerOutput(sampled)
 
     def measure_prefill_throughput(self, repeats: int = 2) -> float:
@@ -173,13 +217,10 @@ class ModelRunner:
         """A greedy request of `num_tokens` new tokens after `num_computed` cached ones, on the
         scratch blocks 1, 2, ... (their contents do not matter for timing)."""
         from jaxserve.sched.scheduler_output import ScheduledRequest
-        from jaxserve.sampling_params import SamplingParams
-        from jaxserve.runner.sampler import RowSampling
 
         end = num_computed + num_tokens
         blocks = tuple(range(1, 1 + -(-end // self.shapes.block_size)))
-        return ScheduledRequest(request_id, (0,) * num_tokens, num_computed, blocks, True, 0,
-                                RowSampling(SamplingParams(temperature=0), 0))
+        return ScheduledRequest(request_id, (0,) * num_tokens, num_computed, blocks, True, 0)
 
     def _decode_rows(self, context: int, rows: int | None = None) -> list:
         """A decode batch (default: a full one) at `context` tokens on shared scratch blocks."""

@@ -8,28 +8,17 @@ when some row wants them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxserve.sampling_params import MAX_LOGPROBS, SamplingParams
-
-MAX_BANNED = 8   # ids masked before min_tokens (EOS and stop ids); more are truncated at the door
-
-
-@dataclass(frozen=True, slots=True)
-class RowSampling:
-    """What the runner needs to sample one request's next token (the scheduler's payload)."""
-
-    params: SamplingParams
-    seed: int                       # the request's seed, or one the engine drew for it
-    min_tokens_banned: tuple[int, ...] = ()   # ids forbidden while fewer than min_tokens are out
+from jaxserve.sampling_params import MAX_LOGPROBS
+from jaxserve.sched.sampling import MAX_BANNED_IDS as MAX_BANNED
+from jaxserve.sched.sampling import SamplingOptions
 
 
-def sampling_arrays(rows: list[tuple[RowSampling, int] | None], num_rows: int) -> dict[str, np.ndarray]:
-    """Host-side arrays for `sample`; rows[i] = (sampling, num_output_tokens) or None for padding."""
+def sampling_arrays(rows: list[tuple[SamplingOptions, int] | None], num_rows: int) -> dict[str, np.ndarray]:
+    """Host-side arrays for `sample`; rows[i] = (options, outputs before this token) or None for padding."""
     temperature = np.zeros(num_rows, np.float32)
     top_k = np.zeros(num_rows, np.int32)
     top_p = np.ones(num_rows, np.float32)
@@ -42,17 +31,18 @@ def sampling_arrays(rows: list[tuple[RowSampling, int] | None], num_rows: int) -
         if row is None:
             continue
         s, num_out = row
-        p = s.params
-        temperature[i] = p.temperature
-        top_k[i] = p.top_k
-        top_p[i] = p.top_p
-        min_p[i] = p.min_p
+        temperature[i] = s.temperature
+        top_k[i] = s.top_k
+        top_p[i] = s.top_p
+        min_p[i] = s.min_p
         seed[i] = s.seed & 0xFFFFFFFF
         step[i] = num_out
-        if num_out < p.min_tokens and s.min_tokens_banned:
-            ids = s.min_tokens_banned[:MAX_BANNED]
+        if num_out < s.min_tokens and s.banned_before_min_tokens:
+            ids = s.banned_before_min_tokens
+            if len(ids) > MAX_BANNED:
+                raise ValueError(f"{len(ids)} ids to ban before min_tokens; the sampler holds {MAX_BANNED}")
             banned[i, :len(ids)] = ids
-        want_logprobs[i] = p.logprobs is not None
+        want_logprobs[i] = s.wants_logprobs
     return dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, step=step,
                 banned=banned, want_logprobs=want_logprobs)
 
@@ -74,8 +64,10 @@ def _filtered(scaled, top_k, top_p, min_p):
     return jnp.where(keep, scaled, -jnp.inf)
 
 
-def sample(logits: jax.Array, a: dict) -> dict[str, jax.Array]:
-    """logits: [R, V] float32 -> sampled ids [R] and logprob information."""
+def sample(logits: jax.Array, a: dict, *, pad_to: int) -> dict[str, jax.Array]:
+    """logits: [R, V] float32 -> sampled ids [R] and logprob information. `padded_tokens` holds
+    the ids again in a fixed [pad_to] array: the next step reads its placeholders from it on the
+    device, and one shape serves every bucket."""
     num_rows, vocab = logits.shape
     raw_logits = logits            # logprobs describe the model's distribution, before any mask
     banned = a["banned"]
@@ -107,4 +99,5 @@ def sample(logits: jax.Array, a: dict) -> dict[str, jax.Array]:
                 jnp.zeros((num_rows, MAX_LOGPROBS), jnp.float32))
 
     chosen, top_ids, top_lp = jax.lax.cond(jnp.any(a["want_logprobs"]), logprob_info, no_logprobs, None)
-    return dict(tokens=tokens, logprob=chosen, top_ids=top_ids, top_logprobs=top_lp)
+    padded = jnp.zeros((pad_to,), jnp.int32).at[:num_rows].set(tokens)
+    return dict(tokens=tokens, logprob=chosen, top_ids=top_ids, top_logprobs=top_lp, padded_tokens=padded)

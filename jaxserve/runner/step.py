@@ -2,9 +2,10 @@
 
 Each layer's attention writes the new K/V into the donated arena by slot mapping, then runs
 ragged paged attention twice: over the decode rows (one query per slot) and over the prefill
-tiles (`tile` queries per slot). It returns the logits of the rows that sample; sampling is its
-own compiled function (runner/sampler.py), so the vocabulary sort is compiled once per row count
-rather than once per bucket.
+tiles (`tile` queries per slot). Input ids marked as placeholders (`token_src` >= 0) are taken
+from `prev_tokens`, the previous step's sampled ids still on the device. It returns the logits of
+the rows that sample; sampling is its own compiled function (runner/sampler.py), so the
+vocabulary sort is compiled once per row count rather than once per bucket.
 """
 
 from __future__ import annotations
@@ -43,7 +44,11 @@ def make_step(config: ModelConfig, attention_impl: Callable, *, decode_rows: int
     sm_scale = config.head_dim ** -0.5
     window = config.sliding_window
 
-    def step(params, kv_caches, b):
+    def step(params, kv_caches, b, prev_tokens):
+        # placeholders: the token the previous step sampled for that row's request, read here on
+        # the device so the host never waits for it before dispatching this step
+        src = b["token_src"]
+        input_ids = jnp.where(src >= 0, prev_tokens[jnp.maximum(src, 0)], b["input_ids"])
         dec_cu = jnp.arange(D + 1, dtype=jnp.int32)
         pre_cu = jnp.arange(P + 1, dtype=jnp.int32) * tile
 
@@ -61,7 +66,7 @@ def make_step(config: ModelConfig, attention_impl: Callable, *, decode_rows: int
                 out = jnp.concatenate([out, pre], axis=0)
             return out, (k_cache, v_cache)
 
-        hidden, kv_caches = llama.forward(params, config, b["input_ids"], b["positions"], kv_caches, attention)
+        hidden, kv_caches = llama.forward(params, config, input_ids, b["positions"], kv_caches, attention)
         logits = llama.compute_logits(params, config, hidden[b["logits_rows"]])   # [R, V] float32
         return kv_caches, logits
 

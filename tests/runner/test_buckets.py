@@ -7,9 +7,7 @@ from jaxserve.config import EngineConfig
 from jaxserve.engine.builder import runner_shapes
 from jaxserve.runner.batch import batch_shapes, pack_step
 from jaxserve.runner.buckets import RunnerShapes, default_decode_only_buckets
-from jaxserve.runner.sampler import RowSampling
-from jaxserve.sampling_params import SamplingParams
-from jaxserve.sched.scheduler_output import ScheduledRequest, SchedulerOutput
+from jaxserve.sched.scheduler_output import PLACEHOLDER_TOKEN, ScheduledRequest, SchedulerOutput
 
 SHAPES = RunnerShapes(block_size=4, max_model_len=64, prefill_tile=8, decode_buckets=(1, 4, 16),
                       prefill_buckets=(0, 1, 2), decode_only_buckets=(1, 2, 4, 6, 8, 12, 16))
@@ -50,8 +48,7 @@ def test_compiled_buckets_are_the_fine_decode_only_list_plus_the_coarse_mixed_gr
 
 
 def _decode(i: int, context: int) -> ScheduledRequest:
-    return ScheduledRequest(f"r{i}", (7,), context, tuple(range(1, 1 + context // 4 + 1)), True, 0,
-                            RowSampling(SamplingParams(temperature=0), 0))
+    return ScheduledRequest(f"r{i}", (7,), context, tuple(range(1, 1 + context // 4 + 1)), True, 0)
 
 
 def test_pack_step_uses_the_fine_bucket_for_a_decode_only_step():
@@ -76,3 +73,21 @@ def test_engine_config_sets_the_decode_only_list():
         runner_shapes(EngineConfig(max_num_seqs=8, decode_only_buckets=(1, 4)), 512)
     with pytest.raises(ValueError, match="decode_only_buckets"):
         EngineConfig(decode_only_buckets=(4, 2))
+
+
+def test_a_placeholder_reads_the_previous_steps_row_and_other_rows_read_their_ids():
+    decode = ScheduledRequest("a", (PLACEHOLDER_TOKEN,), 9, (1, 2, 3), True, 1)
+    chunk = ScheduledRequest("b", (4, 5, PLACEHOLDER_TOKEN), 8, (4, 5, 6), True, 1)
+    fresh = _decode(7, 9)
+    packed = pack_step(SchedulerOutput((decode, fresh, chunk), 5), SHAPES, prev_rows={"a": 3, "b": 0})
+    D = packed.bucket[0]
+    src, ids = packed.arrays["token_src"], packed.arrays["input_ids"]
+    assert src[0] == 3 and src[1] == -1 and ids[1] == 7
+    assert src[D:D + 3].tolist() == [-1, -1, 0] and ids[D:D + 2].tolist() == [4, 5]
+    assert (src[D + 3:] == -1).all() and (src[2:D] == -1).all()
+
+
+def test_a_placeholder_without_a_previous_sample_is_refused():
+    with pytest.raises(ValueError, match="placeholder"):
+        pack_step(SchedulerOutput((ScheduledRequest("a", (PLACEHOLDER_TOKEN,), 9, (1, 2, 3), True, 1),), 1), SHAPES,
+                  prev_rows={})
