@@ -53,6 +53,9 @@ class EngineConfig:
     preemption_mode: str = _f("auto", "recompute, swap (to host memory), or auto (by a cost model measured at start-up)",
                               choices=("auto", "recompute", "swap"))
     swap_space: int = _f(256 << 20, "bytes of host memory for swapped-out KV blocks")
+    async_scheduling: bool = _f(
+        True, "schedule and dispatch step N+1 while the device runs step N (sampled tokens feed the next step on "
+              "the device); --no-async-scheduling waits for each step's tokens before scheduling the next")
     attention_impl: str = _f("auto", "attention implementation: auto, xla, reference, mosaic, triton, *_interpret")
     xla_optimization_level: int | None = _f(
         None, "XLA backend optimization level (tests use 0: half the compile time, slower steps)")

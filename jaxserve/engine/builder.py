@@ -18,7 +18,6 @@ from jaxserve.engine.chunk_policy import ChunkPolicy, resolve_chunk_policy
 from jaxserve.engine.engine import Engine
 from jaxserve.models.config import ModelConfig
 from jaxserve.models.params import params_from_hf
-from jaxserve.runner import compile_counter
 from jaxserve.runner.buckets import (RunnerShapes, default_decode_buckets, default_decode_only_buckets,
                                     default_prefill_buckets, max_prefill_tiles)
 from jaxserve.runner.kv_arena import plan_arena
@@ -107,8 +106,7 @@ def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, 
         scheduler=_scheduler(config, runner, max_model_len, chunking), runner=runner, tokenizer=ckpt.tokenizer,
         vocab_size=model_config.vocab_size, max_model_len=max_model_len, eos_token_ids=eos, seed=config.seed,
         checkpoint_identity=ckpt.identity, model_name=os.path.basename(ckpt.source.rstrip("/")),
-        compilations_at_warmup=compile_counter.compilations(), compile_counter=compile_counter.compilations,
-        chunk_policy=chunking,
+        chunk_policy=chunking, async_scheduling=config.async_scheduling,
     )
 
 
@@ -155,6 +153,5 @@ def _engine_on_shared_runner(config: EngineConfig, other: Engine) -> Engine:
         scheduler=_scheduler(config, other.runner, other.max_model_len, chunking), runner=other.runner,
         tokenizer=other.tokenizer, vocab_size=other.vocab_size, max_model_len=other.max_model_len,
         eos_token_ids=other.eos_token_ids, seed=config.seed, checkpoint_identity=other.checkpoint_identity,
-        model_name=other.model_name, compilations_at_warmup=compile_counter.compilations(),
-        compile_counter=compile_counter.compilations, chunk_policy=chunking,
+        model_name=other.model_name, chunk_policy=chunking, async_scheduling=config.async_scheduling,
     )

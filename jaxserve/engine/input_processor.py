@@ -1,33 +1,91 @@
-"""Validating prompts at the door: every bad input becomes a ValueError here, before the
-scheduler sees it, with the numbers that explain it (as vLLM's server does)."""
+"""The door: every check a request must pass, once, before anything of it reaches the scheduler.
+
+`InputProcessor.process` turns what a user sent (a prompt string or dict, SamplingParams, a
+priority) into an `EngineRequest` or raises ValueError with the numbers that explain why not (as
+vLLM's server does). Length and KV limits use the scheduler's own formulas (`RequestLimits`), so
+what the door accepts the scheduler can run to its end. It holds no engine state and only reads
+the tokenizer, so a server may call it off the engine's step thread (a long prompt's tokenization
+then stalls no one).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from jaxserve.sampling_params import SamplingParams
+from jaxserve.sched.limits import RequestLimits
+from jaxserve.sched.sampling import MAX_BANNED_IDS
 
 
 @dataclass(frozen=True, slots=True)
-class ProcessedPrompt:
-    prompt: str | None
+class EngineRequest:
+    """A validated request: what the engine queues."""
+
+    prompt: str | None                 # the text, when the user sent text
     prompt_token_ids: list[int]
     cache_salt: str | None
-    max_tokens: int
+    params: SamplingParams
+    max_tokens: int                    # params.max_tokens, or what max_model_len leaves
+    priority: int
 
 
 _PROMPT_KEYS = {"prompt", "prompt_token_ids", "cache_salt"}
 
 
-def process_prompt(prompt: Any, params: SamplingParams, *, tokenizer, vocab_size: int, max_model_len: int,
-                   max_blocks: int | None = None, block_size: int = 16) -> ProcessedPrompt:
-    cache_salt = None
-    text = None
-    if isinstance(prompt, str):
-        text = prompt
-        ids = None
-    elif isinstance(prompt, Mapping):
+class InputProcessor:
+    def __init__(self, *, tokenizer, vocab_size: int, limits: RequestLimits, eos_token_ids: frozenset[int]):
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.limits = limits
+        self.eos_token_ids = frozenset(eos_token_ids)
+
+    def process(self, prompt: Any, params: SamplingParams | None = None, *, priority: int = 0) -> EngineRequest:
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority={priority!r} must be an integer")
+        text, ids, cache_salt = self._prompt(prompt)
+        if ids is None:
+            if not text:
+                raise ValueError("the prompt is empty")
+            if self.tokenizer is None:
+                raise ValueError("this engine has no tokenizer: send prompt_token_ids")
+            ids = list(self.tokenizer.encode(text))
+        self._check_ids("prompt token id(s)", ids)
+        if params.stop_token_ids:
+            self._check_ids("stop_token_ids", params.stop_token_ids)
+        n = len(ids)
+        if n == 0:
+            raise ValueError("the prompt is empty (0 tokens)")
+        max_tokens = params.max_tokens if params.max_tokens is not None else self.limits.default_max_tokens(n)
+        self.limits.check(n, max_tokens, params.min_tokens)
+        if params.min_tokens:
+            banned = self.banned_before_min_tokens(params)
+            if len(banned) > MAX_BANNED_IDS:
+                raise ValueError(
+                    f"min_tokens={params.min_tokens} must hold back {len(banned)} ids (EOS and stop_token_ids) "
+                    f"until it is reached; at most {MAX_BANNED_IDS} can be held back")
+        return EngineRequest(text, ids, cache_salt, params, max_tokens, priority)
+
+    def banned_before_min_tokens(self, params: SamplingParams) -> tuple[int, ...]:
+        eos = set() if params.ignore_eos else set(self.eos_token_ids)
+        return tuple(sorted(eos | set(params.stop_token_ids or ())))
+
+    def _check_ids(self, what: str, ids) -> None:
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"{what} {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
+
+    @staticmethod
+    def _prompt(prompt: Any) -> tuple[str | None, list[int] | None, str | None]:
+        """(text, token ids, cache salt) of a prompt string or dict; exactly one of text and ids."""
+        if isinstance(prompt, str):
+            return prompt, None, None
+        if not isinstance(prompt, Mapping):
+            raise ValueError(f"a prompt must be a string or a dict, got {type(prompt).__name__}")
         unknown = set(prompt) - _PROMPT_KEYS
         if unknown:
             raise ValueError(f"unknown prompt field(s) {sorted(unknown)}; allowed: {sorted(_PROMPT_KEYS)}")
@@ -37,39 +95,12 @@ def process_prompt(prompt: Any, params: SamplingParams, *, tokenizer, vocab_size
         if ("prompt" in prompt) == ("prompt_token_ids" in prompt):
             raise ValueError("a prompt dict needs exactly one of 'prompt' and 'prompt_token_ids'")
         text = prompt.get("prompt")
-        ids = prompt.get("prompt_token_ids")
         if text is not None and not isinstance(text, str):
             raise ValueError(f"prompt must be a string, got {type(text).__name__}")
-    else:
-        raise ValueError(f"a prompt must be a string or a dict, got {type(prompt).__name__}")
-
-    if ids is None:
-        if not text:
-            raise ValueError("the prompt is empty")
-        ids = tokenizer.encode(text)
-    else:
-        if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-            raise ValueError("prompt_token_ids must be a list of integers")
-        ids = list(ids)
-    if not ids:
-        raise ValueError("the prompt is empty (0 tokens)")
-    bad = [t for t in ids if not 0 <= t < vocab_size]
-    if bad:
-        raise ValueError(f"prompt token id(s) {bad[:5]} are outside the vocabulary [0, {vocab_size})")
-    n = len(ids)
-    if n >= max_model_len:
-        raise ValueError(
-            f"the prompt has {n} tokens, but max_model_len is {max_model_len}: "
-            f"at most {max_model_len - 1} prompt tokens leave room for one output token")
-    max_tokens = params.max_tokens if params.max_tokens is not None else max_model_len - n
-    if n + max_tokens > max_model_len:
-        raise ValueError(
-            f"the prompt ({n} tokens) plus max_tokens ({max_tokens}) is {n + max_tokens} tokens, "
-            f"beyond max_model_len={max_model_len}")
-    if max_blocks is not None:
-        need = -(-(n + max_tokens) // block_size)
-        if need > max_blocks:
-            raise ValueError(
-                f"the prompt ({n} tokens) plus max_tokens ({max_tokens}) needs {need} KV blocks of "
-                f"{block_size} tokens, but the whole KV pool has {max_blocks}")
-    return ProcessedPrompt(text, ids, cache_salt, max_tokens)
+        ids = prompt.get("prompt_token_ids")
+        if ids is not None:
+            if not isinstance(ids, (list, tuple)) or not all(
+                    isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                raise ValueError("prompt_token_ids must be a list of integers")
+            ids = list(ids)
+        return text, ids, cache_salt

@@ -2,34 +2,51 @@
 function of the whole context, so any scheduling mistake (a lost, repeated or reordered token)
 changes the outputs."""
 
+import pytest
+
 from jaxserve.engine.engine import Engine
 from jaxserve.runner.model_runner import ModelRunnerOutput, SampledToken
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.sched.scheduler import Scheduler
 from jaxserve.sched.scheduler_config import SchedulerConfig
+from jaxserve.sched.scheduler_output import PLACEHOLDER_TOKEN
 
 VOCAB = 97
 EOS = 0
 
 
 class FakeRunner:
-    """Keeps each request's context as the scheduler feeds it; next token = hash of the context."""
+    """Keeps each request's context as the scheduler feeds it; next token = hash of the context.
+    Like the real runner, it resolves a placeholder from the previous dispatched step's tokens."""
 
     def __init__(self):
         self.contexts: dict[str, list[int]] = {}
         self.steps = 0
+        self.placeholders = 0
+        self._last: dict[str, int] = {}
 
-    def execute(self, sched_out):
+    def dispatch(self, sched_out):
         self.steps += 1
         sampled = {}
         for r in sched_out.requests:
             ctx = self.contexts.setdefault(r.request_id, [])
             del ctx[r.num_computed_tokens:]          # a preempted request recomputes from its start
-            ctx.extend(r.token_ids)
+            for t in r.token_ids:
+                if t == PLACEHOLDER_TOKEN:
+                    self.placeholders += 1
+                    t = self._last[r.request_id]
+                ctx.append(t)
             if r.sample:
-                sampled[r.request_id] = SampledToken(1 + sum((i + 1) * t for i, t in enumerate(ctx)) % (VOCAB - 1))
+                sampled[r.request_id] = [SampledToken(1 + sum((i + 1) * t for i, t in enumerate(ctx)) % (VOCAB - 1))]
+        if sched_out.requests:
+            self._last = {rid: toks[-1].token_id for rid, toks in sampled.items()}
         return ModelRunnerOutput(sampled)
 
+    def is_ready(self, handle):
+        return True
+
+    def collect(self, handle):
+        return handle
 
 def expected(prompt, n):
     ctx = list(prompt)
@@ -38,11 +55,14 @@ def expected(prompt, n):
     return ctx[len(prompt):]
 
 
-def make_engine(num_blocks=200, **kw):
+def make_engine(num_blocks=200, async_scheduling=True, **kw):
     sched = Scheduler(SchedulerConfig(num_blocks=num_blocks, block_size=4, max_num_seqs=4, max_num_batched_tokens=16,
                                       max_model_len=128, **kw))
     return Engine(scheduler=sched, runner=FakeRunner(), tokenizer=None, vocab_size=VOCAB, max_model_len=128,
-                  eos_token_ids=[EOS])
+                  eos_token_ids=[EOS], async_scheduling=async_scheduling)
+
+
+loop_modes = pytest.mark.parametrize("async_scheduling", [True, False], ids=["one-step-ahead", "sync"])
 
 
 def run(engine):
@@ -57,8 +77,9 @@ def run(engine):
 PROMPTS = [[5, 6, 7], list(range(1, 40)), [9] * 20, [3, 1, 4, 1, 5, 9, 2, 6]]
 
 
-def test_every_request_gets_exactly_the_tokens_of_its_own_context():
-    engine = make_engine()
+@loop_modes
+def test_every_request_gets_exactly_the_tokens_of_its_own_context(async_scheduling):
+    engine = make_engine(async_scheduling=async_scheduling)
     for i, p in enumerate(PROMPTS):
         engine.add_request(f"r{i}", {"prompt_token_ids": p}, SamplingParams(max_tokens=10 + i, temperature=0))
     done = run(engine)
@@ -70,8 +91,9 @@ def test_every_request_gets_exactly_the_tokens_of_its_own_context():
     assert s.generation_tokens_total == sum(10 + i for i in range(len(PROMPTS)))
 
 
-def test_a_cramped_pool_preempts_without_changing_any_output():
-    engine = make_engine(num_blocks=20, kv_watermark=0.0, enable_prefix_caching=False)
+@loop_modes
+def test_a_cramped_pool_preempts_without_changing_any_output(async_scheduling):
+    engine = make_engine(num_blocks=20, kv_watermark=0.0, enable_prefix_caching=False, async_scheduling=async_scheduling)
     for i, p in enumerate(PROMPTS):
         engine.add_request(f"r{i}", {"prompt_token_ids": p}, SamplingParams(max_tokens=24, temperature=0))
     done = run(engine)
@@ -82,8 +104,9 @@ def test_a_cramped_pool_preempts_without_changing_any_output():
     assert s.num_kv_blocks_free + s.num_kv_blocks_cached == s.num_kv_blocks_total
 
 
-def test_abort_frees_blocks_and_other_requests_continue():
-    engine = make_engine()
+@loop_modes
+def test_abort_frees_blocks_and_other_requests_continue(async_scheduling):
+    engine = make_engine(async_scheduling=async_scheduling)
     engine.add_request("keep", {"prompt_token_ids": PROMPTS[1]}, SamplingParams(max_tokens=12, temperature=0))
     engine.add_request("drop", {"prompt_token_ids": PROMPTS[2]}, SamplingParams(max_tokens=50, temperature=0))
     engine.step()
@@ -94,3 +117,30 @@ def test_abort_frees_blocks_and_other_requests_continue():
     assert done["keep"].outputs[0].token_ids == expected(PROMPTS[1], 12)
     s = engine.stats()
     assert s.num_requests_running == 0 and s.num_kv_blocks_free + s.num_kv_blocks_cached == s.num_kv_blocks_total
+
+
+def test_the_one_step_ahead_loop_feeds_placeholders_and_drops_the_token_after_a_stop():
+    # EOS ends "stops" after its first token; the loop has already scheduled its next step
+    engine = make_engine()
+    stop_at = expected(PROMPTS[0], 3)[2]
+    engine.add_request("stops", {"prompt_token_ids": PROMPTS[0]},
+                       SamplingParams(max_tokens=20, temperature=0, stop_token_ids=[stop_at]))
+    engine.add_request("runs", {"prompt_token_ids": PROMPTS[1]}, SamplingParams(max_tokens=8, temperature=0))
+    done = run(engine)
+    assert engine.runner.placeholders > 0
+    assert done["stops"].outputs[0].token_ids == expected(PROMPTS[0], 3)
+    assert done["stops"].outputs[0].finish_reason == "stop" and done["stops"].outputs[0].stop_reason == stop_at
+    assert done["runs"].outputs[0].token_ids == expected(PROMPTS[1], 8)
+    # the step after the stop computed a fourth token for "stops": never counted, never streamed
+    assert engine.stats().generation_tokens_total == 3 + 8
+    assert len(engine.runner.contexts["stops"]) == len(PROMPTS[0]) + 3
+    s = engine.stats()
+    assert s.num_kv_blocks_free + s.num_kv_blocks_cached == s.num_kv_blocks_total
+
+
+def test_without_the_loop_no_placeholder_is_ever_scheduled():
+    engine = make_engine(async_scheduling=False)
+    for i, p in enumerate(PROMPTS):
+        engine.add_request(f"r{i}", {"prompt_token_ids": p}, SamplingParams(max_tokens=6, temperature=0))
+    run(engine)
+    assert engine.runner.placeholders == 0

@@ -1,0 +1,157 @@
+"""Turning a step's updates into what users see: detokenizing, stop strings, logprobs,
+RequestOutputs (cumulative, delta or final only), and the engine's output counters.
+
+The engine calls `process` once per step with the scheduler's updates and the runner's sampled
+tokens. It never writes the scheduler's state: a stop string found here is returned, and the
+engine ends that request through `Scheduler.finish_requests`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from jaxserve.engine.request_state import RequestState, SampleState
+from jaxserve.outputs import CompletionOutput, Logprob, RequestOutput
+from jaxserve.sampling_params import OutputKind
+from jaxserve.sched.scheduler_output import RequestUpdate
+
+
+@dataclass(slots=True)
+class OutputCounters:
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    finished: int = 0
+    finished_by_reason: dict[str, int] = field(default_factory=dict)
+
+    def count_finished(self, reason: str) -> None:
+        self.finished += 1
+        self.finished_by_reason[reason] = self.finished_by_reason.get(reason, 0) + 1
+
+
+@dataclass(frozen=True, slots=True)
+class StopStringHit:
+    scheduler_id: str
+    stop: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessedStep:
+    outputs: list[RequestOutput]
+    stop_string_hits: list[StopStringHit]  # still running in the scheduler: the engine ends them
+
+
+class OutputProcessor:
+    def __init__(self) -> None:
+        self._requests: dict[str, RequestState] = {}
+        # scheduler request id -> (its request, its sample): an index into _requests' states
+        self._samples: dict[str, tuple[RequestState, SampleState]] = {}
+        self.counters = OutputCounters()
+
+    # ---- live requests ------------------------------------------------------------------------
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._requests
+
+    def add(self, state: RequestState) -> None:
+        self._requests[state.request_id] = state
+        for s in state.samples:
+            self._samples[s.scheduler_id] = (state, s)
+        self.counters.prompt_tokens += len(state.prompt_token_ids)
+
+    def remove(self, request_ids: Iterable[str], reason: str | None = None) -> list[str]:
+        """Forget requests (aborted); returns their scheduler ids. Counts each as finished with
+        `reason` when given."""
+        scheduler_ids = []
+        for rid in request_ids:
+            state = self._requests.pop(rid, None)
+            if state is None:
+                continue
+            for s in state.samples:
+                self._samples.pop(s.scheduler_id, None)
+                scheduler_ids.append(s.scheduler_id)
+            if reason is not None:
+                self.counters.count_finished(reason)
+        return scheduler_ids
+
+    def scheduler_ids(self, request_id: str) -> list[str]:
+        state = self._requests.get(request_id)
+        return [s.scheduler_id for s in state.samples] if state is not None else [request_id]
+
+    def mark_scheduled(self, scheduler_ids: Iterable[str], now: float) -> None:
+        for sid in scheduler_ids:
+            entry = self._samples.get(sid)
+            if entry is not None and entry[0].metrics.first_scheduled_time is None:
+                entry[0].metrics.first_scheduled_time = now
+
+    # ---- a step -------------------------------------------------------------------------------
+    def process(self, updates: Sequence[RequestUpdate], sampled: Mapping[str, Sequence], now: float) -> ProcessedStep:
+        """`sampled[scheduler id]`: the runner's SampledTokens (with logprobs) of this step."""
+        hits: list[StopStringHit] = []
+        touched: dict[str, RequestState] = {}
+        for u in updates:
+            entry = self._samples.get(u.request.request_id)
+            if entry is None:
+                continue  # aborted since the step was scheduled
+            state, sample = entry
+            sample.started = True
+            state.num_cached_tokens = max(state.num_cached_tokens, u.request.num_cached_tokens)
+            if u.new_token_ids and not sample.finished:
+                self._append(state, sample, u.new_token_ids, sampled.get(u.request.request_id, ()), now)
+                if sample.detok is not None and sample.detok.stopped_by is not None:
+                    sample.finish("stop", sample.detok.stopped_by)  # a stop string wins over a limit
+                    if not u.finished:
+                        hits.append(StopStringHit(sample.scheduler_id, sample.detok.stopped_by))
+            if u.finished:
+                sample.finish(u.request.finish_reason or "stop", u.request.stop_reason)
+            touched[state.request_id] = state
+        outputs = []
+        for state in touched.values():
+            out = self._output(state, now)
+            if out is not None:
+                outputs.append(out)
+        return ProcessedStep(outputs, hits)
+
+    def _append(self, state: RequestState, sample: SampleState, token_ids, sampled_tokens, now: float) -> None:
+        self.counters.generation_tokens += len(token_ids)
+        state.metrics.token_times.extend([now] * len(token_ids))
+        if state.metrics.first_token_time is None:
+            state.metrics.first_token_time = now
+        sample.token_ids.extend(token_ids)
+        if sample.logprobs is not None:
+            k = state.params.logprobs
+            for s in sampled_tokens:
+                entry = {s.token_id: Logprob(s.logprob)}
+                for rank, (tid, lp) in enumerate(s.top_logprobs[:k], start=1):
+                    entry.setdefault(tid, Logprob(lp, rank))
+                sample.logprobs.append(entry)
+                sample.cumulative_logprob += s.logprob
+        if sample.detok is not None:
+            sample.detok.append(token_ids)
+
+    def _output(self, state: RequestState, now: float) -> RequestOutput | None:
+        done = state.finished
+        if done:
+            state.metrics.finished_time = now
+            self.remove([state.request_id], reason=state.finish_reason)
+        kind = state.params.output_kind
+        if kind is OutputKind.FINAL_ONLY and not done:
+            return None
+        if len(state.samples) == 1:
+            completions = [_completion(state.samples[0], kind)]
+        else:  # n > 1 outputs are cumulative whatever the kind: each completion carries its index
+            completions = [_completion(s, OutputKind.CUMULATIVE) for s in state.samples if s.started]
+        return RequestOutput(state.request_id, state.prompt, list(state.prompt_token_ids), completions, done,
+                             num_cached_tokens=state.num_cached_tokens, metrics=state.metrics)
+
+
+def _completion(s: SampleState, kind: OutputKind) -> CompletionOutput:
+    ids, text, logprobs = s.token_ids, s.text, s.logprobs
+    if kind is OutputKind.DELTA:
+        ids, text = ids[s.sent_tokens:], text[s.sent_text:]
+        logprobs = logprobs[s.sent_tokens:] if logprobs is not None else None
+        s.sent_tokens, s.sent_text = len(s.token_ids), len(s.text)
+    return CompletionOutput(
+        index=s.index, text=text, token_ids=list(ids),
+        finish_reason=s.finish_reason, stop_reason=s.stop_reason,
+        logprobs=list(logprobs) if logprobs is not None else None,
+        cumulative_logprob=s.cumulative_logprob)

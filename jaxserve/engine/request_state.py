@@ -1,0 +1,62 @@
+"""The engine's side of one live request: one `RequestState`, with one `SampleState` per sample.
+
+The scheduler keeps the token-level state (sched/request.py); this is what turning tokens into
+outputs needs: the detokenizer, logprobs, what was already streamed, and how each sample ended
+as the user sees it (a stop string is found here, not in the scheduler). A request with n > 1
+has n samples, each its own scheduler request (`scheduler_id`), forked from the first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from jaxserve.engine.detokenizer import IncrementalDetokenizer
+from jaxserve.outputs import Logprob, RequestMetrics
+from jaxserve.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class SampleState:
+    index: int
+    scheduler_id: str
+    detok: IncrementalDetokenizer | None
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, Logprob]] | None = None
+    cumulative_logprob: float | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    started: bool = False          # some step has run for it (it appears in n > 1 outputs)
+    sent_tokens: int = 0           # streamed so far (OutputKind.DELTA)
+    sent_text: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def text(self) -> str:
+        return self.detok.text if self.detok is not None else ""
+
+    def finish(self, reason: str, stop_reason: int | str | None = None) -> None:
+        if self.finish_reason is None:
+            self.finish_reason, self.stop_reason = reason, stop_reason
+
+
+@dataclass(slots=True)
+class RequestState:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    metrics: RequestMetrics
+    samples: list[SampleState]
+    num_cached_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return all(s.finished for s in self.samples)
+
+    @property
+    def finish_reason(self) -> str | None:
+        """The reason counted in statistics: the first sample's that ended."""
+        return next((s.finish_reason for s in self.samples if s.finished), None)
