@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -15,6 +16,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tests.server.shapes import tiny_engine_flags
 
 START_GUARD_S = 240   # a server that never becomes ready fails the test instead of stalling it
+SERVE = "import sys; from jaxserve.cli import main; sys.exit(main())"
+# the same, with its warm-up held and a StepGate on its engine (tests/server/step_gate.py)
+SERVE_GATED = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('step_gate', {path!r}); "
+               "gate = importlib.util.module_from_spec(spec); spec.loader.exec_module(gate); "
+               "sys.exit(gate.serve_gated())").format(path=os.path.join(os.path.dirname(__file__), "step_gate.py"))
 
 
 def free_port() -> int:
@@ -25,19 +31,22 @@ def free_port() -> int:
 
 class ServerProcess:
     def __init__(self, model_dir: str, cache_dir: str, log_path, *extra: str, env: dict | None = None,
-                 tls_root_cert: bytes | None = None):
+                 tls_root_cert: bytes | None = None, gated: bool = False):
+        """gated: the warm-up waits for `release_warm_up()`, and `steps_held()` can hold the engine."""
         self.tls_root_cert = tls_root_cert
         self.port = free_port()
         self.metrics_port = free_port()
         self.target = f"127.0.0.1:{self.port}"
         self.log_path = log_path
-        cmd = [sys.executable, "-c", "import sys; from jaxserve.cli import main; sys.exit(main())",
+        cmd = [sys.executable, "-c", SERVE_GATED if gated else SERVE,
                "serve", "--model", model_dir, "--port", str(self.port), "--metrics-port", str(self.metrics_port),
                *tiny_engine_flags(cache_dir), *extra]
         # cwd outside the repo: the folder sched/ must not shadow the standard library's sched
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(cmd, cwd=os.path.dirname(str(log_path)), stdout=self._log,
-                                     stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+                                     stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                                     stdin=subprocess.PIPE if gated else subprocess.DEVNULL)
+        self._gate_commands = 0
 
     def health(self, timeout: float = 2.0) -> str | None:
         """SERVING / NOT_SERVING, or None while nothing answers."""
@@ -63,9 +72,32 @@ class ServerProcess:
             time.sleep(0.1)
         raise RuntimeError(f"the server was not SERVING after {START_GUARD_S} s:\n{self.log()}")
 
-    def log(self) -> str:
+    def log(self, tail: int = 4000) -> str:
         self._log.flush()
-        return open(self.log_path, "rb").read().decode(errors="replace")[-4000:]
+        text = open(self.log_path, "rb").read().decode(errors="replace")
+        return text[-tail:] if tail else text
+
+    # ---- a gated server (gated=True) ----
+    def release_warm_up(self) -> None:
+        self._gate("warm-up")
+
+    @contextlib.contextmanager
+    def steps_held(self):
+        """While inside, the engine runs only the steps that bring a new request to its first
+        output; nothing else moves until the block ends, however fast or slow the machine."""
+        self._gate("hold")
+        try:
+            yield
+        finally:
+            self._gate("release")
+
+    def _gate(self, command: str) -> None:
+        self._gate_commands += 1
+        line = f"{command} {self._gate_commands}"
+        self.proc.stdin.write(f"{line}\n".encode())
+        self.proc.stdin.flush()
+        wait_until(lambda: f"step gate: {line}\n" in self.log(tail=0) or self.proc.poll() is not None,
+                   f"the server to take '{line}'")
 
     def terminate(self, timeout: float = 120) -> int:
         if self.proc.poll() is None:
@@ -76,6 +108,8 @@ class ServerProcess:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(30)
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
         self._log.close()
 
 

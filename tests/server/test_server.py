@@ -20,8 +20,10 @@ PROMPTS = ["The tide comes in", "def add(a, b):", "Unicode: café", "A paged KV 
 
 @pytest.fixture(scope="module")
 def started(tiny_llm, tiny_llama_dir, xla_cache_dir, tmp_path_factory):
-    # tiny_llm first: it fills the compilation cache the server then loads
-    srv = ServerProcess(tiny_llama_dir, xla_cache_dir, tmp_path_factory.mktemp("server") / "server.log")
+    # tiny_llm first: it fills the compilation cache the server then loads; the warm-up waits for
+    # release_warm_up(), so a test can look at the server warming up however fast it would warm up
+    srv = ServerProcess(tiny_llama_dir, xla_cache_dir, tmp_path_factory.mktemp("server") / "server.log",
+                        gated=True)
     yield srv
     code = srv.terminate()
     srv.kill()
@@ -30,6 +32,7 @@ def started(tiny_llm, tiny_llama_dir, xla_cache_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(started):
+    started.release_warm_up()
     started.wait_serving()
     return started
 
@@ -55,26 +58,27 @@ def assert_blocks_all_back(client):
 
 
 def test_health_is_not_serving_during_warmup_then_serving(started):
-    seen, during_warmup = [], []
+    seen = []
 
     def status():
+        assert started.proc.poll() is None, started.log()
         s = started.health()
         if s is not None and (not seen or seen[-1] != s):
             seen.append(s)
-            if s == "NOT_SERVING":    # compiling takes seconds: a call now finds the server warming up
-                with GenerationClient(started.target, timeout=30) as c:
-                    try:
-                        c.generate(PROMPTS[0], max_tokens=2)
-                    except grpc.RpcError as e:
-                        during_warmup.append((e.code(), e.details()))
-        assert started.proc.poll() is None, started.log()
-        return s == "SERVING"
+        return s
 
-    wait_until(status, "SERVING", guard_s=240, every_s=0.02)
+    # the warm-up is held until we release it: the server listens, NOT_SERVING, and refuses work
+    assert wait_until(status, "the server to listen", guard_s=240) == "NOT_SERVING"
+    with GenerationClient(started.target, timeout=30) as c:
+        with pytest.raises(grpc.RpcError) as e:
+            c.generate(PROMPTS[0], max_tokens=2)
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE and "warming up" in e.value.details()
+    assert "jaxserve ready on" not in started.log(tail=0)
+
+    started.release_warm_up()
+    wait_until(lambda: status() == "SERVING", "SERVING", guard_s=240, every_s=0.02)
     assert seen == ["NOT_SERVING", "SERVING"]
-    assert during_warmup and during_warmup[0][0] == grpc.StatusCode.UNAVAILABLE
-    assert "warming up" in during_warmup[0][1]
-    assert "ready" in started.log()
+    assert "jaxserve ready on" in started.log(tail=0)
 
 
 def test_streamed_greedy_answer_equals_llm_generate(client, tiny_llm):
@@ -196,15 +200,16 @@ def test_jaxserve_client_streams_the_answer_in_the_terminal(server, tiny_llm, tm
     assert b"8 tokens" in run.stderr
 
 
-def test_the_abort_rpc_ends_a_stream_with_finish_reason_abort(client):
+def test_the_abort_rpc_ends_a_stream_with_finish_reason_abort(server, client):
     from jaxserve.client import Completion
 
     done = Completion()
-    stream = client.stream(PROMPTS[3], completion=done, request_id="abort-me", max_tokens=100, temperature=0.0,
-                           ignore_eos=True)
-    tokens = list(next(stream).token_ids)
-    client.abort(["abort-me", "no-such-request"])          # unknown ids are ignored
-    tokens += [t for c in stream for t in c.token_ids]
+    with server.steps_held():                               # it cannot finish before the abort
+        stream = client.stream(PROMPTS[3], completion=done, request_id="abort-me", max_tokens=100,
+                               temperature=0.0, ignore_eos=True)
+        tokens = list(next(stream).token_ids)
+        client.abort(["abort-me", "no-such-request"])      # unknown ids are ignored
+        tokens += [t for c in stream for t in c.token_ids]
     assert done.finish_reason == "abort" and done.request_id == "abort-me"
     assert 0 < len(tokens) < 100 and done.completion_tokens == len(tokens)
     assert_blocks_all_back(client)

@@ -26,8 +26,9 @@ def server(tiny_llm, tiny_llama_dir, xla_cache_dir, tmp_path_factory, tls):
     cert, key, root = tls
     srv = ServerProcess(tiny_llama_dir, xla_cache_dir, tmp_path_factory.mktemp("server-limits") / "server.log",
                         "--max-concurrent-streams", "2", "--grace-period", "120", "--tls-cert", cert,
-                        "--tls-key", key, env={"JAXSERVE_API_KEY": KEY}, tls_root_cert=root)
+                        "--tls-key", key, env={"JAXSERVE_API_KEY": KEY}, tls_root_cert=root, gated=True)
     try:
+        srv.release_warm_up()
         srv.wait_serving()
         yield srv
     finally:
@@ -64,25 +65,27 @@ def test_a_plaintext_client_is_not_served_by_a_tls_server(server):
     assert e.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
-def test_streams_beyond_the_limit_get_resource_exhausted(client):
-    held = [client.stream(PROMPT, max_tokens=120, temperature=0.0, ignore_eos=True) for _ in range(2)]
-    for s in held:
-        next(s)                                          # both are in flight on the server
-    with pytest.raises(grpc.RpcError) as e:
-        client.generate(PROMPT, max_tokens=2)
-    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert "max_concurrent_streams=2" in e.value.details()
-    for s in held:
-        s.close()
-    wait_until(lambda: client.server_info().active_streams == 0, "streams to end")
+def test_streams_beyond_the_limit_get_resource_exhausted(server, client):
+    with server.steps_held():                            # the two cannot finish on their own
+        held = [client.stream(PROMPT, max_tokens=120, temperature=0.0, ignore_eos=True) for _ in range(2)]
+        for s in held:
+            next(s)                                      # both are in flight on the server
+        with pytest.raises(grpc.RpcError) as e:
+            client.generate(PROMPT, max_tokens=2)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "max_concurrent_streams=2" in e.value.details()
+        for s in held:
+            s.close()
+        wait_until(lambda: client.server_info().active_streams == 0, "streams to end")
     assert client.generate(PROMPT, max_tokens=2).completion_tokens == 2   # room again
 
 
 def test_sigterm_lets_the_stream_in_flight_finish_and_exits_0(server, client):
-    stream = client.stream(PROMPT, max_tokens=100, temperature=0.0, ignore_eos=True)
-    tokens = list(next(stream).token_ids)
-    server.proc.send_signal(signal.SIGTERM)
-    wait_until(lambda: server.health() != "SERVING", "health to leave SERVING", every_s=0.01)
+    with server.steps_held():                            # still in flight when the signal lands
+        stream = client.stream(PROMPT, max_tokens=100, temperature=0.0, ignore_eos=True)
+        tokens = list(next(stream).token_ids)
+        server.proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: server.health() != "SERVING", "health to leave SERVING", every_s=0.01)
     tokens += [t for c in stream for t in c.token_ids]
     assert len(tokens) == 100                            # drained, not aborted
     assert server.proc.wait(120) == 0, server.log()
@@ -90,8 +93,8 @@ def test_sigterm_lets_the_stream_in_flight_finish_and_exits_0(server, client):
 
 
 def test_sigterm_during_warmup_exits_0_without_waiting_for_the_compile(tiny_llama_dir, tmp_path):
-    # its own cold cache: warmup takes long enough to be interrupted
-    srv = ServerProcess(tiny_llama_dir, str(tmp_path / "cold-cache"), tmp_path / "server.log")
+    # the warm-up is held, never released: the signal lands during it however fast it would be
+    srv = ServerProcess(tiny_llama_dir, str(tmp_path / "cold-cache"), tmp_path / "server.log", gated=True)
     try:
         wait_until(lambda: srv.health() == "NOT_SERVING", "the server to listen", guard_s=120)
         srv.proc.send_signal(signal.SIGTERM)

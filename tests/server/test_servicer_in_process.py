@@ -17,6 +17,7 @@ from jaxserve.engine.async_engine import AsyncEngine
 from jaxserve.server.convert import RequestLimits
 from jaxserve.server.proto import generation_pb2_grpc as pb_grpc
 from jaxserve.server.servicer import GenerationServicer, Phase, ServerState
+from tests.server.step_gate import StepGate
 
 PROMPT = "The tide comes in"
 HANG_GUARD_S = 120
@@ -59,6 +60,7 @@ def test_a_full_waiting_queue_gives_resource_exhausted(tiny_llm):
     if not hasattr(config, "max_waiting_requests"):
         pytest.skip("this scheduler has no waiting-queue bound")
     engine.scheduler.config = dataclasses.replace(config, max_waiting_requests=1)
+    gate = StepGate(engine)   # no request runs past its first output until the gate opens
 
     async def body(client, state):
         # four streams take every seat (max_num_seqs=4); a fifth waits; a sixth finds the queue full
@@ -70,6 +72,7 @@ def test_a_full_waiting_queue_gives_resource_exhausted(tiny_llm):
         await wait_for(lambda: _waiting_is(client, 1), "one waiting request")
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await client.generate(PROMPT, max_tokens=4)
+        gate.open()
         for s in running:
             await s.aclose()
         await waiter
