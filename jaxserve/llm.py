@@ -43,7 +43,7 @@ class LLM:
         shape_free = {"usable_kv_blocks", "enable_prefix_caching", "enable_chunked_prefill",
                       "long_prefill_token_threshold", "seed", "max_num_partial_prefills", "starvation_steps",
                       "scheduling_policy", "priority_weight_base", "max_waiting_requests", "kv_watermark",
-                      "preemption_mode"}
+                      "preemption_mode", "async_scheduling"}
         if set(overrides) - shape_free:
             raise ValueError(f"sharing a runner can only change {sorted(shape_free)}, "
                              f"not {sorted(set(overrides) - shape_free)}")
@@ -107,7 +107,8 @@ class LLM:
             from tqdm.auto import tqdm
             bar = tqdm(total=len(ids), desc="generating", unit="req")
         try:
-            while len(done) < len(ids):
+            # past the last output too: the one-step-ahead loop may still have a step in flight
+            while len(done) < len(ids) or self.engine.has_unfinished_requests():
                 for out in self.engine.step():
                     if out.finished and out.request_id in wanted:
                         done[out.request_id] = out
