@@ -1,6 +1,6 @@
 """The Llama family (Llama, SmolLM2, Mistral, Qwen2, Qwen3) as a pure function of its params.
 
-This is step 4 of DESIGN.md's data flow minus the sampling: embed -> layers -> final norm, and
+This is step 4 of docs/design.md's data flow minus the sampling: embed -> layers -> final norm, and
 `compute_logits` for the rows the runner samples from. The model never sees sequence boundaries:
 `input_ids` and `positions` are a packed ragged batch, and the attention function passed in (dense
 causal for tests, paged in the engine) is the only thing that knows which token sees which.
@@ -11,7 +11,7 @@ the attention function), tied embeddings, Llama-3 RoPE scaling.
 
 Params layout (see params.py): one subtree per layer (`layers_{i}`), never a stacked [L, ...]
 array, and [in, out] kernels used as plain `x @ W`, with q/k/v fused into one projection and
-gate/up into another: on XLA:CPU these are the fastest forms measured (FACTS.md).
+gate/up into another: on XLA:CPU these are the fastest forms measured (docs/facts.md).
 Dtypes: params and activations in the params' dtype; RMSNorm, RoPE and softmax in float32;
 logits float32.
 """

@@ -15,7 +15,7 @@ Layout (every leaf a jnp array in the model dtype; kernels are [in, out], used a
     lm_head/kernel                       [D, V]   (untied only)
 
 Per-layer subtrees, never stacked [L, ...] arrays, and fused q/k/v and gate/up projections:
-the forms XLA:CPU runs fastest (FACTS.md). `abstract_params` is the single description of this
+the forms XLA:CPU runs fastest (docs/facts.md). `abstract_params` is the single description of this
 layout; conversion, random init and the tests all follow it.
 """
 
