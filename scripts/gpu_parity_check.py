@@ -201,16 +201,16 @@ def run_engine(model_dir: str, impl: str, prompts: list[list[int]], new_tokens: 
     t_start = time.perf_counter() - t0
     steps: Counter = Counter()
     runner = llm.engine.runner
-    execute = runner.execute
+    dispatch = runner.dispatch
 
     def counting(sched_out):
         decodes = sum(len(r.token_ids) == 1 for r in sched_out.requests)
         chunks = len(sched_out.requests) - decodes
         steps["mixed" if decodes and chunks else "prefill-only" if chunks else "decode-only"] += 1
         steps["partial"] += sum(len(r.token_ids) > 1 and not r.sample for r in sched_out.requests)
-        return execute(sched_out)
+        return dispatch(sched_out)
 
-    runner.execute = counting
+    runner.dispatch = counting
     params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     t0 = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": ids} for ids in prompts], params, use_tqdm=False)
@@ -218,7 +218,7 @@ def run_engine(model_dir: str, impl: str, prompts: list[list[int]], new_tokens: 
     tokens = [list(o.outputs[0].token_ids) for o in outs]
     kernels = picked_kernels(llm, impl)
     s = llm.stats()
-    del llm, runner, execute
+    del llm, runner, dispatch
     gc.collect()
     total = steps["mixed"] + steps["prefill-only"] + steps["decode-only"]
     say(f"engine impl={impl}: attention {'/'.join(sorted(kernels))}; {total} steps ({steps['prefill-only']} "
