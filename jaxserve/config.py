@@ -48,7 +48,9 @@ class EngineConfig:
     starvation_steps: int = _f(32, "a request waiting this many steps is never overtaken again")
     scheduling_policy: str = _f("fcfs", "fcfs, or priority (lower value = more urgent)", choices=("fcfs", "priority"))
     priority_weight_base: float = _f(2.0, "priority policy: class p gets a fair share of weight base ** -p")
-    max_waiting_requests: int = _f(0, "beyond this many waiting requests new ones get Overloaded (0: unbounded)")
+    max_waiting_requests: int = _f(0, "beyond this many requests waiting for a seat (requests that free seats "
+                                      "will take at the next step do not count) new ones get Overloaded "
+                                      "(0: unbounded)")
     kv_watermark: float = _f(0.01, "share of KV blocks admissions leave free for running requests")
     preemption_mode: str = _f("auto", "recompute, swap (to host memory), or auto (by a cost model measured at start-up)",
                               choices=("auto", "recompute", "swap"))

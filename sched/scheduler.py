@@ -109,11 +109,17 @@ class Scheduler:
 
     def add_request(self, req: Request) -> None:
         """Queue a new request. Raises ValueError (with the numbers) if it is bad or could never
-        run, and Overloaded if `max_waiting_requests` are already waiting."""
+        run, and Overloaded if `max_waiting_requests` requests already wait beyond the free seats.
+
+        The bound counts requests that cannot be admitted, not requests the scheduler has not
+        looked at yet: a burst that arrives between two steps at an idle engine fills its free
+        seats first (they are admitted at the next schedule()), and only what is left over queues."""
         self._validate(req)
         c = self.config
-        if c.max_waiting_requests and len(self.waiting) >= c.max_waiting_requests:
-            raise Overloaded(len(self.waiting), c.max_waiting_requests)
+        if c.max_waiting_requests:
+            free_seats = max(0, c.max_num_seqs - len(self.running))
+            if len(self.waiting) - free_seats >= c.max_waiting_requests:
+                raise Overloaded(len(self.waiting), c.max_waiting_requests, free_seats)
         seq = next(self._seq)
         if c.scheduling_policy == "priority":  # fair-share start tag; equal tags: more urgent first
             key = (self._fair.start_tag(req), req.priority, seq, 0)

@@ -104,14 +104,33 @@ def test_the_watermark_keeps_blocks_free_at_admission_but_never_blocks_a_lone_re
 
 
 def test_a_full_waiting_queue_rejects_new_requests_with_overloaded():
-    sched = Scheduler(config(max_waiting_requests=2))
-    sched.add_request(make_request("a", 4))
-    sched.add_request(make_request("b", 4))
-    with pytest.raises(Overloaded, match="2 requests are waiting, the limit is max_waiting_requests=2"):
-        sched.add_request(make_request("c", 4))
-    assert sched.get_request("c") is None
+    sched = Scheduler(config(max_waiting_requests=2, max_num_seqs=1))
+    for rid in "abc":  # one for the free seat, two that must wait
+        sched.add_request(make_request(rid, 4))
+    with pytest.raises(Overloaded, match="3 requests are waiting for 1 free seat.*2 cannot be admitted now, "
+                                         "the limit is max_waiting_requests=2"):
+        sched.add_request(make_request("d", 4))
+    assert sched.get_request("d") is None
     sched.fork_request("a", make_request("a2", sched.get_request("a").prompt_token_ids))  # forks are exempt
     drive(sched)
+
+
+def test_a_burst_at_an_idle_engine_fills_every_free_seat_before_the_queue_bound_applies():
+    # 40 requests between two steps, 32 seats, at most 4 waiting: 36 are taken, 32 run at once
+    sched = Scheduler(config(num_blocks=400, max_waiting_requests=4, max_num_seqs=32, max_num_batched_tokens=4096))
+    taken = []
+    for i in range(40):
+        try:
+            sched.add_request(make_request(f"r{i}", 4, max_tokens=2))
+            taken.append(i)
+        except Overloaded:
+            pass
+    assert len(taken) == 36
+    out = sched.schedule()
+    assert len(out.requests) == 32 and sched.num_waiting == 4
+    # with every seat taken, the bound is the plain queue length again
+    with pytest.raises(Overloaded):
+        sched.add_request(make_request("late", 4))
 
 
 def test_victims_are_least_urgent_then_least_work_then_newest():
