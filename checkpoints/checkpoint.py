@@ -7,7 +7,7 @@ naming scheme to read and HF transformers is the reference for what each tensor 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,6 +27,8 @@ class Checkpoint:
     identity: str                          # "sha256:<hex>" of the source files (a converted checkpoint keeps its source's)
     source: str                            # the path it was loaded from
     format: str                            # "gguf" | "hf" | "jaxserve"
+    # seconds each part of loading took: "weights", "tokenizer", "identity" (start-up timings)
+    load_seconds: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:

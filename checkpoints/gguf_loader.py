@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -51,13 +52,19 @@ _BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 _TOP = re.compile(r"^(\w+)\.(weight|bias)$")
 
 
-def load_gguf(path: str | os.PathLike) -> Checkpoint:
-    """A GGUF file as a Checkpoint: HF names and layouts, block types dequantized to float32."""
+def load_gguf(path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None,
+              identity: str | None = None) -> Checkpoint:
+    """A GGUF file as a Checkpoint: HF names and layouts, block types dequantized to float32.
+    `identity`, when the caller has it, saves hashing the file; `cache_dir` keeps the hash."""
     import gguf
 
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise CheckpointNotFoundError(f"GGUF file {path!r} does not exist")
+    t0 = time.perf_counter()
+    if identity is None:
+        identity = file_identity([path], cache_dir)
+    t1 = time.perf_counter()
     reader = gguf.GGUFReader(path)
     metadata = {key: field.contents() for key, field in reader.fields.items()}
     tensor_names = [t.name for t in reader.tensors]
@@ -82,13 +89,16 @@ def load_gguf(path: str | os.PathLike) -> Checkpoint:
     # numpy releases the GIL in the dequantization arithmetic, so tensors decode in parallel
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
         tensors = dict(pool.map(load, weights))
+    t2 = time.perf_counter()
+    tokenizer = gguf_tokenizer(metadata)
     return Checkpoint(
         config=config,
         tensors=check_tensors(config, tensors),
-        tokenizer=gguf_tokenizer(metadata),
-        identity=file_identity([path]),
+        tokenizer=tokenizer,
+        identity=identity,
         source=path,
         format="gguf",
+        load_seconds={"identity": t1 - t0, "weights": t2 - t1, "tokenizer": time.perf_counter() - t2},
     )
 
 

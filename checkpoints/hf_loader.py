@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 from .checkpoint import Checkpoint
 from .errors import CheckpointNotFoundError, ConfigMismatchError
@@ -45,9 +46,11 @@ def read_config(directory: str | os.PathLike) -> dict:
         return json.load(f)
 
 
-def load_hf(directory: str | os.PathLike) -> Checkpoint:
+def load_hf(directory: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None) -> Checkpoint:
+    """`cache_dir` keeps the identity hash of the files (see identity.py)."""
     from safetensors.numpy import load_file
 
+    t0 = time.perf_counter()
     directory = os.fspath(directory)
     config = read_config(directory)
     check_model_type(config)
@@ -60,11 +63,16 @@ def load_hf(directory: str | os.PathLike) -> Checkpoint:
             if name in tensors:
                 raise ConfigMismatchError(f"tensor {name!r} appears in more than one shard")
             tensors[name] = array
+    t1 = time.perf_counter()
+    tokenizer = directory_tokenizer(directory) if has_tokenizer_files(directory) else None
+    t2 = time.perf_counter()
+    identity = file_identity([os.path.join(directory, "config.json"), *files], cache_dir)
     return Checkpoint(
         config=config,
         tensors=check_tensors(config, tensors),
-        tokenizer=directory_tokenizer(directory) if has_tokenizer_files(directory) else None,
-        identity=file_identity([os.path.join(directory, "config.json"), *files]),
+        tokenizer=tokenizer,
+        identity=identity,
         source=directory,
         format="hf",
+        load_seconds={"weights": t1 - t0, "tokenizer": t2 - t1, "identity": time.perf_counter() - t2},
     )

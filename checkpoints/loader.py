@@ -11,10 +11,13 @@ from .errors import CheckpointNotFoundError, UnsupportedFormatError
 _GGUF_MAGIC = b"GGUF"
 
 
-def load_checkpoint(path: str | os.PathLike | None = None) -> Checkpoint:
-    """Load a GGUF file, an HF directory or a converted directory; None is the embedded SmolLM2."""
+def load_checkpoint(path: str | os.PathLike | None = None, *, cache_dir: str | os.PathLike | None = None) -> Checkpoint:
+    """Load a GGUF file, an HF directory or a converted directory; None is the embedded SmolLM2.
+
+    With a `cache_dir`, what loading derives from the files is kept there for the next start:
+    the identity hash of every format (identity.py), and a GGUF's parsed and dequantized form
+    (prepared.py)."""
     from .convert import is_converted_directory, load_converted
-    from .gguf_loader import load_gguf
     from .hf_loader import is_hf_directory, load_hf
 
     path = embedded_model_path() if path is None else os.fspath(path)
@@ -24,18 +27,25 @@ def load_checkpoint(path: str | os.PathLike | None = None) -> Checkpoint:
         with open(path, "rb") as f:
             if f.read(4) != _GGUF_MAGIC:
                 raise UnsupportedFormatError(f"{path!r} is a file but not a GGUF file")
-        return load_gguf(path)
+        return _load_gguf(path, cache_dir)
     if is_converted_directory(path):
         return load_converted(path)
     if os.path.isfile(os.path.join(path, "config.json")):
         if not is_hf_directory(path):
             raise CheckpointNotFoundError(f"{path!r} has config.json but no *.safetensors files")
-        return load_hf(path)
+        return load_hf(path, cache_dir=cache_dir)
     ggufs = sorted(name for name in os.listdir(path) if name.endswith(".gguf"))
     if len(ggufs) == 1:
-        return load_gguf(os.path.join(path, ggufs[0]))
+        return _load_gguf(os.path.join(path, ggufs[0]), cache_dir)
     raise CheckpointNotFoundError(
         f"{path!r} holds no checkpoint: expected config.json + *.safetensors, a converted checkpoint "
         f"(identity.json + weights/), or a single .gguf file"
         + (f" (found {len(ggufs)} .gguf files: pass one)" if ggufs else "")
     )
+
+
+def _load_gguf(path: str, cache_dir: str | os.PathLike | None) -> Checkpoint:
+    from .gguf_loader import load_gguf
+    from .prepared import load_gguf_prepared
+
+    return load_gguf_prepared(path, cache_dir) if cache_dir else load_gguf(path)
