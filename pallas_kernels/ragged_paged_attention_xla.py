@@ -9,6 +9,15 @@ softmax over its chunk (max, sum, weighted values, as in split-KV "flash decodin
 reduction per sequence combines the partials at the end. A batch of 22 decodes of 50..760 tokens
 in 32 slots so costs what its 22 contexts cost, not 32 times the longest.
 
+Each iteration derives its items from the loop counter (`_iteration_items`), so nothing in the
+loop body is loop-invariant. An earlier version sliced each iteration's items out of work-list
+arrays built before the loop. When the whole list fit one iteration (a lone decode over a table
+of at most items_per_iter x kv_chunk_blocks blocks: max_model_len up to 2,032 with 16-token
+blocks and 16-row prefill tiles), the slice was the whole array, XLA hoisted the K/V gathers out of the loop, and then
+duplicated the step's one-row KV write (a dynamic-update-slice) for them, each duplicate on its
+own copy of the layer's arena: the embedded model's batch-1 step held 1.6 GB of temporaries
+(3.3 MB now) and decoded 30x slower at max_model_len=1024 than at 8192 (issue 14).
+
 It needs one promise from the caller, `uniform_q_len=Q` (static): every sequence slot owns
 exactly Q query rows, i.e. cu_q_lens[s] == s * Q. The runner packs decodes as Q = 1 and prefill
 chunks as tiles of Q rows, each tile its own "sequence" whose kv_len is its last row's position
@@ -75,11 +84,6 @@ def ragged_paged_attention_xla(
     ends = jnp.cumsum(num_chunks)
     num_items = ends[-1]
     per_iter = items_per_iter
-    capacity = -(-(slots * max_chunks) // per_iter) * per_iter
-    item = jnp.arange(capacity)
-    item_slot = jnp.minimum(jnp.searchsorted(ends, item, side="right"), slots - 1).astype(jnp.int32)
-    item_valid = item < num_items
-    item_chunk = jnp.where(item_valid, item - ends[item_slot] + num_chunks[item_slot] + first_chunk[item_slot], 0)
 
     # [S, K, Q*G, H]: rows of one slot and one KV head's query group form one matmul operand.
     qs = q.reshape(slots, qlen, num_kv_heads, group, head_dim).transpose(0, 2, 1, 3, 4)
@@ -89,9 +93,7 @@ def ragged_paged_attention_xla(
 
     def body(i, carry):
         m_run, l_run, acc_run = carry
-        slot = jax.lax.dynamic_slice_in_dim(item_slot, i * per_iter, per_iter)      # [I]
-        chunk_id = jax.lax.dynamic_slice_in_dim(item_chunk, i * per_iter, per_iter)
-        valid = jax.lax.dynamic_slice_in_dim(item_valid, i * per_iter, per_iter)
+        slot, chunk_id, valid = _iteration_items(i, per_iter, ends, num_chunks, first_chunk)   # [I] each
         ids = tables[slot[:, None], chunk_id[:, None] * chunk_blocks + jnp.arange(chunk_blocks)]  # [I, Cb]
         k = k_cache[ids].reshape(per_iter, chunk, num_kv_heads, head_dim).transpose(0, 2, 1, 3)
         v = v_cache[ids].reshape(per_iter, chunk, num_kv_heads, head_dim).transpose(0, 2, 1, 3)
@@ -128,3 +130,20 @@ def ragged_paged_attention_xla(
     # [S, K, Q*G, H] -> [S*Q, N, H]
     out = out.reshape(slots, num_kv_heads, qlen, group, head_dim).transpose(0, 2, 1, 3, 4)
     return out.reshape(num_tokens, num_heads, head_dim).astype(q.dtype)
+
+
+def _iteration_items(i, per_iter: int, ends, num_chunks, first_chunk):
+    """Items [i * per_iter, (i + 1) * per_iter) of the work list: (slot, chunk, valid) of each.
+
+    Computed from the loop counter inside the body, never sliced out of arrays built before the
+    loop: a slice that can cover the whole array is loop-invariant, and XLA then hoists the K/V
+    gathers out of the loop (see the module docstring).
+    """
+    slots = ends.shape[0]
+    item = i * per_iter + jnp.arange(per_iter)
+    # searchsorted by comparing against all `slots` ends: no nested loop in the body
+    slot = jnp.minimum(jnp.searchsorted(ends, item, side="right", method="compare_all"), slots - 1)
+    slot = slot.astype(jnp.int32)
+    valid = item < ends[-1]
+    chunk_id = jnp.where(valid, item - ends[slot] + num_chunks[slot] + first_chunk[slot], 0)
+    return slot, chunk_id, valid
