@@ -64,6 +64,14 @@ class EngineConfig:
     compilation_cache_dir: str | None = _f(
         os.path.join(os.path.expanduser("~"), ".cache", "jaxserve", "xla"),
         "persistent XLA compilation cache ('' disables it)")
+    cache_dir: str | None = _f(
+        os.path.join(os.path.expanduser("~"), ".cache", "jaxserve"),
+        "what start-up keeps for the next start: checkpoint identities, prepared GGUF weights, serialized "
+        "executables, calibration timings ('' disables it)")
+    warm_up: str = _f(
+        "all", "first runs before requests: all (every step is loaded and run once before the engine takes a "
+               "request, so none pays a step's slow first run) or none (steps load at first use; for callers that "
+               "warm what their first requests need, as `jaxserve generate` does)", choices=("all", "none"))
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16"):
@@ -85,7 +93,7 @@ class EngineConfig:
         if self.priority_weight_base < 1:
             raise ValueError(f"priority_weight_base={self.priority_weight_base} must be >= 1")
         for name, allowed in (("scheduling_policy", ("fcfs", "priority")),
-                              ("preemption_mode", ("auto", "recompute", "swap"))):
+                              ("preemption_mode", ("auto", "recompute", "swap")), ("warm_up", ("all", "none"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be one of {allowed}")
         if self.long_prefill_token_threshold is not None and (

@@ -17,6 +17,8 @@ def tiny_llama_dir(tmp_path_factory):
 # Small shapes: 4 seats, a 32-token budget in tiles of 8, blocks of 4 tokens; few buckets.
 TINY_ENGINE = dict(max_num_seqs=4, max_model_len=128, block_size=4, prefill_tile=8, max_num_batched_tokens=32,
                    num_kv_blocks=96, swap_space=1 << 20, xla_optimization_level=0, compilation_cache_dir="",
-                   progress=False, long_prefill_token_threshold=0)
+                   cache_dir="", progress=False, long_prefill_token_threshold=0)
+# cache_dir="" (like compilation_cache_dir="") keeps every test's start-up from reading what an earlier run
+# kept (executables, calibration timings, identities); tests of those caches pass their own tmp_path.
 # long_prefill_token_threshold=0 keeps the tests' chunking deterministic: the default derives it
 # from timings measured at start-up (tests/engine/test_chunk_policy.py covers that path).

@@ -2,12 +2,20 @@
 
 All compilation happens here, before the engine accepts a request; the compile counter is
 snapshotted at the end so `num_compilations_after_warmup` measures the serving path alone.
+
+Start-up is timed phase by phase (`engine.startup_timings`, logged at INFO), and what a phase
+derives only from its inputs is kept under `cache_dir` for the next start: the checkpoint identity
+and a GGUF's dequantized form (jaxserve.checkpoints), the serialized executables
+(runner/executables.py) and the calibration timings (runner/calibration.py). With `warm_up="all"`
+every step is loaded and run once before the engine is returned; with "none" nothing is, and
+`prepare_for_requests` warms what a known set of first requests can need.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -16,12 +24,16 @@ from jaxserve.checkpoints import Checkpoint, load_checkpoint
 from jaxserve.config import EngineConfig
 from jaxserve.engine.chunk_policy import ChunkPolicy, resolve_chunk_policy
 from jaxserve.engine.engine import Engine
+from jaxserve.engine.startup_timings import PhaseClock, StartupTimings
 from jaxserve.models.config import ModelConfig
 from jaxserve.models.params import params_from_hf
 from jaxserve.runner.buckets import (RunnerShapes, default_decode_buckets, default_decode_only_buckets,
                                     default_prefill_buckets, max_prefill_tiles)
+from jaxserve.runner.calibration import CalibrationCache, CalibrationKey, Calibrator
+from jaxserve.runner.executables import ExecutableCache
 from jaxserve.runner.kv_arena import plan_arena
 from jaxserve.runner.model_runner import ModelRunner
+from jaxserve.runner.warmup import buckets_for_requests, warm_up
 from jaxserve.sched.scheduler import Scheduler
 from jaxserve.sched.scheduler_config import SchedulerConfig
 
@@ -77,11 +89,19 @@ def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, 
     with a capped pool without compiling again."""
     if share_runner_of is not None:
         return _engine_on_shared_runner(config, share_runner_of)
+    clock = PhaseClock()
     enable_compilation_cache(config.compilation_cache_dir)
-    ckpt = checkpoint if checkpoint is not None else load_checkpoint(config.model)
+    cache_dir = config.cache_dir or None
+    if checkpoint is None:
+        ckpt = load_checkpoint(config.model, cache_dir=cache_dir)
+        for phase, seconds in ckpt.load_seconds.items():
+            clock.add(phase, seconds)
+    else:
+        ckpt = checkpoint              # loaded before this build: its time is not this build's
     model_config = ModelConfig.from_hf_config(ckpt.config)
     dtype = resolve_dtype(config.dtype)
-    params = params_from_hf(model_config, ckpt.tensors, jnp.dtype(dtype))
+    with clock.phase("params"):
+        params = jax.block_until_ready(params_from_hf(model_config, ckpt.tensors, jnp.dtype(dtype)))
 
     max_model_len = config.max_model_len or min(model_config.max_position_embeddings, MAX_DEFAULT_MODEL_LEN)
     if max_model_len > model_config.max_position_embeddings:
@@ -91,23 +111,58 @@ def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, 
     arena = plan_arena(model_config, block_size=config.block_size, dtype=dtype,
                        num_kv_blocks=config.num_kv_blocks, kv_cache_memory=kv_memory)
     shapes = runner_shapes(config, max_model_len)
-    runner = ModelRunner(model_config, params, arena, shapes, attention_impl=config.attention_impl,
-                         xla_optimization_level=config.xla_optimization_level,
-                         num_host_blocks=config.swap_space // arena.bytes_per_block)
-    runner.compile_all(progress=progress)
-    runner.warm_up(progress=progress)
-    if runner.host_pool is not None:
-        runner.measure_swap_cost()
-    chunking = resolve_chunk_policy(config, runner)
+    with clock.phase("kv_arena"):
+        runner = ModelRunner(model_config, params, arena, shapes, attention_impl=config.attention_impl,
+                             xla_optimization_level=config.xla_optimization_level,
+                             num_host_blocks=config.swap_space // arena.bytes_per_block,
+                             executable_cache=_cache(ExecutableCache, cache_dir, "executables"))
+        jax.block_until_ready(runner.kv_caches)
+    with clock.phase("executables"):
+        runner.warm_helpers()
+    if config.warm_up == "all":
+        report = warm_up(runner, progress=progress)
+        clock.add("executables", report.load_seconds)
+        clock.add("warm_up", report.run_seconds)
+
+    with clock.phase("calibration"):
+        calibrator = Calibrator(runner, cache=_cache(CalibrationCache, cache_dir, "calibration"),
+                                key=CalibrationKey.for_runner(runner, ckpt.identity))
+        if runner.host_pool is not None:
+            runner.swap_cost = calibrator.measure_swap_cost()
+        chunking = resolve_chunk_policy(config, calibrator)
+        calibrator.save()
+    if calibrator.measured or calibrator.reused:
+        log.info("calibration: measured %s; from the cache %s", calibrator.measured or "nothing",
+                 calibrator.reused or "nothing")
     eos = set(model_config.eos_token_ids)
     if ckpt.tokenizer is not None and ckpt.tokenizer.eos_token_id is not None:
         eos.add(ckpt.tokenizer.eos_token_id)
-    return Engine(
+    engine = Engine(
         scheduler=_scheduler(config, runner, max_model_len, chunking), runner=runner, tokenizer=ckpt.tokenizer,
         vocab_size=model_config.vocab_size, max_model_len=max_model_len, eos_token_ids=eos, seed=config.seed,
         checkpoint_identity=ckpt.identity, model_name=os.path.basename(ckpt.source.rstrip("/")),
         chunk_policy=chunking, async_scheduling=config.async_scheduling,
     )
+    engine.startup_timings = clock.timings()
+    log.info("%s", engine.startup_timings.describe())
+    return engine
+
+
+def prepare_for_requests(engine: Engine, num_tokens: Sequence[int], *, progress: bool = False) -> StartupTimings:
+    """Load and run once every step that requests of these sizes can need (prompt plus most
+    output tokens, one entry per sequence), before they are added: for an engine built with
+    warm_up="none" whose first requests are known (`jaxserve generate`). Adds the time to the
+    engine's start-up timings and returns them."""
+    report = warm_up(engine.runner, buckets_for_requests(engine.runner.shapes, num_tokens), progress=progress)
+    engine.startup_timings = engine.startup_timings.plus(executables=report.load_seconds,
+                                                         warm_up=report.run_seconds)
+    log.info("warmed %d steps for %d requests; %s", len(report.ran), len(num_tokens),
+             engine.startup_timings.describe())
+    return engine.startup_timings
+
+
+def _cache(kind, cache_dir: str | None, name: str):
+    return kind(os.path.join(cache_dir, name)) if cache_dir else None
 
 
 def _scheduler(config: EngineConfig, runner: ModelRunner, max_model_len: int, chunking: ChunkPolicy) -> Scheduler:
@@ -148,10 +203,12 @@ def _engine_on_shared_runner(config: EngineConfig, other: Engine) -> Engine:
     other.reset_prefix_cache()
     # the runner is the same, so are its measurements: reuse the other engine's derived chunk
     chunking = (other.chunk_policy if config.long_prefill_token_threshold is None and config.enable_chunked_prefill
-                and other.chunk_policy is not None else resolve_chunk_policy(config, other.runner))
-    return Engine(
+                and other.chunk_policy is not None else resolve_chunk_policy(config, Calibrator(other.runner)))
+    engine = Engine(
         scheduler=_scheduler(config, other.runner, other.max_model_len, chunking), runner=other.runner,
         tokenizer=other.tokenizer, vocab_size=other.vocab_size, max_model_len=other.max_model_len,
         eos_token_ids=other.eos_token_ids, seed=config.seed, checkpoint_identity=other.checkpoint_identity,
         model_name=other.model_name, chunk_policy=chunking, async_scheduling=config.async_scheduling,
     )
+    engine.startup_timings = StartupTimings()     # it loaded, compiled and measured nothing
+    return engine

@@ -16,7 +16,7 @@ overshoot the budget; a prefill from an empty context overstates the rate severa
 The chunk is never smaller than one prefill tile: where even one tile at the deepest position
 costs more than the budget (a long max_model_len on a slow machine), that tile is the floor,
 and `prefill_tile` is the knob that lowers it. Both measurements run once, on scratch blocks,
-before the engine takes requests.
+before the engine takes requests, or come from an earlier start's (runner/calibration.py).
 The derived chunks cap prompts only in steps that carry decodes (the scheduler's
 `decode_step_prefill_cap` and `decode_step_prefill_caps`): with nobody decoding there is no
 latency to protect, and a prompt takes the whole token budget. An explicit `long_prefill_token_threshold` (0 = no cap) skips all
@@ -45,12 +45,13 @@ class ChunkPolicy:
     by_decodes: tuple[tuple[int, int], ...] = ()
 
 
-def resolve_chunk_policy(config: EngineConfig, runner) -> ChunkPolicy:
+def resolve_chunk_policy(config: EngineConfig, calibrator) -> ChunkPolicy:
+    """`calibrator`: a runner.calibration.Calibrator (anything with its measure_* methods and shapes)."""
     if config.long_prefill_token_threshold is not None:
         return ChunkPolicy(config.long_prefill_token_threshold, derived=False)
     if not config.enable_chunked_prefill:
         return ChunkPolicy(0, derived=False)
-    tokens_per_s = runner.measure_chunk_rate()
+    tokens_per_s = calibrator.measure_chunk_rate()
     tile = config.prefill_tile
 
     def chunk_for(budget_s: float) -> int:
@@ -62,8 +63,8 @@ def resolve_chunk_policy(config: EngineConfig, runner) -> ChunkPolicy:
     else:
         # one budget per decode bucket of the steps that carry chunks: the decode-only step time
         # of that many decodes (measured, like the rate, on scratch blocks)
-        rows = runner.shapes.decode_buckets
-        budgets = [runner.measure_decode_step_time(rows=r) for r in rows]
+        rows = calibrator.shapes.decode_buckets
+        budgets = [calibrator.measure_decode_step_time(rows=r) for r in rows]
         budget = budgets[-1]
         by_decodes = tuple((r, chunk_for(b)) for r, b in zip(rows[:-1], budgets[:-1]))
     chunk = chunk_for(budget)

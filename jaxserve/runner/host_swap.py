@@ -81,8 +81,9 @@ class SwapCostModel:
         return max(1, int(np.ceil(2 * self.fixed_s / (recompute_per_token - swap_per_token))))
 
 
-def measure_swap_cost(pool: HostSwapPool, kv_caches, prefill_tokens_per_s: float, block_size: int):
-    """Time one full batch and one single-block round trip; returns (cost model, caches)."""
+def measure_swap_seconds(pool: HostSwapPool, kv_caches) -> tuple[float, float, list]:
+    """Time one full batch and one single-block round trip (scratch blocks 1.. and host blocks 0..);
+    returns (fixed seconds, seconds per block, the caches) of one swap direction."""
     def round_trip(n):
         pairs = [(1 + i, i) for i in range(n)]
         t = time.perf_counter()
@@ -98,4 +99,4 @@ def measure_swap_cost(pool: HostSwapPool, kv_caches, prefill_tokens_per_s: float
     full = min(round_trip(n) for _ in range(3))
     per_block = max(0.0, (full - one) / max(1, n - 1))
     fixed = max(0.0, one - per_block)
-    return SwapCostModel(fixed, per_block, prefill_tokens_per_s, block_size), kv_caches_ref[0]
+    return fixed, per_block, kv_caches_ref[0]

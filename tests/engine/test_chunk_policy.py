@@ -7,6 +7,7 @@ import pytest
 from jaxserve import LLM, SamplingParams
 from jaxserve.config import EngineConfig
 from jaxserve.engine.chunk_policy import resolve_chunk_policy
+from jaxserve.runner.calibration import Calibrator
 from tests.conftest import TINY_ENGINE
 
 
@@ -91,9 +92,10 @@ def test_a_real_engine_derives_its_chunk_at_start_up(tiny_llama_dir):
 def test_the_chunk_rate_is_measured_at_the_deepest_chunk(tiny_llama_dir):
     llm = LLM(tiny_llama_dir, **TINY_ENGINE)
     runner = llm.engine.runner
+    calibrator = Calibrator(runner)
     timed = []
-    runner._best_time = lambda step, repeats: timed.append(step) or 0.1 * len(timed)
-    assert runner.measure_chunk_rate() == pytest.approx(TINY_ENGINE["prefill_tile"] / 0.1)
+    calibrator._best_time = lambda step, repeats: timed.append(step) or 0.1 * len(timed)
+    assert calibrator.measure_chunk_rate() == pytest.approx(TINY_ENGINE["prefill_tile"] / 0.1)
     decode_only, mixed = timed
     chunk = [r for r in mixed.requests if len(r.token_ids) > 1]
     assert len(chunk) == 1 and len(chunk[0].token_ids) == TINY_ENGINE["prefill_tile"]

@@ -1,0 +1,187 @@
+"""Start-up calibration: the timings the engine's policies are derived from, measured or remembered.
+
+Two policies need timings of this machine: the default prefill chunk (engine/chunk_policy.py:
+decode-only step times and the rate a chunk adds to a decode batch) and preemption's swap-or-
+recompute choice (host_swap.SwapCostModel: swap bandwidth against prefill throughput). Measuring
+runs the compiled steps on scratch blocks 1, 2, ..., so it happens before the engine takes a
+request, and it costs seconds of every start (a full-budget prefill three times, decode batches,
+swap round trips) for numbers that only change with the machine and the configuration.
+
+So a `Calibrator` looks each measurement up in a `CalibrationCache` first: one JSON file per
+`CalibrationKey` (checkpoint identity, the resolved shapes and sizes the steps run at, software,
+machine), holding every measurement taken under that key. A measurement taken on a busy machine
+is remembered as it was; deleting the file (or `cache_dir=""`) measures again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from jaxserve.checkpoints.disk_cache import DiskCache
+from jaxserve.runner import fingerprint
+from jaxserve.runner.batch import bucket_for
+from jaxserve.runner.host_swap import SwapCostModel, measure_swap_seconds
+from jaxserve.runner.scratch import scratch_request, scratch_step
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+
+
+@dataclass(frozen=True, slots=True)
+class CalibrationKey:
+    """Everything a measured timing depends on."""
+
+    checkpoint: str          # checkpoint identity
+    engine: dict             # the resolved shapes, sizes and compiler settings the steps run at
+    software: dict
+    machine: dict
+
+    @classmethod
+    def for_runner(cls, runner, checkpoint_identity: str) -> "CalibrationKey":
+        shapes, arena = runner.shapes, runner.arena_spec
+        engine = {
+            "shapes": dataclasses.asdict(shapes),
+            "arena": dataclasses.asdict(arena),
+            "host_blocks": runner.host_pool.num_blocks if runner.host_pool is not None else 0,
+            "attention_impl": runner.attention_impl,
+            "compiler_options": runner.compiler_options,
+        }
+        return cls(checkpoint_identity, engine, fingerprint.software(), fingerprint.machine())
+
+    def file_name(self) -> str:
+        blob = json.dumps(self.as_json(), sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest() + ".json"
+
+    def as_json(self) -> dict:
+        # through JSON and back, so a key compares equal to the one read from a file (tuples -> lists)
+        return json.loads(json.dumps({"format": FORMAT, **dataclasses.asdict(self)}, sort_keys=True))
+
+
+class CalibrationCache:
+    """Measurements by key, one file each; a file whose stored key differs is a miss."""
+
+    def __init__(self, directory: str):
+        self._disk = DiskCache(directory)
+
+    def load(self, key: CalibrationKey) -> dict[str, object]:
+        entry = self._disk.get_json(key.file_name())
+        if not isinstance(entry, dict) or entry.get("key") != key.as_json():
+            return {}
+        return dict(entry.get("measurements") or {})
+
+    def store(self, key: CalibrationKey, measurements: dict[str, object]) -> None:
+        self._disk.put_json(key.file_name(), {"key": key.as_json(), "measurements": measurements})
+
+
+class Calibrator:
+    """The runner's start-up measurements, each taken at most once per key (see the module doc)."""
+
+    def __init__(self, runner, *, cache: CalibrationCache | None = None, key: CalibrationKey | None = None):
+        self.runner = runner
+        self.shapes = runner.shapes
+        self._cache = cache if key is not None else None
+        self._key = key
+        self.measurements: dict[str, object] = self._cache.load(key) if self._cache is not None else {}
+        self.measured: list[str] = []      # names measured by this calibrator (cache misses)
+        self.reused: list[str] = []        # names found in the cache
+
+    # -- the measurements ----------------------------------------------------------------------
+    def measure_prefill_throughput(self, repeats: int = 2) -> float:
+        """Prompt tokens per second of the largest prefill bucket, written into scratch blocks."""
+        def measure() -> float:
+            n = min(self.shapes.prefill_buckets[-1] * self.shapes.prefill_tile, self.shapes.max_model_len - 1,
+                    self._capacity())
+            return n / self._best_time(scratch_step([self._scratch("calibrate", n, 0)]), repeats)
+
+        return self._remember("prefill_tokens_per_s", measure)
+
+    def measure_decode_step_time(self, context: int = 256, repeats: int = 2, rows: int | None = None) -> float:
+        """Seconds of a decode-only step of `rows` decodes (default: the largest decode bucket),
+        every row at `context` tokens. The rows share one block table of scratch blocks, so this
+        works however small the arena is."""
+        rows = rows or self.shapes.max_decode_rows
+        context = max(1, min(context, self.shapes.max_model_len - 1, self._capacity()))
+        return self._remember(f"decode_step_s(rows={rows},context={context})",
+                              lambda: self._best_time(scratch_step(self._decode_rows(context, rows)), repeats))
+
+    def measure_chunk_rate(self, chunk_tiles: int = 1, decode_context: int = 256, repeats: int = 2) -> float:
+        """Prompt tokens per second that a chunk of `chunk_tiles` tiles adds to a full decode
+        batch, the chunk at the deepest position a prompt reaches (max_model_len less the chunk):
+        (chunk tokens) / (mixed step - decode-only step). A chunk's attention reads its whole
+        context, so the deepest chunk is the costliest, and an ITL bound that is to hold for every
+        chunk of a prompt (the p99, not the mean) must be sized by it. The largest-bucket prefill
+        from an empty context (measure_prefill_throughput) overstates this rate several times."""
+        capacity = self._capacity()
+        chunk = min(chunk_tiles, self.shapes.prefill_buckets[-1]) * self.shapes.prefill_tile
+        decode_context = max(1, min(decode_context, capacity, self.shapes.max_model_len - 1))
+        depth = max(0, min(self.shapes.max_model_len - chunk, capacity - chunk))
+
+        def measure() -> float:
+            rows = self._decode_rows(decode_context)
+            decode_only = self._best_time(scratch_step(rows), repeats)
+            mixed = self._best_time(scratch_step(rows + [self._scratch("calibrate-chunk", chunk, depth)]), repeats)
+            return chunk / max(mixed - decode_only, 1e-6)
+
+        return self._remember(f"chunk_tokens_per_s(chunk={chunk},depth={depth},decode_context={decode_context})",
+                              measure)
+
+    def measure_swap_cost(self) -> SwapCostModel:
+        """The cost model behind preemption_mode="auto": swap bandwidth and fixed cost against
+        prefill throughput, measured on this machine."""
+        runner = self.runner
+
+        def measure() -> list[float]:
+            fixed_s, per_block_s, runner.kv_caches = measure_swap_seconds(runner.host_pool, runner.kv_caches)
+            return [fixed_s, per_block_s]
+
+        fixed_s, per_block_s = self._remember("swap_fixed_and_per_block_s", measure)
+        model = SwapCostModel(fixed_s, per_block_s, self.measure_prefill_throughput(), self.shapes.block_size)
+        log.info("swap cost model: %s; recompute is cheaper below %d tokens", model, model.crossover_tokens())
+        return model
+
+    def save(self) -> None:
+        """Keep what was measured for the next start under the same key."""
+        if self._cache is not None and self.measured:
+            self._cache.store(self._key, self.measurements)
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _remember(self, name: str, measure: Callable):
+        if name in self.measurements:
+            if name not in self.reused:
+                self.reused.append(name)
+            return self.measurements[name]
+        value = measure()
+        self.measurements[name] = value
+        self.measured.append(name)
+        return value
+
+    def _capacity(self) -> int:
+        """Tokens the scratch blocks 1 .. num_blocks - 1 hold."""
+        return (self.runner.arena_spec.num_blocks - 1) * self.shapes.block_size
+
+    def _scratch(self, request_id: str, num_tokens: int, num_computed: int):
+        return scratch_request(request_id, num_tokens, num_computed, block_size=self.shapes.block_size)
+
+    def _decode_rows(self, context: int, rows: int | None = None) -> list:
+        """A decode batch (default: a full one) at `context` tokens on shared scratch blocks."""
+        rows = rows or self.shapes.max_decode_rows
+        return [self._scratch(f"calibrate-{i}", 1, context - 1) for i in range(rows)]
+
+    def _best_time(self, step, repeats: int) -> float:
+        """The fastest of `repeats` runs of `step`, after one untimed run (which loads the bucket's
+        executables where needed and pays their first run)."""
+        self.runner.load_executables([bucket_for(step, self.shapes)])
+        self.runner.execute(step)
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            self.runner.execute(step)
+            best = min(best, time.perf_counter() - t)
+        return best

@@ -1,0 +1,128 @@
+"""The runner's compiled functions (one step per bucket, one sampler per row count), loaded fast.
+
+Compiling the embedded model's 22 executables took about 300 s on the 2-core CPU under load;
+with every executable in XLA's persistent compilation cache a start still took about 100 s,
+because a cache hit is found by the lowered program's hash: each step is traced through the 30
+layers and lowered first (3-6 s a bucket under load; the cache hit itself 1-2.5 s). So jaxserve
+keeps its own cache of serialized executables, keyed by what determines the program without
+tracing it: the source of the traced code, the shapes, the model config, the compiler options,
+the software and the machine (fingerprint.py). A hit is one file read and a deserialization.
+A miss lowers and compiles as before (XLA's persistent cache still serves programs that did not
+change when unrelated traced code did) and stores the result.
+
+`ExecutableStore` is a read-only mapping from key to executable. `load` brings in a set of keys
+ahead of time; an executable asked for that is not loaded yet is loaded on the spot, so a step
+never fails for want of one (that is a stall, logged, which start-up policies exist to avoid).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import pickle
+import threading
+import time
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+
+from jaxserve.checkpoints.disk_cache import DiskCache
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+LOAD_WORKERS = 2
+
+
+class ExecutableCache:
+    """Serialized executables on disk, one file per key."""
+
+    def __init__(self, directory: str):
+        self._disk = DiskCache(directory)
+
+    @staticmethod
+    def key(description: Mapping) -> str:
+        """A file name for an executable described by a JSON-able mapping (every input to its program)."""
+        blob = json.dumps({"format": FORMAT, **description}, sort_keys=True, default=repr)
+        return hashlib.sha256(blob.encode()).hexdigest() + ".xla"
+
+    def load(self, key: str):
+        from jax.experimental import serialize_executable
+
+        data = self._disk.get(key)
+        if data is None:
+            return None
+        try:
+            return serialize_executable.deserialize_and_load(*pickle.loads(data))
+        except Exception as e:  # noqa: BLE001 - a corrupt or foreign entry is a miss, never a failure
+            log.warning("executable cache entry %s unusable (%s); compiling", key, e)
+            return None
+
+    def store(self, key: str, compiled) -> None:
+        from jax.experimental import serialize_executable
+
+        try:
+            data = pickle.dumps(serialize_executable.serialize(compiled))
+        except (ValueError, NotImplementedError, pickle.PicklingError) as e:
+            log.info("executable not serializable (%s); it will compile again next start", e)
+            return
+        self._disk.put(key, data)
+
+
+class ExecutableStore(Mapping):
+    """key -> executable, for a fixed set of keys; `build(key)` produces one (from the cache or by
+    compiling). Safe to read from one thread while `load` runs in another."""
+
+    def __init__(self, keys: Iterable[Hashable], build: Callable[[Hashable], object], kind: str):
+        self._keys = tuple(keys)
+        self._build = build
+        self._kind = kind
+        self._loaded: dict = {}
+        self._lock = threading.Lock()
+        self.loaded_on_demand: list = []      # keys a caller needed before they were loaded
+
+    def __getitem__(self, key):
+        exe = self._loaded.get(key)
+        if exe is None:
+            if key not in self._keys:
+                raise KeyError(key)
+            log.warning("%s %s was not loaded ahead of its first use: loading it now", self._kind, key)
+            self.loaded_on_demand.append(key)
+            exe = self._ensure(key)
+        return exe
+
+    def __iter__(self) -> Iterator:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __contains__(self, key) -> bool:
+        return key in self._keys
+
+    def is_loaded(self, key) -> bool:
+        return key in self._loaded
+
+    def load(self, keys: Iterable[Hashable] | None = None, *, on_loaded: Callable | None = None,
+             workers: int = LOAD_WORKERS) -> float:
+        """Load `keys` (default: all) with `workers` threads; `on_loaded(key, exe)` is called in this
+        thread, in order, as each arrives (so the caller can run one while the next loads).
+        Returns the seconds spent."""
+        t0 = time.perf_counter()
+        todo = [k for k in (self._keys if keys is None else keys) if k not in self._loaded]
+        for k in todo:
+            if k not in self._keys:
+                raise KeyError(k)
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            for key, exe in zip(todo, pool.map(self._ensure, todo)):
+                if on_loaded is not None:
+                    on_loaded(key, exe)
+        return time.perf_counter() - t0
+
+    def _ensure(self, key):
+        exe = self._loaded.get(key)
+        if exe is None:
+            built = self._build(key)
+            with self._lock:
+                exe = self._loaded.setdefault(key, built)
+        return exe

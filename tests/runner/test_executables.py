@@ -1,0 +1,63 @@
+"""Serialized executables: a cached one runs like the one compiled; damaged entries are misses;
+the store loads each key once and records what was needed before it was loaded."""
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxserve.runner.executables import ExecutableCache, ExecutableStore
+
+
+def _compiled(scale: float):
+    return jax.jit(lambda x, y: (x * scale + y, jnp.tanh(x))).lower(
+        jax.ShapeDtypeStruct((4, 8), jnp.float32), jax.ShapeDtypeStruct((4, 8), jnp.float32)).compile()
+
+
+def test_a_stored_executable_loads_and_computes_the_same(tmp_path):
+    cache = ExecutableCache(str(tmp_path))
+    key = cache.key({"kind": "toy", "scale": 3.0})
+    assert cache.load(key) is None
+    compiled = _compiled(3.0)
+    cache.store(key, compiled)
+    loaded = cache.load(key)
+    x, y = np.arange(32, dtype=np.float32).reshape(4, 8), np.ones((4, 8), np.float32)
+    for got, want in zip(loaded(x, y), compiled(x, y)):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_the_key_covers_every_field_of_the_description():
+    base = {"kind": "step", "bucket": (1, 4), "shapes": "RunnerShapes(...)", "machine": {"cpu": "x"}}
+    keys = {ExecutableCache.key(base)}
+    for field, value in (("kind", "sampler"), ("bucket", (4, 4)), ("shapes", "other"), ("machine", {"cpu": "y"})):
+        keys.add(ExecutableCache.key({**base, field: value}))
+    assert len(keys) == 5
+    assert ExecutableCache.key(dict(reversed(base.items()))) in keys     # order does not matter
+
+
+def test_a_damaged_entry_is_a_miss(tmp_path, caplog):
+    cache = ExecutableCache(str(tmp_path))
+    key = cache.key({"kind": "toy"})
+    (tmp_path / key).write_bytes(b"not a pickle")
+    with caplog.at_level(logging.WARNING):
+        assert cache.load(key) is None
+    assert "unusable" in caplog.text
+
+
+def test_the_store_builds_each_key_once_and_reports_loads_on_demand(caplog):
+    built = []
+    store = ExecutableStore([(1, 0), (1, 1), (4, 1)], lambda k: built.append(k) or f"exe{k}", "step")
+    seen = []
+    store.load([(1, 1), (1, 0)], on_loaded=lambda k, exe: seen.append((k, exe)))
+    assert seen == [((1, 1), "exe(1, 1)"), ((1, 0), "exe(1, 0)")]         # in the order asked
+    store.load()                                                           # the rest only
+    assert sorted(built) == [(1, 0), (1, 1), (4, 1)] and store.loaded_on_demand == []
+    fresh = ExecutableStore([(1, 0)], lambda k: "exe", "step")
+    with caplog.at_level(logging.WARNING):
+        assert fresh.get((1, 0)) == "exe" and fresh[(1, 0)] == "exe"
+    assert fresh.loaded_on_demand == [(1, 0)] and "not loaded ahead" in caplog.text
+    assert fresh.get((9, 9)) is None
+    with pytest.raises(KeyError):
+        store.load([(9, 9)])
