@@ -30,27 +30,43 @@ def _sampling_params(args):
                           ignore_eos=args.ignore_eos)
 
 
-def _make_llm(args):
+def _make_llm(args, **defaults):
     from jaxserve import LLM
 
-    kwargs = engine_kwargs_from_args(args)
+    kwargs = {**defaults, **engine_kwargs_from_args(args)}
     model = kwargs.pop("model", None)
     print("loading the model and compiling its step buckets (cached after the first run)...", file=sys.stderr)
     return LLM(model, **kwargs)
 
 
 def cmd_generate(args) -> int:
+    """The prompts are known before the first step, so the engine warms up only the steps they can
+    need (builder.prepare_for_requests) rather than every step a server could need."""
+    from jaxserve.engine.builder import prepare_for_requests
+
     params = _sampling_params(args)
-    llm = _make_llm(args)
-    tok = llm.get_tokenizer()
-    if args.raw or not getattr(tok, "chat_template", None):
-        outs = llm.generate(args.prompts, params)
-    else:
-        outs = llm.chat([[{"role": "user", "content": p}] for p in args.prompts], params)
+    llm = _make_llm(args, warm_up="none")
+    prompts = _prompts(llm.get_tokenizer(), args)
+    if llm.config.warm_up == "none":
+        requests = [llm.engine.input_processor.process(p, params) for p in prompts]
+        prepare_for_requests(llm.engine, [len(r.prompt_token_ids) + r.max_tokens for r in requests
+                                          for _ in range(r.params.n)])
+    outs = llm.generate(prompts, params)
     for prompt, out in zip(args.prompts, outs):
         c = out.outputs[0]
         print(f"### {prompt}\n{c.text}\n[{len(c.token_ids)} tokens, finish_reason={c.finish_reason}]\n")
     return 0
+
+
+def _prompts(tok, args) -> list:
+    """The prompts as the engine takes them: text, or token ids after the chat template."""
+    if args.raw or not getattr(tok, "chat_template", None):
+        return list(args.prompts)
+    prompts = []
+    for p in args.prompts:
+        ids = tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True)
+        prompts.append({"prompt_token_ids": list(ids["input_ids"] if hasattr(ids, "keys") else ids)})
+    return prompts
 
 
 def cmd_chat(args) -> int:

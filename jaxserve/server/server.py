@@ -164,8 +164,9 @@ async def run_server(config: ServerConfig, engine_config: EngineConfig, *, progr
     state.phase = Phase.SERVING
     for name in ("", SERVICE_NAME):
         await health.set(name, SERVING)
-    log.info("jaxserve ready on %s:%d: model %s (%s), warmup %.1f s", config.host, port, engine.model_name,
-             engine.checkpoint_identity[:12], time.perf_counter() - t0)
+    timings = getattr(engine, "startup_timings", None)     # a test's stand-in engine may have none
+    log.info("jaxserve ready on %s:%d: model %s (%s), warmup %.1f s%s", config.host, port, engine.model_name,
+             engine.checkpoint_identity[:12], time.perf_counter() - t0, f"; {timings.describe()}" if timings else "")
 
     await stopper
     await _drain(state, server, health, config.grace_period)
