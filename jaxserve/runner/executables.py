@@ -106,15 +106,15 @@ class ExecutableStore(Mapping):
     def load(self, keys: Iterable[Hashable] | None = None, *, on_loaded: Callable | None = None,
              workers: int = LOAD_WORKERS) -> float:
         """Load `keys` (default: all) with `workers` threads; `on_loaded(key, exe)` is called in this
-        thread, in order, as each arrives (so the caller can run one while the next loads).
-        Returns the seconds spent."""
+        thread, in order, for every key as it arrives, loaded before or not (so the caller can run
+        one while the next loads). Returns the seconds spent."""
         t0 = time.perf_counter()
-        todo = [k for k in (self._keys if keys is None else keys) if k not in self._loaded]
-        for k in todo:
+        keys = list(self._keys if keys is None else keys)
+        for k in keys:
             if k not in self._keys:
                 raise KeyError(k)
         with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-            for key, exe in zip(todo, pool.map(self._ensure, todo)):
+            for key, exe in zip(keys, pool.map(self._ensure, keys)):
                 if on_loaded is not None:
                     on_loaded(key, exe)
         return time.perf_counter() - t0

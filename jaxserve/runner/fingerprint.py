@@ -32,7 +32,7 @@ def machine() -> dict:
         "device_kind": device.device_kind,
         "platform_version": device.client.platform_version,
         "num_devices": jax.device_count(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpu_flags": hashlib.sha256(_cpu_flags().encode()).hexdigest()[:16],
         "cpu_count": os.cpu_count(),
         "arch": platform.machine(),
@@ -90,7 +90,7 @@ def _cpuinfo_field(name: str) -> str:
     return ""
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     return _cpuinfo_field("model name") or platform.processor() or platform.machine()
 
 

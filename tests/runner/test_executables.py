@@ -52,8 +52,10 @@ def test_the_store_builds_each_key_once_and_reports_loads_on_demand(caplog):
     seen = []
     store.load([(1, 1), (1, 0)], on_loaded=lambda k, exe: seen.append((k, exe)))
     assert seen == [((1, 1), "exe(1, 1)"), ((1, 0), "exe(1, 0)")]         # in the order asked
-    store.load()                                                           # the rest only
+    seen.clear()
+    store.load(on_loaded=lambda k, exe: seen.append(k))                    # builds the rest only
     assert sorted(built) == [(1, 0), (1, 1), (4, 1)] and store.loaded_on_demand == []
+    assert seen == [(1, 0), (1, 1), (4, 1)]                  # but reports every key: a warm-up runs each
     fresh = ExecutableStore([(1, 0)], lambda k: "exe", "step")
     with caplog.at_level(logging.WARNING):
         assert fresh.get((1, 0)) == "exe" and fresh[(1, 0)] == "exe"

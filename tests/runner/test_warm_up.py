@@ -54,6 +54,17 @@ def test_every_bucket_runs_once_before_the_engine_takes_a_request(tiny_llama_dir
     assert llm.stats().num_compilations_after_warmup == 0
 
 
+def test_a_step_loaded_by_calibration_is_still_warmed_for_requests(tiny_llama_dir, bucket_log):
+    """Loaded is not run: prepare_for_requests runs every bucket it names, loaded before or not."""
+    log, phase = bucket_log
+    llm = LLM(tiny_llama_dir, **{**TINY_ENGINE, "warm_up": "none", "swap_space": 0})
+    runner = llm.engine.runner
+    runner.load_executables([(1, 1), (1, 0)])
+    phase[0] = "prepare"
+    prepare_for_requests(llm.engine, [12])                  # 12 tokens in tiles of 8: (1, 0), (1, 1), (1, 2)
+    assert sorted(b for p, b in log if p == "prepare") == [(1, 0), (1, 1), (1, 2)]
+
+
 def test_warm_up_writes_only_the_null_block(tiny_llama_dir):
     llm = LLM(tiny_llama_dir, **{**TINY_ENGINE, "swap_space": 0})   # no swap calibration: nothing else writes
     for k, v in llm.engine.runner.kv_caches:
