@@ -6,10 +6,16 @@ never reaches the scheduler or the device.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
 MAX_LOGPROBS = 20  # the device computes this many top logprobs when any request asks
+# Past this temperature the distribution is uniform to float32 precision for any sane logits; a
+# larger value is a mistake (1e308 overflows the device's float32), not a wish for more randomness.
+MAX_TEMPERATURE = 100.0
+# The wire's and the device's integers are int32: top_k, token counts and token ids fit in it.
+MAX_INT32 = 2**31 - 1
 
 
 class OutputKind(Enum):
@@ -46,18 +52,18 @@ class SamplingParams:
             object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         if self.top_k == -1:
             object.__setattr__(self, "top_k", 0)
-        _check(isinstance(self.n, int) and self.n >= 1, "n", self.n, "must be an integer >= 1")
-        _check(_is_number(self.temperature) and self.temperature >= 0, "temperature", self.temperature,
-               "must be >= 0 (0 means greedy)")
-        _check(_is_number(self.top_p) and 0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]")
-        _check(isinstance(self.top_k, int) and self.top_k >= 0, "top_k", self.top_k,
-               "must be an integer >= 0 (0 or -1 disables it)")
-        _check(_is_number(self.min_p) and 0 <= self.min_p <= 1, "min_p", self.min_p, "must be in [0, 1]")
-        _check(self.seed is None or isinstance(self.seed, int), "seed", self.seed, "must be an integer or None")
-        _check(self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
-               "max_tokens", self.max_tokens, "must be an integer >= 1 or None")
-        _check(isinstance(self.min_tokens, int) and self.min_tokens >= 0, "min_tokens", self.min_tokens,
-               "must be an integer >= 0")
+        _check(_is_int(self.n) and self.n >= 1, "n", self.n, "must be an integer >= 1")
+        _check(_is_finite(self.temperature) and 0 <= self.temperature <= MAX_TEMPERATURE, "temperature",
+               self.temperature, f"must be a finite number in [0, {MAX_TEMPERATURE:g}] (0 means greedy)")
+        _check(_is_finite(self.top_p) and 0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]")
+        _check(_is_int(self.top_k) and 0 <= self.top_k <= MAX_INT32, "top_k", self.top_k,
+               f"must be an integer in [0, {MAX_INT32}] (0 or -1 disables it)")
+        _check(_is_finite(self.min_p) and 0 <= self.min_p <= 1, "min_p", self.min_p, "must be in [0, 1]")
+        _check(self.seed is None or _is_int(self.seed), "seed", self.seed, "must be an integer or None")
+        _check(self.max_tokens is None or (_is_int(self.max_tokens) and 1 <= self.max_tokens <= MAX_INT32),
+               "max_tokens", self.max_tokens, f"must be an integer in [1, {MAX_INT32}] or None")
+        _check(_is_int(self.min_tokens) and 0 <= self.min_tokens <= MAX_INT32, "min_tokens", self.min_tokens,
+               f"must be an integer in [0, {MAX_INT32}]")
         if self.max_tokens is not None:
             _check(self.min_tokens <= self.max_tokens, "min_tokens", self.min_tokens,
                    f"must be <= max_tokens={self.max_tokens}")
@@ -65,9 +71,9 @@ class SamplingParams:
             _check(all(isinstance(s, str) and s for s in self.stop), "stop", self.stop,
                    "must be non-empty strings")
         if self.stop_token_ids is not None:
-            _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
-                   self.stop_token_ids, "must be non-negative integers")
-        _check(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS),
+            _check(all(_is_int(t) and 0 <= t <= MAX_INT32 for t in self.stop_token_ids), "stop_token_ids",
+                   self.stop_token_ids, f"must be integers in [0, {MAX_INT32}]")
+        _check(self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS),
                "logprobs", self.logprobs, f"must be an integer in [0, {MAX_LOGPROBS}] or None")
         if isinstance(self.output_kind, str):
             object.__setattr__(self, "output_kind", OutputKind(self.output_kind))
@@ -80,8 +86,13 @@ class SamplingParams:
         return replace(self, seed=seed)
 
 
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_finite(x) -> bool:
+    """A real number that is neither NaN nor infinite (bools are not numbers here)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _check(ok: bool, name: str, value, why: str) -> None:

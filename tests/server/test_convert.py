@@ -48,3 +48,32 @@ def test_prompts_of_each_kind_and_the_cache_salt():
         prompt_from_proto(pb.GenerateRequest())
     chat = build_request([{"role": "user", "content": "hi"}])
     assert chat.WhichOneof("input") == "chat" and chat.chat.messages[0].content == "hi"
+
+
+@pytest.mark.parametrize("kw, field, bound", [
+    (dict(temperature=float("inf")), "temperature", "[0, 100]"),
+    (dict(temperature=1e308), "temperature", "[0, 100]"),
+    (dict(temperature=float("nan")), "temperature", "[0, 100]"),
+    (dict(temperature=100.5), "temperature", "[0, 100]"),
+    (dict(top_p=float("nan")), "top_p", "(0, 1]"),
+    (dict(min_p=float("inf")), "min_p", "[0, 1]"),
+    (dict(top_k=2**40), "top_k", str(2**31 - 1)),
+    (dict(max_tokens=2**40), "max_tokens", str(2**31 - 1)),
+    (dict(min_tokens=2**40, max_tokens=None), "min_tokens", str(2**31 - 1)),
+    (dict(stop_token_ids=[2**40]), "stop_token_ids", str(2**31 - 1)),
+])
+def test_non_finite_and_absurd_sampling_values_are_refused_naming_the_field_and_the_bound(kw, field, bound):
+    with pytest.raises(ValueError) as e:
+        SamplingParams(**kw)
+    assert f"SamplingParams.{field}=" in str(e.value) and bound in str(e.value)
+
+
+@pytest.mark.parametrize("temperature", [float("inf"), 1e308, float("nan")])
+def test_non_finite_and_absurd_temperatures_on_the_wire_are_refused(temperature):
+    with pytest.raises(ValueError, match="temperature"):
+        sampling_params_from_proto(build_request("x", temperature=temperature).sampling_params)
+
+
+def test_the_bounds_themselves_are_accepted():
+    p = SamplingParams(temperature=100.0, top_k=2**31 - 1, max_tokens=2**31 - 1, stop_token_ids=[2**31 - 1])
+    assert p.temperature == 100.0 and p.top_k == 2**31 - 1
