@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import typing
 
 from jaxserve.config import EngineConfig
@@ -19,6 +20,22 @@ def _base_type(tp):
     return args[0] if args else tp
 
 
+_STATES_DEFAULT = re.compile(r"\(default\b|\bdefault:", re.IGNORECASE)   # "(default 1 GiB", "; default: x"
+
+
+def help_states_default(help_text: str) -> bool:
+    """Whether a flag's help already says what its default is."""
+    return _STATES_DEFAULT.search(help_text) is not None
+
+
+def _with_default(help_text: str, default) -> str:
+    """The help with its default appended, unless the help already says what the default is or
+    there is none to state (None: unset)."""
+    if default is None or help_states_default(help_text):
+        return help_text
+    return f"{help_text} (default: {default})"
+
+
 def add_engine_args(parser: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) -> None:
     group = parser.add_argument_group("engine")
     hints = typing.get_type_hints(EngineConfig)
@@ -29,13 +46,13 @@ def add_engine_args(parser: argparse.ArgumentParser, *, skip: tuple[str, ...] = 
         help_text = f.metadata.get("help", "")
         if tp is bool:
             group.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction, default=None,
-                               help=f"{help_text} (default: {f.default})")
+                               help=_with_default(help_text, f.default))
         elif typing.get_origin(tp) is tuple:
             group.add_argument(_flag(f.name), type=lambda s: tuple(int(x) for x in s.split(",")), default=None,
                                help=f"{help_text}; comma-separated")
         else:
             kw = {"choices": f.metadata["choices"]} if "choices" in f.metadata else {}
-            group.add_argument(_flag(f.name), type=tp, default=None, help=f"{help_text} (default: {f.default})",
+            group.add_argument(_flag(f.name), type=tp, default=None, help=_with_default(help_text, f.default),
                                **kw)
 
 

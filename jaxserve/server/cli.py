@@ -11,14 +11,27 @@ import logging
 import os
 import sys
 
-from jaxserve.engine_args import add_engine_args, engine_config_from_args
+from jaxserve.engine_args import add_engine_args, engine_config_from_args, help_states_default
 
 API_KEY_ENV = "JAXSERVE_API_KEY"
 
 
+class _DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Ends a flag's help with its default, once: not when the help already states it (the engine
+    flags do, with EngineConfig's defaults) nor when the default is None (nothing to show)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if help_states_default(text) or action.default in (None, argparse.SUPPRESS):
+            return text
+        if not action.option_strings and action.nargs not in (argparse.OPTIONAL, argparse.ZERO_OR_MORE):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def add_server_parsers(subparsers) -> None:
     s = subparsers.add_parser("serve", help="serve the model over gRPC (health, reflection, metrics)",
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                              formatter_class=_DefaultsHelpFormatter)
     g = s.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 exposes the server)")
     g.add_argument("--port", type=int, default=50051, help="gRPC port (0: pick a free one)")
@@ -39,7 +52,7 @@ def add_server_parsers(subparsers) -> None:
     s.set_defaults(func=cmd_serve)
 
     c = subparsers.add_parser("client", help="stream an answer from a running `jaxserve serve`",
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                              formatter_class=_DefaultsHelpFormatter)
     c.add_argument("prompt")
     c.add_argument("--target", default="127.0.0.1:50051", help="host:port of the server")
     c.add_argument("--api-key", default=None, help=f"bearer token (default: ${API_KEY_ENV})")
