@@ -10,6 +10,12 @@ step never waits on a slow consumer.
     async for out in aengine.generate("Hello", SamplingParams(max_tokens=8)):
         print(out.outputs[0].text, end="")          # DELTA outputs by default
 
+A request passes the engine's door (its InputProcessor: tokenizing, every limit) in a small pool
+of tokenizer threads, never on the step thread (the tokenizer releases the GIL while it works), so
+a long prompt delays only itself; the step thread only queues what passed. A text longer than any
+prompt that fits max_model_len (`max_prompt_chars`) is refused before it is tokenized, and token
+ids that could not fit before they are scanned.
+
 Leaving the `async for` early (break, an exception, task cancellation) aborts the request: the
 abort is applied before the next step, so its KV blocks are free as soon as the current step ends.
 If a step raises, every in-flight request fails with EngineDeadError, the engine is marked
@@ -19,14 +25,18 @@ unhealthy, and later calls fail at once: nothing waits forever.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import queue
 import threading
 import time
 import uuid
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Callable, Iterable
 
+from jaxserve.engine.input_processor import EngineRequest
 from jaxserve.engine.stats import EngineStats
 from jaxserve.outputs import CompletionOutput, RequestOutput
 from jaxserve.sampling_params import OutputKind, SamplingParams
@@ -48,9 +58,8 @@ _ABORTED = object()   # queued to a stream whose request was aborted by `abort()
 @dataclass(frozen=True, slots=True)
 class _Add:
     request_id: str
-    prompt: Any
-    params: SamplingParams
-    priority: int
+    request: EngineRequest     # validated (and tokenized) at the door, off the step thread
+    arrival_time: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,12 +88,32 @@ class EngineSnapshot:
     taken_at: float = field(default_factory=time.monotonic)   # stats.uptime_s ages from here
 
 
+def longest_token_chars(tokenizer) -> int | None:
+    """The most characters one token of this vocabulary can stand for: the longest vocabulary
+    string (byte-level BPE spells each byte as one character, SentencePiece a space as one), so a
+    text of C characters is at least C / this many tokens. None without a vocabulary."""
+    get_vocab = getattr(tokenizer, "get_vocab", None)
+    if get_vocab is None:
+        return None
+    try:
+        return max((len(t) for t in get_vocab()), default=None)
+    except Exception:   # noqa: BLE001 - a tokenizer without a usable vocabulary: no early bound
+        log.warning("cannot read the tokenizer's vocabulary; long prompts are only refused after tokenizing")
+        return None
+
+
 class AsyncEngine:
     def __init__(self, engine, *, on_dead: Callable[[BaseException], None] | None = None,
-                 thread_name: str = "jaxserve-step-loop"):
+                 thread_name: str = "jaxserve-step-loop", tokenizer_threads: int = 2):
         self.engine = engine
         self._on_dead = on_dead
         self._thread_name = thread_name
+        self._tokenizer_pool = ThreadPoolExecutor(max_workers=tokenizer_threads,
+                                                  thread_name_prefix="jaxserve-tokenizer")
+        self.longest_token_chars = longest_token_chars(engine.tokenizer) if engine.tokenizer is not None else None
+        # no prompt that fits max_model_len is longer: at most max_model_len - 1 tokens of the longest kind
+        self.max_prompt_chars = (None if self.longest_token_chars is None
+                                 else (engine.max_model_len - 1) * self.longest_token_chars)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, asyncio.Queue] = {}      # event-loop side only
         self._calls: set[asyncio.Future] = set()           # event-loop side only
@@ -128,20 +157,31 @@ class AsyncEngine:
 
     # -- the asyncio side --------------------------------------------------------------------
     async def generate(self, prompt: Any, params: SamplingParams | None = None, *, request_id: str | None = None,
-                       priority: int = 0) -> AsyncIterator[RequestOutput]:
+                       priority: int = 0, arrival_time: float | None = None) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs. A bad request raises ValueError (NotImplementedError for what
-        the engine lacks, the scheduler's Overloaded for a full waiting queue) from the first iteration."""
+        the engine lacks, the scheduler's Overloaded for a full waiting queue) from the first iteration.
+        `arrival_time` (time.perf_counter(); default: now) starts the request's latency metrics."""
         self._check_open()
+        arrival_time = time.perf_counter() if arrival_time is None else arrival_time
         params = SamplingParams(output_kind=OutputKind.DELTA) if params is None else params
         request_id = uuid.uuid4().hex if request_id is None else str(request_id)
         if request_id in self._streams:
             raise ValueError(f"request_id {request_id!r} is already in use")
         q: asyncio.Queue = asyncio.Queue()
-        self._streams[request_id] = q        # registered before queueing, so a crash finds it
-        self._commands.put(_Add(request_id, prompt, params, priority))
-        done = False
+        self._streams[request_id] = q        # registered before tokenizing, so a crash or shutdown finds it
+        added = done = False
         last: RequestOutput | None = None
         try:
+            text = _prompt_text(prompt)
+            if text is not None:
+                self.check_prompt_chars(len(text))
+            else:
+                self._check_prompt_token_count(prompt)
+            door = self.engine.input_processor
+            request = await self._off_step_thread(door.process, prompt, params, priority=priority)
+            if self._error is None and not self._stopped:   # else the queue holds the error or the abort
+                self._commands.put(_Add(request_id, request, arrival_time))
+                added = True
             while True:
                 item = await q.get()
                 if isinstance(item, BaseException):
@@ -159,9 +199,34 @@ class AsyncEngine:
         finally:
             if self._streams.get(request_id) is q:
                 del self._streams[request_id]
-            if not done and self._error is None and not self._stopped:
+            if added and not done and self._error is None and not self._stopped:
                 # the consumer left early (cancelled, broke out, raised): free the request now
                 self._commands.put(_Abort((request_id,), notify=False))
+
+    def check_prompt_chars(self, num_chars: int) -> None:
+        """Refuse, before tokenizing, a text too long for any prompt that fits max_model_len."""
+        limit = self.max_prompt_chars
+        if limit is not None and num_chars > limit:
+            m = self.engine.max_model_len
+            raise ValueError(
+                f"the prompt has {num_chars} characters, more than the {limit} that fit max_model_len={m}: "
+                f"at most {m - 1} prompt tokens of at most {self.longest_token_chars} characters each")
+
+    def _check_prompt_token_count(self, prompt: Any) -> None:
+        """Refuse token ids too many to run even with one output token before they are scanned."""
+        ids = prompt.get("prompt_token_ids") if isinstance(prompt, Mapping) else None
+        if isinstance(ids, (list, tuple)) and ids:
+            self.engine.input_processor.limits.check(len(ids), 1)
+
+    async def run_tokenizer(self, fn: Callable[[Any], Any]) -> Any:
+        """fn(tokenizer) in a tokenizer thread: never on the step thread or the event loop."""
+        return await self._off_step_thread(fn, self.engine.tokenizer)
+
+    async def _off_step_thread(self, fn: Callable, *args, **kwargs) -> Any:
+        if self._stopped:
+            raise EngineStoppedError("the engine is shut down")
+        call = functools.partial(fn, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_pool, call)
 
     async def abort(self, request_ids: str | Iterable[str]) -> None:
         """Abort requests; their streams end with a finish_reason "abort" output."""
@@ -191,6 +256,7 @@ class AsyncEngine:
         if self._stopped:
             return
         self._stopped = True
+        self._tokenizer_pool.shutdown(wait=False)   # what is tokenizing finishes; its stream gets the abort
         live = tuple(self._streams)
         for rid in live:
             self._streams[rid].put_nowait(_ABORTED)
@@ -228,7 +294,7 @@ class AsyncEngine:
     def _apply(self, engine, cmd) -> None:
         if isinstance(cmd, _Add):
             try:
-                engine.add_request(cmd.request_id, cmd.prompt, cmd.params, priority=cmd.priority)
+                engine.add_processed(cmd.request_id, cmd.request, arrival_time=cmd.arrival_time)
             except Exception as e:   # a bad request fails alone; the engine is fine
                 self._post(self._deliver_one, cmd.request_id, e)
         elif isinstance(cmd, _Abort):
@@ -292,6 +358,15 @@ class AsyncEngine:
                 fut.set_exception(err)
         if self._on_dead is not None:
             self._on_dead(err)
+
+
+def _prompt_text(prompt: Any) -> str | None:
+    """The text of a text prompt (a string, or a dict with "prompt"); None otherwise."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, Mapping) and isinstance(prompt.get("prompt"), str):
+        return prompt["prompt"]
+    return None
 
 
 def _settle(fut: asyncio.Future, result, error) -> None:

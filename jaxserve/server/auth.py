@@ -1,5 +1,6 @@
 """Bearer-token authentication: every call but the health check must carry
 `authorization: Bearer <key>` metadata, or it ends with UNAUTHENTICATED before any handler runs.
+The scheme is case-insensitive (`bearer`, `BEARER`; RFC 9110 section 11.1), the key is not.
 
 Health stays open so that load balancers and orchestrators can probe without the key; it tells
 nothing but SERVING / NOT_SERVING.
@@ -19,7 +20,7 @@ class BearerTokenInterceptor(aio.ServerInterceptor):
     def __init__(self, api_key: str):
         if not api_key:
             raise ValueError("api_key must be a non-empty string")
-        self._expected = f"Bearer {api_key}".encode()
+        self._key = api_key.encode()
 
     async def intercept_service(self, continuation, handler_call_details):
         method = handler_call_details.method or ""
@@ -30,11 +31,22 @@ class BearerTokenInterceptor(aio.ServerInterceptor):
             if key == "authorization":
                 given = value.encode() if isinstance(value, str) else value
                 break
-        if given and hmac.compare_digest(given, self._expected):
+        token = bearer_token(given)
+        if token is not None and hmac.compare_digest(token, self._key):
             return await continuation(handler_call_details)
         handler = await continuation(handler_call_details)
-        why = "missing bearer token" if not given else "wrong bearer token"
+        why = ("missing bearer token" if not given else
+               "wrong bearer token" if token is not None else "the authorization scheme is not Bearer")
         return _refusal(handler, why)
+
+
+def bearer_token(value: bytes) -> bytes | None:
+    """The credentials of an `authorization` value whose scheme is Bearer, in any case; None for
+    another scheme or none."""
+    scheme, _, token = value.strip().partition(b" ")
+    if scheme.lower() != b"bearer":
+        return None
+    return token.strip(b" ")
 
 
 def _refusal(handler, why: str):

@@ -8,6 +8,7 @@ ValueError naming the field, which the servicer turns into INVALID_ARGUMENT.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,10 +54,53 @@ def sampling_params_from_proto(msg: pb.SamplingParams, limits: RequestLimits = R
     return SamplingParams(output_kind=OutputKind.DELTA, **kwargs)
 
 
-def chat_messages(msg: pb.Chat) -> list[dict[str, str]]:
+# The roles every chat template is written for (OpenAI's and Hugging Face's conventions).
+STANDARD_CHAT_ROLES = frozenset({"system", "user", "assistant", "tool"})
+
+
+def chat_messages(msg: pb.Chat, allowed_roles: frozenset[str] = STANDARD_CHAT_ROLES) -> list[dict[str, str]]:
     if not msg.messages:
         raise ValueError("chat.messages is empty")
+    for i, m in enumerate(msg.messages):
+        if m.role not in allowed_roles:
+            raise ValueError(f"chat.messages[{i}].role={m.role!r} is not a role this model's chat template "
+                             f"takes; allowed: {', '.join(sorted(allowed_roles))}")
     return [{"role": m.role, "content": m.content} for m in msg.messages]
+
+
+@functools.lru_cache(maxsize=8)
+def chat_roles(template: str | None) -> frozenset[str]:
+    """The standard roles plus any other the template names: the string constants it compares a
+    message's role with (`message['role'] == 'ipython'`, `m.role in ['developer', ...]`)."""
+    return STANDARD_CHAT_ROLES | _template_roles(template) if template else STANDARD_CHAT_ROLES
+
+
+def _template_roles(template: str) -> frozenset[str]:
+    import jinja2
+    from jinja2 import nodes
+
+    try:
+        tree = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(template)
+    except jinja2.TemplateError:   # a tag of transformers' own ({% generation %}): only the standard roles
+        return frozenset()
+
+    def is_role(e) -> bool:
+        return ((isinstance(e, nodes.Getitem) and isinstance(e.arg, nodes.Const) and e.arg.value == "role")
+                or (isinstance(e, nodes.Getattr) and e.attr == "role"))
+
+    def strings(e) -> set[str]:
+        if isinstance(e, nodes.Const) and isinstance(e.value, str):
+            return {e.value}
+        if isinstance(e, (nodes.List, nodes.Tuple)):
+            return {s for item in e.items for s in strings(item)}
+        return set()
+
+    roles: set[str] = set()
+    for cmp in tree.find_all(nodes.Compare):
+        operands = [cmp.expr, *(op.expr for op in cmp.ops)]
+        if any(is_role(e) for e in operands):
+            roles.update(s for e in operands for s in strings(e))
+    return frozenset(roles)
 
 
 def prompt_from_proto(req: pb.GenerateRequest) -> Any:

@@ -68,22 +68,26 @@ class ServerMetrics:
                               buckets=_LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("jaxserve_inter_token_latency_seconds", "between consecutive token steps",
                              buckets=_LATENCY_BUCKETS, registry=r)
-        self.e2e = Histogram("jaxserve_e2e_request_latency_seconds", "arrival to finish",
+        self.e2e = Histogram("jaxserve_e2e_request_latency_seconds", "arrival to finish or abort",
                              buckets=_E2E_BUCKETS, registry=r)
         self.queue = Histogram("jaxserve_request_queue_time_seconds", "arrival to first scheduled",
                                buckets=_LATENCY_BUCKETS, registry=r)
 
-    def observe(self, m: RequestMetrics | None) -> None:
-        """One finished (or aborted) request's timings."""
-        if m is None:
-            return
-        if m.first_scheduled_time is not None:
-            self.queue.observe(max(0.0, m.first_scheduled_time - m.arrival_time))
-        if m.first_token_time is not None:
-            self.ttft.observe(max(0.0, m.first_token_time - m.arrival_time))
-        times = m.token_times
-        for a, b in zip(times, times[1:]):
-            if b > a:      # tokens of one step share a stamp: that is not an inter-token gap
-                self.itl.observe(b - a)
-        if m.finished_time is not None:
-            self.e2e.observe(max(0.0, m.finished_time - m.arrival_time))
+    def observe(self, m: RequestMetrics | None, *, arrival_time: float | None = None,
+                ended_at: float | None = None) -> None:
+        """One request's timings when it ends, however it ends: finished, aborted or cancelled.
+        `m` is the engine's (None if it ended before its first output); a request that did not
+        finish in the engine has no finished_time, so `ended_at` (time.perf_counter()) ends it."""
+        if m is not None:
+            if m.first_scheduled_time is not None:
+                self.queue.observe(max(0.0, m.first_scheduled_time - m.arrival_time))
+            if m.first_token_time is not None:
+                self.ttft.observe(max(0.0, m.first_token_time - m.arrival_time))
+            times = m.token_times
+            for a, b in zip(times, times[1:]):
+                if b > a:      # tokens of one step share a stamp: that is not an inter-token gap
+                    self.itl.observe(b - a)
+        start = m.arrival_time if m is not None else arrival_time
+        end = m.finished_time if m is not None and m.finished_time is not None else ended_at
+        if start is not None and end is not None:
+            self.e2e.observe(max(0.0, end - start))

@@ -21,14 +21,15 @@ import grpc
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
-from grpc_reflection.v1alpha import reflection
 
 from jaxserve.config import EngineConfig
 from jaxserve.server.auth import BearerTokenInterceptor
 from jaxserve.server.convert import RequestLimits
+from jaxserve.server.malformed import MalformedRequestInterceptor
 from jaxserve.server.metrics import ServerMetrics
 from jaxserve.server.proto import generation_pb2 as pb
 from jaxserve.server.proto import generation_pb2_grpc as pb_grpc
+from jaxserve.server.reflection import enable_server_reflection
 from jaxserve.server.servicer import GenerationServicer, Phase, ServerState
 
 log = logging.getLogger("jaxserve.server")
@@ -36,6 +37,26 @@ log = logging.getLogger("jaxserve.server")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Generation"].full_name   # "jaxserve.v1.Generation"
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+# gRPC messages are bounded before the model is loaded, so by what any vocabulary's token could
+# stand for: 256 bytes (SmolLM2's longest token has 81). The exact bound, from the model's own
+# vocabulary, refuses a longer text before it is tokenized (AsyncEngine.max_prompt_chars).
+MESSAGE_BYTES_PER_TOKEN = 256
+MESSAGE_OVERHEAD_BYTES = 1 << 20     # the rest of a request: sampling parameters, stop strings, chat roles
+# builder.MAX_DEFAULT_MODEL_LEN, the longest max_model_len an unset one becomes; not imported from
+# there because that imports jax, and the server listens before it (a test keeps the two equal)
+DEFAULT_MAX_MODEL_LEN_BOUND = 8192
+
+
+def message_bytes_limit(max_model_len: int) -> int:
+    """The largest request a max_model_len-token prompt can need: bigger ones are refused by gRPC
+    (RESOURCE_EXHAUSTED) before they are read into Python."""
+    return max_model_len * MESSAGE_BYTES_PER_TOKEN + MESSAGE_OVERHEAD_BYTES
+
+
+def server_interceptors(api_key: str | None) -> list[aio.ServerInterceptor]:
+    """Authentication first (a refusal needs no parsing), then malformed bytes -> INVALID_ARGUMENT."""
+    return ([BearerTokenInterceptor(api_key)] if api_key else []) + [MalformedRequestInterceptor()]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +69,7 @@ class ServerConfig:
     tls_key: str | None = None
     max_concurrent_streams: int = 256
     grace_period: float = 30.0           # seconds in-flight streams get after SIGTERM
-    max_message_bytes: int = 16 << 20
+    max_message_bytes: int | None = None     # None: message_bytes_limit(max_model_len)
     limits: RequestLimits = RequestLimits()
 
     def __post_init__(self) -> None:
@@ -62,7 +83,7 @@ class ServerConfig:
             raise ValueError(f"max_concurrent_streams={self.max_concurrent_streams} must be >= 1")
         if self.grace_period < 0:
             raise ValueError(f"grace_period={self.grace_period} must be >= 0")
-        if self.max_message_bytes < 1024:
+        if self.max_message_bytes is not None and self.max_message_bytes < 1024:
             raise ValueError(f"max_message_bytes={self.max_message_bytes} must be >= 1024")
         if self.api_key is not None and not self.api_key:
             raise ValueError("api_key is empty; leave it unset to disable auth")
@@ -90,10 +111,12 @@ async def run_server(config: ServerConfig, engine_config: EngineConfig, *, progr
                      build_engine: Callable | None = None, hard_exit_during_warmup: bool = False) -> int:
     state = ServerState()
     metrics = ServerMetrics(lambda: state.aengine.snapshot if state.aengine is not None else None)
-    interceptors = [BearerTokenInterceptor(config.api_key)] if config.api_key else []
-    server = aio.server(interceptors=interceptors, options=[
-        ("grpc.max_receive_message_length", config.max_message_bytes),
-        ("grpc.max_send_message_length", config.max_message_bytes),
+    max_message_bytes = config.max_message_bytes
+    if max_message_bytes is None:
+        max_message_bytes = message_bytes_limit(engine_config.max_model_len or DEFAULT_MAX_MODEL_LEN_BOUND)
+    server = aio.server(interceptors=server_interceptors(config.api_key), options=[
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.so_reuseport", 0),
     ])
     servicer = GenerationServicer(state, max_concurrent_streams=config.max_concurrent_streams,
@@ -101,8 +124,7 @@ async def run_server(config: ServerConfig, engine_config: EngineConfig, *, progr
     pb_grpc.add_GenerationServicer_to_server(servicer, server)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    reflection.enable_server_reflection(
-        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
+    enable_server_reflection((SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name), server)
     for name in ("", SERVICE_NAME):
         await health.set(name, NOT_SERVING)
 

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import enum
 import logging
+import time
 
 import grpc
 from grpc import aio
@@ -85,6 +86,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
             self.state.streams_changed.set()
 
     async def _generate(self, aengine: AsyncEngine, request: pb.GenerateRequest, context):
+        arrival = time.perf_counter()
         try:
             params = convert.sampling_params_from_proto(request.sampling_params, self.limits)
             if request.WhichOneof("input") == "chat":
@@ -99,10 +101,11 @@ class GenerationServicer(pb_grpc.GenerationServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
 
         last = None
+        refused = False       # never ran: its latency is not a request's latency
         sent = _SentPerSample(params.n)
         try:
             stream = aengine.generate(prompt, params, request_id=request.request_id or None,
-                                      priority=request.priority)
+                                      priority=request.priority, arrival_time=arrival)
             try:
                 async for out in stream:
                     last = out
@@ -111,13 +114,16 @@ class GenerationServicer(pb_grpc.GenerationServicer):
             finally:
                 await stream.aclose()   # on cancel: aborts the request before the next step
         except (ValueError, NotImplementedError) as e:
+            refused = True
             code = grpc.StatusCode.INVALID_ARGUMENT if isinstance(e, ValueError) else grpc.StatusCode.UNIMPLEMENTED
             await context.abort(code, str(e))
         except Overloaded as e:
+            refused = True
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         except EngineDeadError as e:
             await context.abort(grpc.StatusCode.INTERNAL, str(e))
         except EngineStoppedError as e:
+            refused = True
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         except (asyncio.CancelledError, aio.AbortError):
             raise
@@ -125,24 +131,27 @@ class GenerationServicer(pb_grpc.GenerationServicer):
             log.exception("Generate failed")
             await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
         finally:
-            if self.metrics is not None and last is not None:
-                self.metrics.observe(last.metrics)
+            if self.metrics is not None and not refused:
+                # finished, aborted or cancelled: every request that ran has an end-to-end latency
+                self.metrics.observe(last.metrics if last is not None else None, arrival_time=arrival,
+                                     ended_at=time.perf_counter())
 
     async def _render_chat(self, aengine: AsyncEngine, request: pb.GenerateRequest) -> dict:
-        messages = convert.chat_messages(request.chat)
+        tok = aengine.engine.tokenizer
+        if tok is None or not getattr(tok, "chat_template", None):
+            raise ValueError("chat: the model has no chat template; send text or token_ids")
+        messages = convert.chat_messages(request.chat, convert.chat_roles(tok.chat_template))
+        aengine.check_prompt_chars(sum(len(m["content"]) for m in messages))
 
-        def render(engine):   # the tokenizer belongs to the step thread, like the engine
-            tok = engine.tokenizer
-            if tok is None or not getattr(tok, "chat_template", None):
-                raise ValueError("chat: the model has no chat template; send text or token_ids")
+        def render(tokenizer):   # in a tokenizer thread, like a text prompt
             try:
-                ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+                ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
             except Exception as e:   # a template that rejects these messages (roles, order)
                 raise ValueError(f"chat: the model's chat template failed on these messages: {e}") from e
             ids = ids["input_ids"] if hasattr(ids, "keys") else ids
             return list(ids)
 
-        prompt = {"prompt_token_ids": await aengine.call(render)}
+        prompt = {"prompt_token_ids": await aengine.run_tokenizer(render)}
         if request.HasField("cache_salt"):
             prompt["cache_salt"] = request.cache_salt
         return prompt

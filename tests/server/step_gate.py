@@ -29,8 +29,9 @@ class StepGate:
         if not closed:
             self._open.set()
         self._silent: set[str] = set()   # added, accepted, nothing returned yet
-        self._step, self._add, self._abort = engine.step, engine.add_request, engine.abort
-        engine.step, engine.add_request, engine.abort = self._gated_step, self._add_request, self._abort_requests
+        # add_processed: where every request enters, through add_request or the AsyncEngine's door
+        self._step, self._add, self._abort = engine.step, engine.add_processed, engine.abort
+        engine.step, engine.add_processed, engine.abort = self._gated_step, self._add_processed, self._abort_requests
 
     def open(self) -> None:
         self._open.set()
@@ -39,7 +40,7 @@ class StepGate:
         self._open.clear()
 
     # the engine's own calls, all on its step thread
-    def _add_request(self, *args, **kwargs):
+    def _add_processed(self, *args, **kwargs):
         request_id = self._add(*args, **kwargs)
         self._silent.add(request_id)
         return request_id
