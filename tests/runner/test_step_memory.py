@@ -44,4 +44,4 @@ def test_no_bucket_holds_an_arena_sized_temporary(max_model_len):
     temps = {bucket: _temp_bytes(shapes, bucket) for bucket in shapes.buckets()}
     assert set(temps) == {(1, 0), (2, 0), (4, 0), (4, 1)}
     copied = {bucket: t for bucket, t in temps.items() if t >= LAYER_CACHE_BYTES / 2}
-    assert not copied, f"steps holding arena-sized temporaries (bytes) against {LAYER_CACHE_BYTES:,} per cache: {copied}"
+    assert not copied, f"arena-sized temporaries (bytes) against {LAYER_CACHE_BYTES:,} per cache: {copied}"

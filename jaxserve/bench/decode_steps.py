@@ -1,0 +1,69 @@
+"""Decode step time of a built LLM, read from what a user sees: RequestOutput.metrics.token_times.
+
+A batch of B requests with distinct random prompts (no prefix-cache hits), greedy, EOS ignored,
+is sent at once. Once the last prompt has its first token, every request decodes in every step
+until the first one finishes; the steps inside that window are decode-only steps of exactly B
+rows, and the gaps between one request's token times there are their durations (every request
+of a step gets its token at the same moment). `max_tokens` is sized so that at least `steps`
+such steps remain after the prompts are in.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeTiming:
+    batch: int                      # decode rows of every timed step
+    step_s: tuple[float, ...]       # one duration per timed step
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.step_s)
+
+    @property
+    def per_token_s(self) -> float:
+        return self.median_s / self.batch
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"batch": self.batch, "steps": len(self.step_s), "step_ms": [s * 1e3 for s in self.step_s],
+                "median_step_ms": self.median_s * 1e3, "per_token_ms": self.per_token_s * 1e3}
+
+
+def full_batch_step_times(token_times: Sequence[Sequence[float]]) -> tuple[float, ...]:
+    """Durations of the steps in which every request decoded, from each request's token times."""
+    if not token_times or any(not t for t in token_times):
+        raise ValueError("every request needs at least one token time")
+    starts = [t[0] for t in token_times]
+    window = (max(starts), min(t[-1] for t in token_times))
+    last_started = token_times[starts.index(window[0])]
+    inside = [t for t in last_started if window[0] <= t <= window[1]]
+    return tuple(b - a for a, b in zip(inside, inside[1:]))
+
+
+def output_tokens_for(batch: int, input_len: int, steps: int, token_budget: int) -> int:
+    """max_tokens that leaves `steps` full-batch decode steps: admitting B prompts takes at most
+    ceil(B * input_len / (budget - B)) + 1 steps (decodes share the budget), and the first
+    requests already decode in those."""
+    prefill_steps = -(-batch * input_len // max(token_budget - batch, 1)) + 1
+    return prefill_steps + steps + 1
+
+
+def measure_decode(llm: Any, *, batch: int, input_len: int, steps: int, seed: int) -> DecodeTiming:
+    from jaxserve import SamplingParams
+
+    rng = np.random.default_rng(seed)
+    vocab = llm.engine.vocab_size
+    prompts = [{"prompt_token_ids": rng.integers(3, vocab, input_len).tolist()} for _ in range(batch)]
+    max_tokens = output_tokens_for(batch, input_len, steps, llm.config.max_num_batched_tokens)
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    timed = full_batch_step_times([o.metrics.token_times for o in outputs])
+    if len(timed) < steps:
+        raise RuntimeError(f"only {len(timed)} of {steps} steps decoded all {batch} requests together")
+    return DecodeTiming(batch, timed)

@@ -1,0 +1,85 @@
+"""`jaxserve bench sweep` end to end on a tiny random Llama: the result's structure and its arithmetic.
+
+Nothing here depends on speed: the tiny model's step times are noise on a shared machine, so the
+test checks what the result says about them (which steps, which ratios, which flags), not their size.
+"""
+
+import math
+import statistics
+
+import pytest
+
+from jaxserve.bench import cli
+from jaxserve.bench.results import load_result
+
+# max_model_len=4096 exceeds the tiny model's 1,024 positions: that configuration must be skipped
+GRID = ["--max-model-len", "128,4096", "--max-num-seqs", "2", "--block-size", "8", "--prefill-tile", "8"]
+ENGINE = ["--engine-arg", "num_kv_blocks=256", "--engine-arg", "xla_optimization_level=0",
+          "--engine-arg", "compilation_cache_dir=''"]
+
+
+@pytest.fixture(scope="module")
+def sweep(tiny_model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("sweep")
+    result = cli.main(["bench", "sweep", "--model", tiny_model_dir, "--output-dir", str(out), "--name", "sweep",
+                       "--no-progress", "--input-len", "8", "--steps", "2", *GRID, *ENGINE])
+    return result, load_result(str(out / "sweep.json"))
+
+
+def test_the_result_file_is_what_the_command_returned(sweep):
+    returned, written = sweep
+    assert written["subcommand"] == "sweep" and written["runs"] == []
+    (path,) = returned["files"]
+    assert path.endswith("sweep.json") and written["extra"] == returned["extra"]
+    assert written["workload"]["axes"]["max_model_len"] == [128, 4096]
+
+
+def test_one_axis_at_a_time_from_the_resolved_default(sweep):
+    data = sweep[1]["extra"]["sweep"]
+    points = data["points"]
+    # the default's max_model_len is the model's limit, as the engine resolves it
+    assert data["default"] == {"max_model_len": 1024, "max_num_seqs": 32, "block_size": 16, "prefill_tile": 16}
+    assert [p["label"] for p in points] == ["default", "max_model_len=128", "max_num_seqs=2", "block_size=8",
+                                            "prefill_tile=8"]
+    for p in points:
+        differs = [a for a, v in p["settings"].items() if v != data["default"][a]]
+        assert p["varied"] == differs and len(differs) == (0 if p["label"] == "default" else 1)
+        s = p["settings"]
+        assert p["kv_table_blocks"] == math.ceil((s["max_model_len"] + s["prefill_tile"]) / s["block_size"])
+
+
+def test_a_configuration_that_cannot_be_built_is_skipped_with_its_reason(sweep):
+    (skipped,) = sweep[1]["extra"]["skipped"]
+    assert skipped["label"] == "max_model_len=4096" and "max_position_embeddings" in skipped["reason"]
+
+
+def test_step_times_ratios_and_flags_are_consistent(sweep):
+    data = sweep[1]["extra"]["sweep"]
+    default = data["points"][0]
+    for p in data["points"]:
+        assert p["batch1"]["batch"] == 1 and p["full_batch"]["batch"] == p["settings"]["max_num_seqs"]
+        for key in ("batch1", "full_batch"):
+            t = p[key]
+            assert t["steps"] == len(t["step_ms"]) >= 2 and all(ms > 0 for ms in t["step_ms"])
+            assert t["median_step_ms"] == pytest.approx(statistics.median(t["step_ms"]))
+            assert t["per_token_ms"] == pytest.approx(t["median_step_ms"] / t["batch"])
+        r1 = p["batch1"]["per_token_ms"] / default["batch1"]["per_token_ms"]
+        rf = p["full_batch"]["per_token_ms"] / default["full_batch"]["per_token_ms"]
+        assert p["batch1_vs_default"] == pytest.approx(r1) and p["full_batch_vs_default"] == pytest.approx(rf)
+        assert p["flagged"] == [k for k, r in (("batch1", r1), ("full_batch", rf)) if r > data["flag_ratio"]]
+        load = p["load_average_before_after"]
+        assert len(load) == 2 and all(len(x) == 3 for x in load)
+    assert default["batch1_vs_default"] == default["full_batch_vs_default"] == 1.0
+    assert data["flagged"] == [p["label"] for p in data["points"] if p["flagged"]]
+
+
+def test_the_table_has_a_row_per_configuration(sweep):
+    from jaxserve.bench.cmd_sweep import format_table
+
+    points = sweep[1]["extra"]["sweep"]["points"]
+    table = format_table(points).splitlines()
+    assert len(table) == 2 + len(points)
+    for line, p in zip(table[2:], points):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[0] == p["label"] and cells[5] == str(p["kv_table_blocks"])
+        assert cells[6] == f"{p['batch1']['median_step_ms']:.1f}" and cells[8] == str(p["full_batch"]["batch"])
