@@ -5,7 +5,9 @@ each configuration of a grid over max_model_len, max_num_seqs, block_size and pr
 (jaxserve/bench/sweep_grid.py; one axis at a time from the default unless `--grid full`), this
 builds an engine and times its decode-only steps at batch 1 and at a full batch (max_num_seqs
 rows), medians of `--steps` steps or more (jaxserve/bench/decode_steps.py), then gives each
-configuration's per-token time against the default's and flags those beyond `--flag-ratio`.
+configuration's per-token time against the default's and flags those beyond `--flag-ratio`. The
+default is measured again at the end: on a shared machine that row says how much of a ratio is
+drift.
 
 Only the buckets the measurement runs are compiled: decode-only steps of 1 and max_num_seqs rows,
 and one mixed bucket that carries the prompts in. A bucket's executable is the same whichever
@@ -35,6 +37,7 @@ from jaxserve.bench.session import log
 from jaxserve.bench.sweep_grid import AXES, GRIDS, SweepPoint, parse_values, sweep_points
 from jaxserve.runner.buckets import RunnerShapes
 
+RECHECK_LABEL = "default, again"
 FLAG_NAMES = {"batch1": "batch 1", "full_batch": "full batch"}
 DEFAULT_AXES = {"max_model_len": "512,1024,2048,4096,8192", "max_num_seqs": "8,16,32,64",
                 "block_size": "8,16,32", "prefill_tile": "8,16,32"}
@@ -116,6 +119,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     print(format_table(rows))
     print(f"\n{len(rows)} configurations; beyond {args.flag_ratio:g}x the default's per-token time: "
           f"{', '.join(flagged) if flagged else 'none'}")
+    again = next((r for r in rows if r["label"] == RECHECK_LABEL), None)
+    if again is not None:
+        print(f"the default measured again at the end: {again['batch1_vs_default']:.2f}x at batch 1, "
+              f"{again['full_batch_vs_default']:.2f}x at full batch (the machine's drift during the sweep)")
     print(f"wrote {path}")
     result["files"] = [path]
     return result
@@ -128,7 +135,9 @@ def _sweep(args: argparse.Namespace, model: str, axes: dict[str, tuple[int, ...]
     default = _measure_point(args, model, SweepPoint("default", {}, ()), "1/?", rows, skipped)
     if default is None:
         return rows, skipped
-    points = sweep_points(default["settings"], axes, args.grid)
+    # the default again at the end: how far the machine's speed drifted while the sweep ran
+    points = sweep_points(default["settings"], axes, args.grid) + [
+        SweepPoint(RECHECK_LABEL, default["settings"], ())]
     for i, point in enumerate(points[1:], start=2):
         _measure_point(args, model, point, f"{i}/{len(points)}", rows, skipped)
     return rows, skipped
