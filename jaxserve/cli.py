@@ -49,7 +49,7 @@ def cmd_generate(args) -> int:
     prompts = _prompts(llm.get_tokenizer(), args)
     if llm.config.warm_up == "none":
         requests = [llm.engine.input_processor.process(p, params) for p in prompts]
-        prepare_for_requests(llm.engine, [len(r.prompt_token_ids) + r.max_tokens for r in requests
+        prepare_for_requests(llm.engine, [(len(r.prompt_token_ids), r.max_tokens) for r in requests
                                           for _ in range(r.params.n)])
     outs = llm.generate(prompts, params)
     for prompt, out in zip(args.prompts, outs):

@@ -148,15 +148,16 @@ def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, 
     return engine
 
 
-def prepare_for_requests(engine: Engine, num_tokens: Sequence[int], *, progress: bool = False) -> StartupTimings:
-    """Load and run once every step that requests of these sizes can need (prompt plus most
-    output tokens, one entry per sequence), before they are added: for an engine built with
-    warm_up="none" whose first requests are known (`jaxserve generate`). Adds the time to the
+def prepare_for_requests(engine: Engine, requests: Sequence[tuple[int, int]], *,
+                         progress: bool = False) -> StartupTimings:
+    """Load and run once every step that an engine's first requests can need, before they are
+    added: for an engine built with warm_up="none" whose first requests are known (`jaxserve
+    generate`). `requests`: (prompt tokens, most output tokens) per sequence. Adds the time to the
     engine's start-up timings and returns them."""
-    report = warm_up(engine.runner, buckets_for_requests(engine.runner.shapes, num_tokens), progress=progress)
+    report = warm_up(engine.runner, buckets_for_requests(engine.runner.shapes, requests), progress=progress)
     engine.startup_timings = engine.startup_timings.plus(executables=report.load_seconds,
                                                          warm_up=report.run_seconds)
-    log.info("warmed %d steps for %d requests; %s", len(report.ran), len(num_tokens),
+    log.info("warmed %d steps %s for %d sequences; %s", len(report.ran), report.ran, len(requests),
              engine.startup_timings.describe())
     return engine.startup_timings
 

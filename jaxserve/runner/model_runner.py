@@ -100,8 +100,8 @@ class ModelRunner:
 
     def load_executables(self, buckets=None, *, progress: bool = False, on_loaded=None) -> float:
         """Load (from the executable cache, or by compiling) the steps of `buckets` (default: every
-        bucket) and their samplers, two at a time; `on_loaded(bucket, step)` is called as each step
-        arrives (warm-up runs it while the next one loads). Returns the seconds spent."""
+        bucket) and their samplers; `on_loaded(bucket, step)` is called as each step arrives
+        (warm-up runs it while the next one loads). Returns the seconds spent."""
         buckets = sorted(self.shapes.buckets() if buckets is None else set(buckets))
         seconds = self._samplers.load(sorted({sample_rows_bucket(*b) for b in buckets}))
         with progress_bar(progress, len(buckets), "loading steps") as bar:

@@ -76,23 +76,34 @@ def can_warm_up(shapes: RunnerShapes, bucket: tuple[int, int]) -> bool:
     return bucket[1] == 0 or shapes.max_model_len - 1 >= shapes.prefill_tile
 
 
-def buckets_for_requests(shapes: RunnerShapes, num_tokens: Sequence[int]) -> list[tuple[int, int]]:
-    """Every bucket a run of these requests can step in, whatever the scheduler makes of them.
-    `num_tokens[i]` is request i's prompt plus its most output tokens (one per sequence: n > 1
-    samples count n times).
+def buckets_for_requests(shapes: RunnerShapes, requests: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Every bucket the first requests of an engine can step in: `requests` holds one (prompt
+    tokens, most output tokens) pair per sequence (n > 1 samples count n times).
 
-    A superset by bounds, not a prediction: a step carries at most one decode row per sequence,
-    and prefill tiles at most for every token of every sequence (a preempted request recomputes
-    its prompt and outputs), and never more than the step's token budget; the picked bucket grows
-    with both, so every smaller one may occur too."""
-    if not num_tokens:
+    One sequence alone is predicted exactly: its prompt in one step (when it fits the step's
+    token budget), then one decode per step (also when it wants one token: the one-step-ahead
+    loop may schedule a step beyond a request's last). It cannot be preempted (the door admits
+    only a request the KV pool can hold whole), and an engine's first request finds no cached
+    prefix that would shorten its prompt. Otherwise the answer is a superset by bounds: a step
+    carries at most one decode row per sequence, and prefill tiles at most for every token of
+    every sequence (a preempted request recomputes its prompt and outputs), never more than the
+    step's token budget; chunking can make any smaller step, so every smaller bucket counts."""
+    if not requests:
         return []
     tile = shapes.prefill_tile
-    seqs = len(num_tokens)
-    tiles = min(sum(-(-n // tile) for n in num_tokens), shapes.prefill_buckets[-1])
+    decode_only = shapes.decode_only_buckets or shapes.decode_buckets
+    one_decode = (pick_bucket(1, decode_only), 0)
+    if len(requests) == 1:
+        prompt_tiles = -(-requests[0][0] // tile)
+        if requests[0][0] == 1:                          # a one-token prompt steps as a decode row
+            return [one_decode]
+        if prompt_tiles <= shapes.prefill_buckets[-1]:
+            prefill = (pick_bucket(1, shapes.decode_buckets), pick_bucket(prompt_tiles, shapes.prefill_buckets))
+            return sorted({one_decode, prefill})
+    seqs = len(requests)
+    tiles = min(sum(-(-(p + o) // tile) for p, o in requests), shapes.prefill_buckets[-1])
     most_p = pick_bucket(tiles, shapes.prefill_buckets)
     most_mixed_d = pick_bucket(min(seqs, shapes.decode_buckets[-1]), shapes.decode_buckets)
-    decode_only = shapes.decode_only_buckets or shapes.decode_buckets
     most_decode_only_d = pick_bucket(min(seqs, decode_only[-1]), decode_only)
     return [(d, p) for d, p in shapes.buckets()
             if (p == 0 and d <= most_decode_only_d) or (0 < p <= most_p and d <= most_mixed_d)]
