@@ -3,9 +3,11 @@
 The first execution of an XLA:CPU executable costs 0.2-1 s more than later ones (measured,
 embedded model: 8 decodes + one tile 563 ms, then 144 ms; under load a (4 decodes, 4 tiles) step
 1.33 s, then 0.47 s). A profile puts that time in building the runtime pipelines of the
-executable's XNNPACK/YNN fusions (slinky), which XLA does lazily, at the first run, once per
-loaded executable; an all-zero input does not avoid it and no flag makes it eager. While serving
-it would stall every request in the step that first needs a bucket: the step after the last long
+executable's YNN fusions (slinky), which XLA does lazily, at the first run, once per loaded
+executable (a deserialized copy pays it again); an all-zero input does not avoid it. Turning the
+YNN fusions off (XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=) removed most of it but made a
+4-decode step about 3x slower in one loaded measurement, so the first run stays. While serving it
+would stall every request in the step that first needs a bucket: the step after the last long
 prompt finishes, the first step with 4 decodes, ...
 
 So every step is run once before a request can need it: all of them at start-up (the server),

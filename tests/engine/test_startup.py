@@ -2,6 +2,7 @@
 nothing and measures nothing. Counted, never timed."""
 
 import logging
+import re
 
 import pytest
 
@@ -56,3 +57,18 @@ def test_a_second_start_with_the_same_cache_compiles_and_measures_nothing(tiny_l
     params = SamplingParams(max_tokens=6, ignore_eos=True)
     assert (second.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
             == first.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids)
+
+
+def test_jaxserve_generate_loads_and_warms_only_what_its_prompt_needs(tiny_llama_dir, caplog, capsys):
+    from jaxserve.cli import main
+
+    flags = ["--model", tiny_llama_dir, "--max-num-seqs", "4", "--max-model-len", "128", "--block-size", "4",
+             "--prefill-tile", "8", "--max-num-batched-tokens", "32", "--num-kv-blocks", "96",
+             "--xla-optimization-level", "0", "--swap-space", "0", "--compilation-cache-dir", "", "--cache-dir", ""]
+    with caplog.at_level(logging.INFO, logger="jaxserve"):
+        assert main(["generate", "hello world", "--raw", "--max-tokens", "5", "--ignore-eos", *flags]) == 0
+    assert "[5 tokens, finish_reason=length]" in capsys.readouterr().out
+    assert "not loaded ahead" not in caplog.text                   # no step was first met by the request
+    warmed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("warmed ")]
+    # one sequence: its prompt's step (one seat, as many tiles as the prompt needs) and one-decode steps
+    assert len(warmed) == 1 and re.match(r"warmed 2 steps \[\(1, 0\), \(1, \d\)\] for 1 sequences", warmed[0])
