@@ -37,6 +37,9 @@ from jaxserve.sched.scheduler import Scheduler
 from jaxserve.sched.scheduler_output import SchedulerOutput
 
 
+GREEDY_BELOW = 1e-5  # a temperature this small samples as greedy (as vLLM's _SAMPLING_EPS)
+
+
 @dataclass(slots=True)
 class _InFlight:
     """A dispatched step whose sampled tokens the host has not read yet."""
@@ -102,7 +105,9 @@ class Engine:
                 eos_token_ids=self.eos_token_ids, stop_token_ids=frozenset(params.stop_token_ids or ()),
                 ignore_eos=params.ignore_eos, priority=req.priority, arrival_time=now, cache_salt=req.cache_salt,
                 sampling=SamplingOptions(
-                    temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, min_p=params.min_p,
+                    # below GREEDY_BELOW, logits / temperature overflows float32: the argmax is meant
+                    temperature=0.0 if params.temperature < GREEDY_BELOW else params.temperature,
+                    top_k=params.top_k, top_p=params.top_p, min_p=params.min_p,
                     seed=seed, min_tokens=params.min_tokens, banned_before_min_tokens=banned,
                     num_logprobs=params.logprobs))
             if i == 0:

@@ -54,14 +54,15 @@ class InputProcessor:
             if self.tokenizer is None:
                 raise ValueError("this engine has no tokenizer: send prompt_token_ids")
             ids = list(self.tokenizer.encode(text))
-        self._check_ids("prompt token id(s)", ids)
-        if params.stop_token_ids:
-            self._check_ids("stop_token_ids", params.stop_token_ids)
         n = len(ids)
         if n == 0:
             raise ValueError("the prompt is empty (0 tokens)")
+        # the limits first: a prompt too long to run is refused before its ids are scanned
         max_tokens = params.max_tokens if params.max_tokens is not None else self.limits.default_max_tokens(n)
         self.limits.check(n, max_tokens, params.min_tokens)
+        self._check_ids("prompt token id(s)", ids)
+        if params.stop_token_ids:
+            self._check_ids("stop_token_ids", params.stop_token_ids)
         if params.min_tokens:
             banned = self.banned_before_min_tokens(params)
             if len(banned) > MAX_BANNED_IDS:
@@ -75,6 +76,8 @@ class InputProcessor:
         return tuple(sorted(eos | set(params.stop_token_ids or ())))
 
     def _check_ids(self, what: str, ids) -> None:
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise ValueError(f"{what} must be integers")
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"{what} {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
@@ -99,8 +102,7 @@ class InputProcessor:
             raise ValueError(f"prompt must be a string, got {type(text).__name__}")
         ids = prompt.get("prompt_token_ids")
         if ids is not None:
-            if not isinstance(ids, (list, tuple)) or not all(
-                    isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            if not isinstance(ids, (list, tuple)):
                 raise ValueError("prompt_token_ids must be a list of integers")
-            ids = list(ids)
+            ids = list(ids)  # each id is checked after the length (process)
         return text, ids, cache_salt

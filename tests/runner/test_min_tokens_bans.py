@@ -65,3 +65,13 @@ def test_the_kv_fit_check_uses_the_schedulers_formula():
     small.process({"prompt_token_ids": [5] * 30}, SamplingParams(max_tokens=3))
     with pytest.raises(ValueError, match="needs 9 KV blocks of 4 tokens, but the whole KV pool has 8"):
         small.process({"prompt_token_ids": [5] * 30}, SamplingParams(max_tokens=4))
+
+
+def test_a_prompt_too_long_to_run_is_refused_before_its_ids_are_scanned(monkeypatch):
+    scanned = []
+    monkeypatch.setattr(InputProcessor, "_check_ids", lambda self, what, ids: scanned.append(what))
+    with pytest.raises(ValueError, match="prompt has 100 tokens"):
+        door().process({"prompt_token_ids": [5] * 100}, SamplingParams(max_tokens=1))
+    assert scanned == []
+    door().process({"prompt_token_ids": [5] * 10}, SamplingParams(max_tokens=1))
+    assert scanned == ["prompt token id(s)"]
