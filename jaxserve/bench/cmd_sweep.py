@@ -151,7 +151,9 @@ def _measure_point(args: argparse.Namespace, model: str, point: SweepPoint, prog
         row = {"label": point.label, "varied": list(point.varied), **_measure(args, model, point.settings or None)}
     except Exception as e:  # one configuration's failure must not lose the others
         log(f"  {point.label} failed:\n{traceback.format_exc()}")
-        skipped.append({"label": point.label, "settings": point.settings, "reason": f"{type(e).__name__}: {e}"})
+        # named like the other commands' engine variants, so `bench report` lists it
+        skipped.append({"backend": f"jaxserve[{point.label}]", "settings": point.settings,
+                        "reason": f"{type(e).__name__}: {e}"})
         return None
     finally:
         gc.collect()   # the engine's weights and KV arena go before the next one is built

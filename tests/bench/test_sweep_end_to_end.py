@@ -50,7 +50,10 @@ def test_one_axis_at_a_time_from_the_resolved_default(sweep):
 
 def test_a_configuration_that_cannot_be_built_is_skipped_with_its_reason(sweep):
     (skipped,) = sweep[1]["extra"]["skipped"]
-    assert skipped["label"] == "max_model_len=4096" and "max_position_embeddings" in skipped["reason"]
+    assert skipped["backend"] == "jaxserve[max_model_len=4096]" and "max_position_embeddings" in skipped["reason"]
+    # and `bench report` reads the result like any other
+    report = cli.main(["bench", "report", sweep[0]["files"][0]])
+    assert "skipped jaxserve[max_model_len=4096]" in report
 
 
 def test_step_times_ratios_and_flags_are_consistent(sweep):
