@@ -1,9 +1,24 @@
-"""`jaxserve bench serve`: Poisson / gamma traffic against a running jaxserve gRPC server.
+"""`jaxserve bench serve`: traffic at request rates against a running jaxserve gRPC server, or
+against engine variants in this process; with `--slo`, SLO attainment and goodput per rate.
 
-The load generator (loadgen.py) needs a streaming callable; `client_stream` takes it from
-`jaxserve.client.bench_stream(target, api_key) -> (stream, checkpoint identity)`. Where that
-module is missing the command stops with a clear message instead of measuring something else.
-Start the server with the same `--model` as this command: prompts are tokenized here.
+Against a server (the default): the load generator (loadgen.py) needs a streaming callable;
+`client_stream` takes it from `jaxserve.client.bench_stream(target, api_key) -> (stream,
+checkpoint identity)`. Start the server with the same `--model` as this command: prompts are
+tokenized here. Token times are stamped by the client when each chunk arrives.
+
+In process (`--in-process`, or any `--engine-variant NAME:KEY=VALUE,...`): each variant is the
+serving engine (the server's defaults, engine flags of this command, then the variant's fields;
+engine_variants.py) driven by the engine's step loop with timed arrivals, as `bench throughput`
+drives it: a request's arrival is its due time, so a step it waits for counts in its TTFT. The
+variants take turns at each rate on the same requests (goodput_sweep.py), so one command compares
+configurations side by side.
+
+With `--slo ttft=S,tpot=MS` every run is judged (slo.py): attainment (share of requests meeting
+both objectives), goodput (requests/s meeting both), p50/p99 TTFT and TPOT, and per target the
+goodput headline: the highest rate with attainment >= `--attainment`. `--request-rate
+search:LOW:HIGH` bisects for that rate (rate_search.py). `--workload chat|interference` picks the
+mix (slo_workloads.py). The JSON's `extra.goodput` has every point; `NAME-attainment-vs-rate.png`
+plots them.
 """
 
 from __future__ import annotations
@@ -12,23 +27,78 @@ import argparse
 import asyncio
 import importlib
 import math
-from typing import Any
+from dataclasses import replace
+from typing import Any, Callable
 
 from jaxserve.bench import plots
-from jaxserve.bench.args import add_arrivals, add_common, add_dataset, parse_rates, set_command
-from jaxserve.bench.backend_base import BackendRun
+from jaxserve.bench.args import add_common, add_dataset, engine_kwargs, set_command
+from jaxserve.bench.backend_base import Backend, BackendRun
+from jaxserve.bench.engine_variants import EngineVariant, build_variants, check_unique, serving_defaults
+from jaxserve.bench.goodput_sweep import SweepResult, Target, TargetRun, format_sweep, sweep
 from jaxserve.bench.loadgen import StreamFn, run_load
+from jaxserve.bench.rate_search import RatePlan
 from jaxserve.bench.session import Session, log
+from jaxserve.bench.slo import SLO
+from jaxserve.bench.slo_workloads import add_mix_args, check_mix_args, mix_workload
+from jaxserve.bench.workloads import Workload, warmup_requests, with_arrivals
+
+
+def _usage(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse type whose ValueError message becomes the usage error (argparse would otherwise
+    print only 'invalid value')."""
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    convert.__name__ = parse.__qualname__
+    return convert
+
+
+def _attainment(text: str) -> float:
+    v = float(text)
+    if not 0 < v <= 1:
+        raise ValueError(f"--attainment must be in (0, 1], got {text!r}")
+    return v
+
+
+def _probes(text: str) -> int:
+    v = int(text)
+    if v < 2:
+        raise ValueError(f"--search-probes must be >= 2 (the search probes LOW and HIGH first), got {text!r}")
+    return v
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("serve", help="traffic against a running `jaxserve serve` (gRPC)",
+    p = sub.add_parser("serve", help="traffic at request rates against `jaxserve serve` (gRPC) or engine variants "
+                                     "in process; SLO attainment and goodput",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_common(p, "jaxserve")
     add_dataset(p, num_prompts=64, input_len="32:512", output_len="16:256")
-    add_arrivals(p)
-    p.add_argument("--target", default="127.0.0.1:50051", help="host:port of the server")
-    p.add_argument("--api-key", default=None, help="bearer token, if the server wants one")
+    add_mix_args(p)
+    g = p.add_argument_group("arrivals")
+    g.add_argument("--request-rate", type=_usage(RatePlan.parse), default="inf",
+                   help="requests/s, comma-separated for a sweep (inf sends everything at once), or search:LOW:HIGH "
+                        "to bisect for the goodput (needs --slo)")
+    g.add_argument("--burstiness", type=float, default=1.0,
+                   help="gamma shape of the gaps: 1 = Poisson, < 1 burstier, > 1 more regular")
+    g.add_argument("--max-concurrency", type=int, default=None, help="at most this many requests in flight")
+    s = p.add_argument_group("SLO and goodput")
+    s.add_argument("--slo", type=_usage(SLO.parse), default=None, metavar="ttft=S,tpot=MS",
+                   help="judge every request: TTFT at most S seconds and TPOT at most MS milliseconds")
+    s.add_argument("--attainment", type=_usage(_attainment), default=0.9,
+                   help="share of requests that must meet the SLO for a rate to count towards goodput")
+    s.add_argument("--search-probes", type=_usage(_probes), default=6, help="most rates one search runs per target")
+    t = p.add_argument_group("what is measured")
+    t.add_argument("--target", default="127.0.0.1:50051", help="host:port of the server")
+    t.add_argument("--api-key", default=None, help="bearer token, if the server wants one")
+    t.add_argument("--in-process", action="store_true",
+                   help="measure the serving engine in this process instead of a server")
+    t.add_argument("--engine-variant", type=_usage(EngineVariant.parse), action="append", default=[],
+                   metavar="NAME[:KEY=VALUE,...]",
+                   help="an in-process engine: the serving defaults with these EngineConfig fields (repeatable; "
+                        "implies --in-process; variants that change only scheduling knobs share one compiled runner)")
     set_command(p, run)
 
 
@@ -50,26 +120,119 @@ def client_stream(target: str, api_key: str | None) -> tuple[StreamFn, str]:
     return factory(target, api_key)
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    from jaxserve.bench.cmd_throughput import rate_workloads
+def _rate_config(args: argparse.Namespace, rate: float) -> dict[str, Any]:
+    return {"request_rate": "inf" if math.isinf(rate) else rate, "burstiness": args.burstiness,
+            "max_concurrency": args.max_concurrency}
 
-    try:
-        stream, identity = client_stream(args.target, args.api_key)
-    except ClientMissing as e:
-        raise SystemExit(str(e)) from e
-    session = Session(args, "serve")
-    rates = parse_rates(args.request_rate)
-    workloads = rate_workloads(session, rates)
-    base = workloads[0]
-    runs = []
-    for rate, wl in zip(rates, workloads):
+
+def grpc_target(args: argparse.Namespace, stream: StreamFn, identity: str) -> Target:
+    def run(wl: Workload, rate: float) -> TargetRun:
         log(f"sending {len(wl.requests)} requests to {args.target} at rate {rate}")
+        failed: dict[str, str] = {}
         records, outputs, duration = asyncio.run(run_load(stream, wl.requests, args.max_concurrency,
-                                                          not args.no_progress))
-        rate_s = "inf" if math.isinf(rate) else rate
-        runs.append(BackendRun("jaxserve-grpc", f"jaxserve-grpc@{rate_s}", records, duration, identity,
-                               config={"target": args.target, "request_rate": rate_s, "burstiness": args.burstiness,
-                                       "max_concurrency": args.max_concurrency},
-                               output_token_ids=outputs, notes=["token times stamped by the client on arrival"]))
-    chosen = [plots.throughput_bars, plots.latency_cdfs] + ([plots.ttft_vs_rate] if len(runs) > 1 else [])
-    return session.finish(base, runs, plots=chosen)
+                                                          not args.no_progress, failures=failed))
+        if not records:
+            return TargetRun(None, failed)
+        return TargetRun(BackendRun("jaxserve-grpc", "jaxserve-grpc", records, duration, identity,
+                                    config={"target": args.target, **_rate_config(args, rate)},
+                                    output_token_ids=outputs, notes=["token times stamped by the client on arrival"]),
+                         failed)
+
+    return Target("jaxserve-grpc", run)
+
+
+def engine_target(session: Session, variant: EngineVariant, backend: Backend) -> Target:
+    args = session.args
+
+    def run(wl: Workload, rate: float) -> TargetRun:
+        log(f"running {variant.name} at request rate {rate}")
+        options = session.options(timed_arrivals=True, max_concurrency=args.max_concurrency)
+        r = session.run(backend, wl.requests, options, {"variant": str(variant), **_rate_config(args, rate)})
+        return TargetRun(r)   # None: the run failed (recorded in skipped); its requests count as misses
+
+    return Target(variant.name, run)
+
+
+def _workloads(session: Session, plan: RatePlan) -> Callable[[float, int], Workload]:
+    """Step k of the sweep: the mix seeded seed + k (each step its own prompts: a server's prefix
+    cache must not answer one rate from another), arrivals at the step's rate. Every target of a
+    step gets the same requests."""
+    from jaxserve.bench.cmd_throughput import build_workload
+
+    args = session.args
+    mixes: dict[int, Workload] = {}
+    many = plan.search is not None or len(plan.rates) > 1
+
+    def at(rate: float, step: int) -> Workload:
+        if step not in mixes:
+            seed = args.seed + step
+            mixes[step] = mix_workload(args, build_workload(session, seed), session.tokenizer, seed)
+        wl = with_arrivals(mixes[step], rate, args.burstiness, args.seed + step)
+        if many:  # distinct ids per step, so runs of different steps never share a request id
+            wl = replace(wl, requests=tuple(replace(r, request_id=f"{r.request_id}@{step}") for r in wl.requests))
+        return wl
+
+    return at
+
+
+def _goodput_extra(result: SweepResult) -> dict[str, Any]:
+    out = result.as_dict()
+    names = list(result.points)
+    first = result.goodput(names[0]) if names else None
+    if first and len(names) > 1 and math.isfinite(first):
+        out["goodput_over_first"] = {n: (g / first if (g := result.goodput(n)) is not None else None)
+                                     for n in names[1:]}
+    return out
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    check_mix_args(args)
+    plan: RatePlan = args.request_rate
+    if plan.search is not None and args.slo is None:
+        raise SystemExit("jaxserve bench serve: --request-rate search:LOW:HIGH needs --slo ttft=S,tpot=MS")
+    in_process = args.in_process or bool(args.engine_variant)
+    if not in_process:
+        try:
+            stream, identity = client_stream(args.target, args.api_key)
+        except ClientMissing as e:
+            raise SystemExit(str(e)) from e
+    variants = args.engine_variant or [EngineVariant("default")]
+    try:
+        check_unique(variants)
+    except ValueError as e:
+        raise SystemExit(f"jaxserve bench serve: {e}") from e
+    session = Session(args, "serve")
+    workload_at = _workloads(session, plan)
+    first = workload_at(plan.search[0] if plan.search else plan.rates[0], 0)
+    owned: list[Backend] = []
+    try:
+        if in_process:
+            base = {k: v for k, v in serving_defaults().items() if k not in engine_kwargs(args)}
+            built, owned = build_variants(session, variants, base)
+            warm = warmup_requests(first, args.num_warmup)
+            owned_ok = [b for b in owned if session.warm(b, warm)]
+            targets = [engine_target(session, v, b) for v, b in built
+                       if b in owned_ok or getattr(b, "base", None) in owned_ok]
+        else:
+            targets = [grpc_target(args, stream, identity)]
+        if not targets:
+            raise SystemExit(f"no engine variant could be built: {session.skipped}")
+        result = sweep(targets, plan, workload_at, args.slo, args.attainment, args.search_probes,
+                       on_point=_log_point)
+    finally:
+        for b in owned:
+            b.close()
+    extra = {}
+    if args.slo is not None:
+        print(format_sweep(result))
+        extra["goodput"] = _goodput_extra(result)
+    per_target = max((len(p) for p in result.points.values()), default=0)
+    chosen = [plots.throughput_bars, plots.latency_cdfs] + ([plots.ttft_vs_rate] if per_target > 1 else []) \
+        + ([plots.attainment_vs_rate] if args.slo is not None else [])
+    return session.finish(first, result.runs, extra=extra, plots=chosen)
+
+
+def _log_point(name: str, point: Any) -> None:
+    r = point.report
+    if r is not None:
+        log(f"{name} at rate {point.rate:g}: attainment {r.attainment:.0%}, goodput {r.goodput:.3g} req/s")

@@ -62,7 +62,8 @@ class SweepResult:
                             self.target_attainment)
 
     def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"slo": self.slo.as_dict() if self.slo else None, "attainment_target": self.target_attainment,
+        out: dict[str, Any] = {"slo": self.slo.as_dict() if self.slo else None,
+                               "attainment_target": self.target_attainment,
                                "request_rate": str(self.plan), "targets": {}}
         for name, pts in self.points.items():
             g = self.goodput(name)

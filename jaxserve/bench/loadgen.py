@@ -4,7 +4,9 @@ The endpoint is an async callable `stream(prompt_token_ids, params) -> async ite
 (new_token_ids, time)`: each item carries the tokens that arrived together and the
 time.perf_counter() when they arrived. `params` is a dict: max_tokens, ignore_eos, temperature.
 Requests are released by the same rules as every other driver (dispatch.py): send offsets,
-groups, and a concurrency cap; the arrival time is when the request is sent.
+groups, and a concurrency cap; the arrival time is when the request is sent. A request that
+fails fails the run, unless the caller passes `failures`: a goodput sweep counts a rejected or
+broken request as a miss and goes on.
 """
 
 from __future__ import annotations
@@ -22,8 +24,13 @@ StreamFn = Callable[[list[int], dict[str, Any]], AsyncIterator[tuple[list[int], 
 
 
 async def run_load(stream: StreamFn, requests: Sequence[BenchRequest], max_concurrency: int | None = None,
-                   progress: bool = True) -> tuple[list[RequestRecord], dict[str, list[int]], float]:
-    """Send every request through `stream`; returns (records, output token ids, duration)."""
+                   progress: bool = True, failures: dict[str, str] | None = None,
+                   ) -> tuple[list[RequestRecord], dict[str, list[int]], float]:
+    """Send every request through `stream`; returns (records, output token ids, duration).
+
+    With `failures` given, a request whose stream raises or yields no token is written there
+    (request id -> reason) and has no record, instead of failing the run; duration is 0 when no
+    request finished."""
     start = time.perf_counter()
     disp = Dispatcher(requests, start, max_concurrency)
     changed = asyncio.Event()
@@ -33,15 +40,23 @@ async def run_load(stream: StreamFn, requests: Sequence[BenchRequest], max_concu
         toks: list[int] = []
         times: list[float] = []
         params = {"max_tokens": r.output_len, "ignore_eos": True, "temperature": 0.0}
-        async for ids, t in stream(list(r.prompt_token_ids), params):
-            if ids and not toks:
-                disp.first_token(r.request_id, r.group, t)
-                changed.set()
-            toks.extend(ids)
-            times.extend([t] * len(ids))
+        try:
+            async for ids, t in stream(list(r.prompt_token_ids), params):
+                if ids and not toks:
+                    disp.first_token(r.request_id, r.group, t)
+                    changed.set()
+                toks.extend(ids)
+                times.extend([t] * len(ids))
+            if not toks:
+                raise RuntimeError(f"request {r.request_id} streamed no tokens")
+        except Exception as e:
+            if failures is None:
+                raise
+            failures[r.request_id] = f"{type(e).__name__}: {e}"
+            disp.finished(r.request_id, time.perf_counter())   # its seat is free again
+            changed.set()
+            return
         end = time.perf_counter()
-        if not toks:
-            raise RuntimeError(f"request {r.request_id} streamed no tokens")
         done[r.request_id] = (toks, times, end)
         disp.finished(r.request_id, end)
         changed.set()
@@ -66,10 +81,12 @@ async def run_load(stream: StreamFn, requests: Sequence[BenchRequest], max_concu
                 raise RuntimeError("requests wait for a group that can never start")
     records = []
     for r in requests:
+        if r.request_id not in done:
+            continue   # failed, and written to `failures`
         toks, times, end = done[r.request_id]
         records.append(RequestRecord(
             request_id=r.request_id, prompt_len=len(r.prompt_token_ids), output_len=len(toks),
             arrival_time=disp.sent_at[r.request_id], first_token_time=times[0], finished_time=max(end, times[-1]),
             token_times=tuple(times), group=r.group))
-    duration = max(x.finished_time for x in records) - min(x.arrival_time for x in records)
+    duration = (max(x.finished_time for x in records) - min(x.arrival_time for x in records)) if records else 0.0
     return records, {rid: v[0] for rid, v in done.items()}, duration

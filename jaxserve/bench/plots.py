@@ -91,6 +91,43 @@ def ttft_vs_rate(result: dict[str, Any], path: str) -> str:
     return path
 
 
+def attainment_vs_rate(result: dict[str, Any], path: str) -> str:
+    """SLO attainment of each target (server or engine variant) against the request rate, the
+    attainment target as a dotted line and each target's goodput (the highest rate at or above it)
+    in the legend (result["extra"]["goodput"], cmd_serve.py)."""
+    plt = _pyplot()
+    gp = result["extra"]["goodput"]
+    curves = {name: sorted((float(p["rate"]), p["attainment"]) for p in t["points"] if p.get("attainment") is not None)
+              for name, t in gp["targets"].items()}
+    finite = [x for pts in curves.values() for x, _ in pts if np.isfinite(x)]
+    inf_at = (max(finite) * 1.5) if finite else 1.0  # "inf" drawn to the right of the largest rate
+    fig, ax = plt.subplots(figsize=(7, 4))
+    markers = "osD^vP"
+    for i, (name, pts) in enumerate(curves.items()):
+        g = gp["targets"][name]["goodput_rate"]
+        xs = [x if np.isfinite(x) else inf_at for x, _ in pts]
+        # variants often tie (100% at low rates): each later one drawn smaller, so none hides another
+        ax.plot(xs, [100 * a for _, a in pts], marker=markers[i % len(markers)], markersize=max(3.0, 10.0 - 2 * i),
+                alpha=0.85, label=f"{name} (goodput {g if g is not None else 'none'})")
+    ax.axhline(100 * gp["attainment_target"], color="grey", linestyle=":",
+               label=f"target {100 * gp['attainment_target']:g}%")
+    if finite and min(finite) > 0 and max(finite) / min(finite) > 4:
+        ax.set_xscale("log")   # searches and doubling sweeps spread rates over ratios
+    slo = gp["slo"]
+    has_inf = any(not np.isfinite(x) for pts in curves.values() for x, _ in pts)
+    ax.set_xlabel("request rate (req/s" + ("; rightmost point = inf)" if has_inf else ")"))
+    ax.set_ylabel("requests meeting the SLO (%)")
+    ax.set_ylim(-3, 103)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    ax.set_title(f"SLO attainment: TTFT <= {slo['ttft_s']:g} s, TPOT <= {1e3 * slo['tpot_s']:g} ms "
+                 f"({result['workload'].get('name', '?')})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 LOG_SCALE_SPREAD = 30   # bar charts whose values span more than this factor get a log y axis
 
 

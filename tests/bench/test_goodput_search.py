@@ -102,7 +102,8 @@ class FakeServer:
                 continue
             arrival = 100.0 + r.arrival_offset
             first = arrival + 0.5 + 20.0 * overload * i / n
-            records.append(RequestRecord(r.request_id, 3, r.output_len, arrival, first, first + 0.05 * (r.output_len - 1)))
+            finished = first + 0.05 * (r.output_len - 1)
+            records.append(RequestRecord(r.request_id, 3, r.output_len, arrival, first, finished))
         duration = max(x.finished_time for x in records) - min(x.arrival_time for x in records)
         return TargetRun(BackendRun("fake", "fake", records, duration, "sha256:fake"), failed)
 
