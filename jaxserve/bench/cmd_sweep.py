@@ -5,16 +5,20 @@ each configuration of a grid over max_model_len, max_num_seqs, block_size and pr
 (jaxserve/bench/sweep_grid.py; one axis at a time from the default unless `--grid full`), this
 builds an engine and times its decode-only steps at batch 1 and at a full batch (max_num_seqs
 rows), medians of `--steps` steps or more (jaxserve/bench/decode_steps.py), then gives each
-configuration's per-token time against the default's and flags those beyond `--flag-ratio`. The
-default is measured again at the end: on a shared machine that row says how much of a ratio is
-drift.
+configuration's per-token time against the default's and flags those beyond `--flag-ratio`.
+
+The default engine stays loaded and is timed again right before each configuration, and each
+ratio is to that adjacent timing: on a shared machine the load changes over minutes (the default's
+own full-batch step varied 2x over one sweep at a load average of 5-9), and a ratio to a timing
+taken ten minutes earlier would flag the machine, not the configuration. Two engines are in
+memory at a time; every timing sends fresh prompts, so none is served from the prefix cache.
 
 Only the buckets the measurement runs are compiled: decode-only steps of 1 and max_num_seqs rows,
 and one mixed bucket that carries the prompts in. A bucket's executable is the same whichever
 other buckets exist, so what is timed is what a default engine of that configuration would run;
 the persistent compilation cache serves shapes that recur (e.g. the batch-1 step of every
-max_num_seqs). With more than one value on an axis, a smaller max_num_seqs costs more per token at
-full batch by nature (fewer rows share each weight read); batch 1 compares like with like.
+max_num_seqs). A smaller max_num_seqs costs more per token at full batch by nature (fewer rows
+share each weight read); batch 1 compares like with like.
 """
 
 from __future__ import annotations
@@ -22,11 +26,12 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
+import itertools
 import os
 import tempfile
 import time
 import traceback
-from typing import Any
+from typing import Any, Iterator
 
 from jaxserve.bench.args import engine_kwargs, jsonable_args, set_command
 from jaxserve.bench.decode_steps import measure_decode
@@ -37,7 +42,6 @@ from jaxserve.bench.session import log
 from jaxserve.bench.sweep_grid import AXES, GRIDS, SweepPoint, parse_values, sweep_points
 from jaxserve.runner.buckets import RunnerShapes
 
-RECHECK_LABEL = "default, again"
 FLAG_NAMES = {"batch1": "batch 1", "full_batch": "full batch"}
 DEFAULT_AXES = {"max_model_len": "512,1024,2048,4096,8192", "max_num_seqs": "8,16,32,64",
                 "block_size": "8,16,32", "prefill_tile": "8,16,32"}
@@ -104,83 +108,93 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         model_info = {"path": model if not args.random_shape else f"random:{args.random_shape}", "kind": spec.kind,
                       "files_sha256": files_sha256(spec)}
         rows, skipped = _sweep(args, model, axes)
-    if not rows:
-        raise SystemExit(f"jaxserve bench sweep: the default configuration did not run: {skipped}")
-    default = rows[0]
-    rows = [_with_ratios(r, default, args.flag_ratio) for r in rows]
     flagged = [r["label"] for r in rows if r["flagged"]]
+    drift = {key: [r[f"default_{key}"]["median_step_ms"] for r in rows] for key in ("batch1", "full_batch")}
     workload = {"name": "sweep", "input_len": args.input_len, "steps": args.steps, "grid": args.grid,
                 "axes": {a: list(v) for a, v in axes.items()}}
     result = build_result("sweep", jsonable_args(args), {**environment(), **started}, model_info, workload, [],
-                          extra={"sweep": {"default": default["settings"], "flag_ratio": args.flag_ratio,
-                                           "points": rows, "flagged": flagged},
+                          extra={"sweep": {"default": rows[0]["settings"], "flag_ratio": args.flag_ratio,
+                                           "points": rows, "flagged": flagged, "default_median_step_ms": drift},
                                  "skipped": skipped})
     path = write_result(result, args.output_dir, args.name)
     print(format_table(rows))
     print(f"\n{len(rows)} configurations; beyond {args.flag_ratio:g}x the default's per-token time: "
           f"{', '.join(flagged) if flagged else 'none'}")
-    again = next((r for r in rows if r["label"] == RECHECK_LABEL), None)
-    if again is not None:
-        print(f"the default measured again at the end: {again['batch1_vs_default']:.2f}x at batch 1, "
-              f"{again['full_batch_vs_default']:.2f}x at full batch (the machine's drift during the sweep)")
+    print("the default, timed next to each configuration (the machine's drift; ratios are to the adjacent timing): "
+          + "; ".join(f"{FLAG_NAMES[k]} step {min(v):.1f}-{max(v):.1f} ms" for k, v in drift.items()))
     print(f"wrote {path}")
     result["files"] = [path]
     return result
 
 
 def _sweep(args: argparse.Namespace, model: str, axes: dict[str, tuple[int, ...]]) -> tuple[list, list]:
-    """Measure the default configuration, then every other point of the grid, one engine at a time."""
-    rows: list[dict[str, Any]] = []
+    """The default configuration, then every other point of the grid, each timed next to the default."""
+    seeds = itertools.count(args.seed * 100_000)   # fresh prompts for every timing
+    log("[1/?] default: building (loading weights, compiling)")
+    default, built_s = _build(args, model, None)
+    settings = _resolved(default)
+    own = _time(args, default, seeds)
+    rows = [_row(SweepPoint("default", settings, ()), default, built_s, own, own, args.flag_ratio)]
     skipped: list[dict[str, Any]] = []
-    default = _measure_point(args, model, SweepPoint("default", {}, ()), "1/?", rows, skipped)
-    if default is None:
-        return rows, skipped
-    # the default again at the end: how far the machine's speed drifted while the sweep ran
-    points = sweep_points(default["settings"], axes, args.grid) + [
-        SweepPoint(RECHECK_LABEL, default["settings"], ())]
+    points = sweep_points(settings, axes, args.grid)
     for i, point in enumerate(points[1:], start=2):
-        _measure_point(args, model, point, f"{i}/{len(points)}", rows, skipped)
+        log(f"[{i}/{len(points)}] {point.label}: building (loading weights, compiling)")
+        llm = None
+        try:
+            llm, built_s = _build(args, model, point.settings)
+            beside = _time(args, default, seeds)
+            rows.append(_row(point, llm, built_s, _time(args, llm, seeds), beside, args.flag_ratio))
+        except Exception as e:  # one configuration's failure must not lose the others
+            log(f"  {point.label} failed:\n{traceback.format_exc()}")
+            # named like the other commands' engine variants, so `bench report` lists it
+            skipped.append({"backend": f"jaxserve[{point.label}]", "settings": point.settings,
+                            "reason": f"{type(e).__name__}: {e}"})
+        finally:
+            del llm
+            gc.collect()   # its weights and KV arena go before the next one is built
     return rows, skipped
 
 
-def _measure_point(args: argparse.Namespace, model: str, point: SweepPoint, progress: str, rows: list,
-                   skipped: list) -> dict[str, Any] | None:
-    """Appends the point's row (or, when it fails, why to `skipped`); one engine in memory at a time."""
-    log(f"[{progress}] {point.label}: building (loading weights, compiling)")
-    try:
-        row = {"label": point.label, "varied": list(point.varied), **_measure(args, model, point.settings or None)}
-    except Exception as e:  # one configuration's failure must not lose the others
-        log(f"  {point.label} failed:\n{traceback.format_exc()}")
-        # named like the other commands' engine variants, so `bench report` lists it
-        skipped.append({"backend": f"jaxserve[{point.label}]", "settings": point.settings,
-                        "reason": f"{type(e).__name__}: {e}"})
-        return None
-    finally:
-        gc.collect()   # the engine's weights and KV arena go before the next one is built
-    rows.append(row)
-    b1, fb = row["batch1"], row["full_batch"]
-    log(f"  batch 1: {b1['median_step_ms']:.1f} ms/step; batch {fb['batch']}: {fb['median_step_ms']:.1f} ms/step "
-        f"({fb['per_token_ms']:.2f} ms/token)")
-    return row
-
-
-def _measure(args: argparse.Namespace, model: str, settings: dict[str, int] | None) -> dict[str, Any]:
+def _build(args: argparse.Namespace, model: str, settings: dict[str, int] | None) -> tuple[Any, float]:
     from jaxserve.bench.backend_jaxserve import load_llm
 
-    load_before = _load_average()
     t = time.perf_counter()
     llm = load_llm(model, _engine_kwargs(args, settings), progress=not args.no_progress)
     built_s = time.perf_counter() - t
+    log(f"  built in {built_s:.0f} s")
+    return llm, built_s
+
+
+def _time(args: argparse.Namespace, llm: Any, seeds: Iterator[int]) -> dict[str, Any]:
+    """Decode steps at batch 1 and at a full batch, with the load average around them."""
+    load_before = _load_average()
+    batches = {"batch1": 1, "full_batch": llm.config.max_num_seqs}
+    timings = {key: measure_decode(llm, batch=b, input_len=args.input_len, steps=args.steps, seed=next(seeds))
+               for key, b in batches.items()}
+    return {**timings, "load_average_before_after": [load_before, _load_average()]}
+
+
+def _row(point: SweepPoint, llm: Any, built_s: float, own: dict[str, Any], default: dict[str, Any],
+         flag_ratio: float) -> dict[str, Any]:
+    """One configuration's timings, its per-token time against the default timed beside it, and
+    which batches (if any) exceed flag_ratio."""
     settings = _resolved(llm)
-    log(f"  built in {built_s:.0f} s; timing batch 1, then batch {settings['max_num_seqs']}")
-    batch1, full = (measure_decode(llm, batch=b, input_len=args.input_len, steps=args.steps, seed=args.seed + b)
-                    for b in (1, settings["max_num_seqs"]))
     # the KV table's width in blocks: the shape that decided issue 14's cliff
     width = RunnerShapes(settings["block_size"], settings["max_model_len"], settings["prefill_tile"], (1,),
                          (0,)).table_width
-    return {"settings": settings, "kv_table_blocks": width, "build_s": built_s,
-            "batch1": batch1.as_dict(), "full_batch": full.as_dict(),
-            "load_average_before_after": [load_before, _load_average()]}
+    keys = ("batch1", "full_batch")
+    ratios = {key: own[key].per_token_s / default[key].per_token_s for key in keys}
+    row = {"label": point.label, "varied": list(point.varied), "settings": settings, "kv_table_blocks": width,
+           "build_s": built_s, **{key: own[key].as_dict() for key in keys},
+           **{f"default_{key}": default[key].as_dict() for key in keys},
+           "batch1_vs_default": ratios["batch1"], "full_batch_vs_default": ratios["full_batch"],
+           "flagged": [key for key in keys if ratios[key] > flag_ratio],
+           "load_average_before_after": own["load_average_before_after"]}
+    b1, fb = row["batch1"], row["full_batch"]
+    log(f"  batch 1: {b1['median_step_ms']:.1f} ms/step ({ratios['batch1']:.2f}x the default beside it); "
+        f"batch {fb['batch']}: {fb['median_step_ms']:.1f} ms/step, {fb['per_token_ms']:.2f} ms/token "
+        f"({ratios['full_batch']:.2f}x)")
+    return row
 
 
 def _engine_kwargs(args: argparse.Namespace, settings: dict[str, int] | None) -> dict[str, Any]:
@@ -199,18 +213,9 @@ def _engine_kwargs(args: argparse.Namespace, settings: dict[str, int] | None) ->
 
 
 def _resolved(llm: Any) -> dict[str, int]:
-    """The default configuration's settings as the engine chose them (max_model_len: the model's limit)."""
+    """A configuration's settings as the engine resolved them (an unset max_model_len: the model's limit)."""
     return {"max_model_len": int(llm.engine.max_model_len), "max_num_seqs": llm.config.max_num_seqs,
             "block_size": llm.config.block_size, "prefill_tile": llm.config.prefill_tile}
-
-
-def _with_ratios(row: dict[str, Any], default: dict[str, Any], flag_ratio: float) -> dict[str, Any]:
-    """Per-token time against the default's, at batch 1 and at a full batch; `flagged` names the
-    batches beyond flag_ratio."""
-    ratios = {key: row[key]["per_token_ms"] / default[key]["per_token_ms"] for key in ("batch1", "full_batch")}
-    flagged = [key for key, r in ratios.items() if r > flag_ratio]
-    return {**row, "batch1_vs_default": ratios["batch1"], "full_batch_vs_default": ratios["full_batch"],
-            "flagged": flagged}
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:

@@ -21,6 +21,7 @@ import numpy as np
 class DecodeTiming:
     batch: int                      # decode rows of every timed step
     step_s: tuple[float, ...]       # one duration per timed step
+    cached_prompt_tokens: int = 0   # prompt tokens the prefix cache served (fresh prompts: 0)
 
     @property
     def median_s(self) -> float:
@@ -32,7 +33,8 @@ class DecodeTiming:
 
     def as_dict(self) -> dict[str, Any]:
         return {"batch": self.batch, "steps": len(self.step_s), "step_ms": [s * 1e3 for s in self.step_s],
-                "median_step_ms": self.median_s * 1e3, "per_token_ms": self.per_token_s * 1e3}
+                "median_step_ms": self.median_s * 1e3, "per_token_ms": self.per_token_s * 1e3,
+                "cached_prompt_tokens": self.cached_prompt_tokens}
 
 
 def full_batch_step_times(token_times: Sequence[Sequence[float]]) -> tuple[float, ...]:
@@ -66,4 +68,4 @@ def measure_decode(llm: Any, *, batch: int, input_len: int, steps: int, seed: in
     timed = full_batch_step_times([o.metrics.token_times for o in outputs])
     if len(timed) < steps:
         raise RuntimeError(f"only {len(timed)} of {steps} steps decoded all {batch} requests together")
-    return DecodeTiming(batch, timed)
+    return DecodeTiming(batch, timed, sum(o.num_cached_tokens or 0 for o in outputs))

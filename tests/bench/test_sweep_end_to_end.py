@@ -22,7 +22,7 @@ ENGINE = ["--engine-arg", "num_kv_blocks=256", "--engine-arg", "xla_optimization
 def sweep(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("sweep")
     result = cli.main(["bench", "sweep", "--model", tiny_model_dir, "--output-dir", str(out), "--name", "sweep",
-                       "--no-progress", "--input-len", "8", "--steps", "2", *GRID, *ENGINE])
+                       "--no-progress", "--input-len", "20", "--steps", "2", *GRID, *ENGINE])
     return result, load_result(str(out / "sweep.json"))
 
 
@@ -40,10 +40,10 @@ def test_one_axis_at_a_time_from_the_resolved_default(sweep):
     # the default's max_model_len is the model's limit, as the engine resolves it
     assert data["default"] == {"max_model_len": 1024, "max_num_seqs": 32, "block_size": 16, "prefill_tile": 16}
     assert [p["label"] for p in points] == ["default", "max_model_len=128", "max_num_seqs=2", "block_size=8",
-                                            "prefill_tile=8", "default, again"]
+                                            "prefill_tile=8"]
     for p in points:
         differs = [a for a, v in p["settings"].items() if v != data["default"][a]]
-        assert p["varied"] == differs and len(differs) == (0 if p["label"].startswith("default") else 1)
+        assert p["varied"] == differs and len(differs) == (0 if p["label"] == "default" else 1)
         s = p["settings"]
         assert p["kv_table_blocks"] == math.ceil((s["max_model_len"] + s["prefill_tile"]) / s["block_size"])
 
@@ -58,22 +58,30 @@ def test_a_configuration_that_cannot_be_built_is_skipped_with_its_reason(sweep):
 
 def test_step_times_ratios_and_flags_are_consistent(sweep):
     data = sweep[1]["extra"]["sweep"]
-    default = data["points"][0]
     for p in data["points"]:
-        assert p["batch1"]["batch"] == 1 and p["full_batch"]["batch"] == p["settings"]["max_num_seqs"]
-        for key in ("batch1", "full_batch"):
+        assert p["batch1"]["batch"] == p["default_batch1"]["batch"] == 1
+        assert p["full_batch"]["batch"] == p["settings"]["max_num_seqs"]
+        assert p["default_full_batch"]["batch"] == data["default"]["max_num_seqs"]
+        for key in ("batch1", "full_batch", "default_batch1", "default_full_batch"):
             t = p[key]
             assert t["steps"] == len(t["step_ms"]) >= 2 and all(ms > 0 for ms in t["step_ms"])
             assert t["median_step_ms"] == pytest.approx(statistics.median(t["step_ms"]))
             assert t["per_token_ms"] == pytest.approx(t["median_step_ms"] / t["batch"])
-        r1 = p["batch1"]["per_token_ms"] / default["batch1"]["per_token_ms"]
-        rf = p["full_batch"]["per_token_ms"] / default["full_batch"]["per_token_ms"]
+            assert t["cached_prompt_tokens"] == 0       # fresh prompts every time, the default's included
+        # each ratio is to the default engine timed beside the configuration
+        r1 = p["batch1"]["per_token_ms"] / p["default_batch1"]["per_token_ms"]
+        rf = p["full_batch"]["per_token_ms"] / p["default_full_batch"]["per_token_ms"]
         assert p["batch1_vs_default"] == pytest.approx(r1) and p["full_batch_vs_default"] == pytest.approx(rf)
         assert p["flagged"] == [k for k, r in (("batch1", r1), ("full_batch", rf)) if r > data["flag_ratio"]]
         load = p["load_average_before_after"]
         assert len(load) == 2 and all(len(x) == 3 for x in load)
-    assert default["batch1_vs_default"] == default["full_batch_vs_default"] == 1.0
+    default = data["points"][0]
+    assert default["default_batch1"] == default["batch1"] and default["batch1_vs_default"] == 1.0
     assert data["flagged"] == [p["label"] for p in data["points"] if p["flagged"]]
+    # a fresh timing of the default beside every configuration
+    drift = data["default_median_step_ms"]
+    assert drift["batch1"] == [p["default_batch1"]["median_step_ms"] for p in data["points"]]
+    assert len(drift["full_batch"]) == len(data["points"])
 
 
 def test_the_table_has_a_row_per_configuration(sweep):
