@@ -8,7 +8,7 @@ from jaxserve.cli import build_parser
 
 def test_overlap_runs_both_loops_in_turn_and_summarizes_the_rounds(tmp_path):
     args = build_parser().parse_args([
-        "bench", "overlap", "--num-requests", "6", "--input-len", "8", "--output-len", "12", "--max-num-seqs", "4",
+        "bench", "overlap", "--shape", "tiny", "--num-requests", "6", "--input-len", "8", "--output-len", "12", "--max-num-seqs", "4",
         "--rounds", "2", "--output-dir", str(tmp_path), "--name", "ov", "--no-progress"])
     result = args.bench_run(args)
     assert (tmp_path / "ov.json").exists()
