@@ -25,11 +25,33 @@ class DiskCache:
         return os.path.join(self.directory, key)
 
     def get(self, key: str) -> bytes | None:
+        """The entry's bytes, or None; a hit marks the entry used (its mtime), for `trim`."""
         try:
             with open(self.path(key), "rb") as f:
-                return f.read()
+                data = f.read()
         except OSError:
             return None
+        try:
+            os.utime(self.path(key))
+        except OSError:
+            pass
+        return data
+
+    def trim(self, max_bytes: int) -> None:
+        """Delete the least recently used entries until the folder holds at most `max_bytes`."""
+        try:
+            entries = [e for e in os.scandir(self.directory) if e.is_file() and not e.name.startswith(".")]
+            entries = sorted(((e.stat().st_mtime_ns, e.stat().st_size, e.path) for e in entries), reverse=True)
+        except OSError:
+            return
+        total = 0
+        for _, size, path in entries:
+            total += size
+            if total > max_bytes:
+                try:
+                    os.remove(path)
+                except OSError:
+                    pass
 
     def put(self, key: str, data: bytes) -> None:
         """Write to a temporary file beside the entry, then rename it into place (atomic on POSIX):

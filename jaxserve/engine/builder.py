@@ -125,15 +125,7 @@ def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, 
         clock.add("warm_up", report.run_seconds)
 
     with clock.phase("calibration"):
-        calibrator = Calibrator(runner, cache=_cache(CalibrationCache, cache_dir, "calibration"),
-                                key=CalibrationKey.for_runner(runner, ckpt.identity))
-        if runner.host_pool is not None:
-            runner.swap_cost = calibrator.measure_swap_cost()
-        chunking = resolve_chunk_policy(config, calibrator)
-        calibrator.save()
-    if calibrator.measured or calibrator.reused:
-        log.info("calibration: measured %s; from the cache %s", calibrator.measured or "nothing",
-                 calibrator.reused or "nothing")
+        chunking = _calibrate(config, runner, ckpt.identity, cache_dir)
     eos = set(model_config.eos_token_ids)
     if ckpt.tokenizer is not None and ckpt.tokenizer.eos_token_id is not None:
         eos.add(ckpt.tokenizer.eos_token_id)
@@ -160,6 +152,21 @@ def prepare_for_requests(engine: Engine, requests: Sequence[tuple[int, int]], *,
     log.info("warmed %d steps %s for %d sequences; %s", len(report.ran), report.ran, len(requests),
              engine.startup_timings.describe())
     return engine.startup_timings
+
+
+def _calibrate(config: EngineConfig, runner: ModelRunner, checkpoint_identity: str, cache_dir: str | None) -> ChunkPolicy:
+    """The swap cost model (set on the runner) and the chunk policy, from timings measured now or
+    kept by an earlier start under the same key (runner/calibration.py)."""
+    calibrator = Calibrator(runner, cache=_cache(CalibrationCache, cache_dir, "calibration"),
+                            key=CalibrationKey.for_runner(runner, checkpoint_identity))
+    if runner.host_pool is not None:
+        runner.swap_cost = calibrator.measure_swap_cost()
+    chunking = resolve_chunk_policy(config, calibrator)
+    calibrator.save()
+    if calibrator.measured or calibrator.reused:
+        log.info("calibration: measured %s; from the cache %s", calibrator.measured or "nothing",
+                 calibrator.reused or "nothing")
+    return chunking
 
 
 def _cache(kind, cache_dir: str | None, name: str):

@@ -22,7 +22,7 @@ class StartupTimings:
     kv_arena: float = 0.0       # allocating the KV arena (and the host swap pool)
     executables: float = 0.0    # loading (or compiling) the steps and samplers, and the block-copy helpers
     warm_up: float = 0.0        # first runs of the steps, so that no request pays one
-    calibration: float = 0.0    # timing measurements (or reading them from the cache)
+    calibration: float = 0.0    # timing measurements (and the steps they load), or reading them from the cache
     total: float = 0.0          # wall clock of the whole build, from its first phase to the engine
 
     PREFIX = "start-up"

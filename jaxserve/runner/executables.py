@@ -37,6 +37,9 @@ FORMAT = 1
 # embedded model: 11.2-11.6 s against 9.0-9.6 s, load average 10): loading holds the GIL for much
 # of its time and contends for the allocator.
 LOAD_WORKERS = 1
+# Every change to the traced code or the shapes writes a new set (22 steps and samplers of the
+# embedded model at max_model_len 512: about 50 MB), so the folder keeps the most recently used.
+MAX_CACHE_BYTES = 2 << 30
 
 
 class ExecutableCache:
@@ -72,6 +75,7 @@ class ExecutableCache:
             log.info("executable not serializable (%s); it will compile again next start", e)
             return
         self._disk.put(key, data)
+        self._disk.trim(MAX_CACHE_BYTES)
 
 
 class ExecutableStore(Mapping):

@@ -2,6 +2,7 @@
 the store loads each key once and records what was needed before it was loaded."""
 
 import logging
+import os
 
 import jax
 import jax.numpy as jnp
@@ -63,3 +64,18 @@ def test_the_store_builds_each_key_once_and_reports_loads_on_demand(caplog):
     assert fresh.get((9, 9)) is None
     with pytest.raises(KeyError):
         store.load([(9, 9)])
+
+
+def test_the_cache_keeps_the_most_recently_used_entries_within_its_size(tmp_path, monkeypatch):
+    from jaxserve.runner import executables
+
+    cache = ExecutableCache(str(tmp_path))
+    keys = [cache.key({"kind": "toy", "scale": float(i)}) for i in range(3)]
+    cache.store(keys[0], _compiled(0.0))
+    size = (tmp_path / keys[0]).stat().st_size
+    monkeypatch.setattr(executables, "MAX_CACHE_BYTES", int(2.5 * size))
+    os.utime(tmp_path / keys[0], ns=(1, 1))                 # long unused
+    cache.store(keys[1], _compiled(1.0))
+    assert cache.load(keys[0]) is not None                  # used again: the most recent now
+    cache.store(keys[2], _compiled(2.0))                    # three do not fit: the oldest use goes
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([keys[0], keys[2]])
