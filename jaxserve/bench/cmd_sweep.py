@@ -14,11 +14,13 @@ taken ten minutes earlier would flag the machine, not the configuration. Two eng
 memory at a time; every timing sends fresh prompts, so none is served from the prefix cache.
 
 Only the buckets the measurement runs are compiled: decode-only steps of 1 and max_num_seqs rows,
-and one mixed bucket that carries the prompts in. A bucket's executable is the same whichever
-other buckets exist, so what is timed is what a default engine of that configuration would run;
+and one mixed bucket that carries the prompts in. A bucket's step does the same work whichever
+other buckets are compiled, so what is timed is what a default engine of that configuration runs;
 the persistent compilation cache serves shapes that recur (e.g. the batch-1 step of every
 max_num_seqs). A smaller max_num_seqs costs more per token at full batch by nature (fewer rows
-share each weight read); batch 1 compares like with like.
+share each weight read), so its full batch is compared with the default engine running that many
+rows (the default compiles those decode-only steps too); a larger one, with the default's full
+batch.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import os
 import tempfile
 import time
 import traceback
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from jaxserve.bench.args import engine_kwargs, jsonable_args, set_command
 from jaxserve.bench.decode_steps import measure_decode
@@ -131,7 +133,9 @@ def _sweep(args: argparse.Namespace, model: str, axes: dict[str, tuple[int, ...]
     """The default configuration, then every other point of the grid, each timed next to the default."""
     seeds = itertools.count(args.seed * 100_000)   # fresh prompts for every timing
     log("[1/?] default: building (loading weights, compiling)")
-    default, built_s = _build(args, model, None)
+    # the default engine also runs full batches of the smaller max_num_seqs values, so that a
+    # configuration's full batch is compared with the default at the same number of rows
+    default, built_s = _build(args, model, None, extra_rows=axes["max_num_seqs"])
     settings = _resolved(default)
     own = _time(args, default, seeds)
     rows = [_row(SweepPoint("default", settings, ()), default, built_s, own, own, args.flag_ratio)]
@@ -142,7 +146,8 @@ def _sweep(args: argparse.Namespace, model: str, axes: dict[str, tuple[int, ...]
         llm = None
         try:
             llm, built_s = _build(args, model, point.settings)
-            beside = _time(args, default, seeds)
+            beside = _time(args, default, seeds, full_batch=min(point.settings["max_num_seqs"],
+                                                                settings["max_num_seqs"]))
             rows.append(_row(point, llm, built_s, _time(args, llm, seeds), beside, args.flag_ratio))
         except Exception as e:  # one configuration's failure must not lose the others
             log(f"  {point.label} failed:\n{traceback.format_exc()}")
@@ -155,20 +160,22 @@ def _sweep(args: argparse.Namespace, model: str, axes: dict[str, tuple[int, ...]
     return rows, skipped
 
 
-def _build(args: argparse.Namespace, model: str, settings: dict[str, int] | None) -> tuple[Any, float]:
+def _build(args: argparse.Namespace, model: str, settings: dict[str, int] | None,
+           extra_rows: Iterable[int] = ()) -> tuple[Any, float]:
     from jaxserve.bench.backend_jaxserve import load_llm
 
     t = time.perf_counter()
-    llm = load_llm(model, _engine_kwargs(args, settings), progress=not args.no_progress)
+    llm = load_llm(model, _engine_kwargs(args, settings, extra_rows), progress=not args.no_progress)
     built_s = time.perf_counter() - t
     log(f"  built in {built_s:.0f} s")
     return llm, built_s
 
 
-def _time(args: argparse.Namespace, llm: Any, seeds: Iterator[int]) -> dict[str, Any]:
-    """Decode steps at batch 1 and at a full batch, with the load average around them."""
+def _time(args: argparse.Namespace, llm: Any, seeds: Iterator[int], full_batch: int | None = None) -> dict[str, Any]:
+    """Decode steps at batch 1 and at a full batch (default: max_num_seqs rows), with the load
+    average around them."""
     load_before = _load_average()
-    batches = {"batch1": 1, "full_batch": llm.config.max_num_seqs}
+    batches = {"batch1": 1, "full_batch": full_batch or llm.config.max_num_seqs}
     timings = {key: measure_decode(llm, batch=b, input_len=args.input_len, steps=args.steps, seed=next(seeds))
                for key, b in batches.items()}
     return {**timings, "load_average_before_after": [load_before, _load_average()]}
@@ -197,8 +204,11 @@ def _row(point: SweepPoint, llm: Any, built_s: float, own: dict[str, Any], defau
     return row
 
 
-def _engine_kwargs(args: argparse.Namespace, settings: dict[str, int] | None) -> dict[str, Any]:
-    """The engine of one configuration (None: the engine's defaults), compiling only measured buckets."""
+def _engine_kwargs(args: argparse.Namespace, settings: dict[str, int] | None,
+                   extra_rows: Iterable[int] = ()) -> dict[str, Any]:
+    """The engine of one configuration (None: the engine's defaults), compiling only the buckets it is
+    timed on: decode-only steps of 1 and max_num_seqs rows (and of `extra_rows` up to max_num_seqs),
+    and one mixed bucket that carries the prompts in."""
     from jaxserve.config import EngineConfig
     from jaxserve.llm import OFFLINE_PREFILL_TILE
 
@@ -208,7 +218,8 @@ def _engine_kwargs(args: argparse.Namespace, settings: dict[str, int] | None) ->
     budget = kw.get("max_num_batched_tokens", EngineConfig.__dataclass_fields__["max_num_batched_tokens"].default)
     tile = kw.get("prefill_tile", OFFLINE_PREFILL_TILE)
     # no swap pool: nothing is preempted in this workload, and it skips the start-up swap measurement
-    return {"swap_space": 0, **kw, "decode_buckets": (seqs,), "decode_only_buckets": tuple(sorted({1, seqs})),
+    rows = {1, seqs} | {r for r in extra_rows if r < seqs}
+    return {"swap_space": 0, **kw, "decode_buckets": (seqs,), "decode_only_buckets": tuple(sorted(rows)),
             "prefill_buckets": (0, budget // tile)}
 
 
