@@ -15,9 +15,12 @@ import importlib.metadata
 import os
 import platform
 
-# Packages whose code runs inside the traced step and sampler functions.
+# Packages whose code runs inside the traced step and sampler functions (or shapes their inputs),
+# less the runner's start-up modules, which never run inside a trace: editing them (or this file)
+# must not throw away every cached executable.
 TRACED_PACKAGES = ("jaxserve.models", "jaxserve.runner", "jaxserve.sched", "pallas_kernels")
 TRACED_MODULES = ("jaxserve.sampling_params",)
+UNTRACED_MODULES = ("calibration", "compile_counter", "executables", "fingerprint", "scratch", "warmup")
 VERSIONED_DISTRIBUTIONS = ("jax", "jaxlib", "flax", "numpy", "ml_dtypes")
 
 
@@ -64,12 +67,15 @@ def traced_source() -> str:
     import importlib.util
 
     files = []
+    runner = importlib.util.find_spec("jaxserve.runner").submodule_search_locations
+    untraced = {os.path.join(folder, f"{name}.py") for folder in runner for name in UNTRACED_MODULES}
     for name in TRACED_PACKAGES:
         spec = importlib.util.find_spec(name)
         for folder in spec.submodule_search_locations or ():
             for root, dirs, names in os.walk(folder):
                 dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-                files += [os.path.join(root, n) for n in sorted(names) if n.endswith(".py")]
+                files += [os.path.join(root, n) for n in sorted(names)
+                          if n.endswith(".py") and os.path.join(root, n) not in untraced]
     files += [importlib.util.find_spec(name).origin for name in TRACED_MODULES]
     digest = hashlib.sha256()
     for path in files:

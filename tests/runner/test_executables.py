@@ -79,3 +79,26 @@ def test_the_cache_keeps_the_most_recently_used_entries_within_its_size(tmp_path
     assert cache.load(keys[0]) is not None                  # used again: the most recent now
     cache.store(keys[2], _compiled(2.0))                    # three do not fit: the oldest use goes
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([keys[0], keys[2]])
+
+
+def test_the_traced_source_covers_the_step_but_not_the_start_up_modules(monkeypatch):
+    import builtins
+
+    from jaxserve.runner import fingerprint
+
+    hashed = []
+    real_open = builtins.open
+
+    def recording_open(path, *a, **k):
+        hashed.append(os.path.basename(os.path.dirname(path)) + "/" + os.path.basename(path))
+        return real_open(path, *a, **k)
+
+    fingerprint.traced_source.cache_clear()
+    monkeypatch.setattr(builtins, "open", recording_open)
+    try:
+        fingerprint.traced_source()
+    finally:
+        monkeypatch.undo()
+        fingerprint.traced_source.cache_clear()
+    assert {"runner/step.py", "runner/model_runner.py", "runner/sampler.py", "models/llama.py"} <= set(hashed)
+    assert not {"runner/warmup.py", "runner/executables.py", "runner/calibration.py"} & set(hashed)
