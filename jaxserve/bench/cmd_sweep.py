@@ -7,11 +7,12 @@ builds an engine and times its decode-only steps at batch 1 and at a full batch 
 rows), medians of `--steps` steps or more (jaxserve/bench/decode_steps.py), then gives each
 configuration's per-token time against the default's and flags those beyond `--flag-ratio`.
 
-The default engine stays loaded and is timed again right before each configuration, and each
-ratio is to that adjacent timing: on a shared machine the load changes over minutes (the default's
-own full-batch step varied 2x over one sweep at a load average of 5-9), and a ratio to a timing
-taken ten minutes earlier would flag the machine, not the configuration. Two engines are in
-memory at a time; every timing sends fresh prompts, so none is served from the prefix cache.
+The default engine stays loaded and is timed again beside each configuration, batch size by
+batch size (`--repeats` rounds in turn), and each ratio is to the timing beside it (the median
+round's): on a shared machine the load changes over minutes (the default's own full-batch step
+varied 2x over one sweep at a load average of 5-9), and a ratio to a timing taken ten minutes
+earlier would flag the machine, not the configuration. Two engines are in memory at a time; every
+timing sends fresh prompts, so none is served from the prefix cache.
 
 Only the buckets the measurement runs are compiled: decode-only steps of 1 and max_num_seqs rows,
 and one mixed bucket that carries the prompts in. A bucket's step does the same work whichever
@@ -36,7 +37,7 @@ import traceback
 from typing import Any, Iterable, Iterator
 
 from jaxserve.bench.args import engine_kwargs, jsonable_args, set_command
-from jaxserve.bench.decode_steps import measure_decode
+from jaxserve.bench.decode_steps import PairedTiming, measure_decode, time_beside
 from jaxserve.bench.environment import environment
 from jaxserve.bench.random_model import SHAPES
 from jaxserve.bench.results import build_result, write_result
@@ -68,6 +69,8 @@ def add_parser(sub: Any) -> None:
     m = p.add_argument_group("measurement")
     m.add_argument("--input-len", type=int, default=128, help="prompt tokens of every request")
     m.add_argument("--steps", type=int, default=8, help="at least this many decode steps timed per batch")
+    m.add_argument("--repeats", type=int, default=1,
+                   help="rounds of (default, configuration) timings in turn; each ratio is the median round's")
     m.add_argument("--flag-ratio", type=float, default=2.0,
                    help="flag a configuration whose per-token time exceeds the default's by more than this")
     o = p.add_argument_group("output")
@@ -79,7 +82,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _check(args: argparse.Namespace) -> dict[str, tuple[int, ...]]:
-    for name in ("input_len", "steps"):
+    for name in ("input_len", "steps", "repeats"):
         if getattr(args, name) < 1:
             raise SystemExit(f"jaxserve bench sweep: --{name.replace('_', '-')} must be >= 1")
     if not args.flag_ratio > 1:
@@ -135,15 +138,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _sweep(args: argparse.Namespace, model: str, axes: dict[str, tuple[int, ...]]) -> tuple[list, list]:
-    """The default configuration, then every other point of the grid, each timed next to the default."""
+    """The default configuration, then every other point of the grid, each timed beside the default."""
     seeds = itertools.count(args.seed * 100_000)   # fresh prompts for every timing
     log("[1/?] default: building (loading weights, compiling)")
     # the default engine also runs full batches of the smaller max_num_seqs values, so that a
     # configuration's full batch is compared with the default at the same number of rows
     default, built_s = _build(args, model, None, extra_rows=axes["max_num_seqs"])
     settings = _resolved(default)
-    own = _time(args, default, seeds)
-    rows = [_row(SweepPoint("default", settings, ()), default, built_s, own, own, args.flag_ratio)]
+    load_before = _load_average()
+    alone = {key: PairedTiming.alone(measure_decode(default, batch=b, input_len=args.input_len, steps=args.steps,
+                                                    seed=next(seeds)))
+             for key, b in (("batch1", 1), ("full_batch", settings["max_num_seqs"]))}
+    rows = [_row(SweepPoint("default", settings, ()), default, built_s, alone, [load_before, _load_average()],
+                 args.flag_ratio)]
     skipped: list[dict[str, Any]] = []
     points = sweep_points(settings, axes, args.grid)
     for i, point in enumerate(points[1:], start=2):
@@ -151,9 +158,9 @@ def _sweep(args: argparse.Namespace, model: str, axes: dict[str, tuple[int, ...]
         llm = None
         try:
             llm, built_s = _build(args, model, point.settings)
-            beside = _time(args, default, seeds, full_batch=min(point.settings["max_num_seqs"],
-                                                                settings["max_num_seqs"]))
-            rows.append(_row(point, llm, built_s, _time(args, llm, seeds), beside, args.flag_ratio))
+            load_before = _load_average()
+            timings = _time_beside(args, llm, default, seeds)
+            rows.append(_row(point, llm, built_s, timings, [load_before, _load_average()], args.flag_ratio))
         except Exception as e:  # one configuration's failure must not lose the others
             log(f"  {point.label} failed:\n{traceback.format_exc()}")
             # named like the other commands' engine variants, so `bench report` lists it
@@ -176,36 +183,34 @@ def _build(args: argparse.Namespace, model: str, settings: dict[str, int] | None
     return llm, built_s
 
 
-def _time(args: argparse.Namespace, llm: Any, seeds: Iterator[int], full_batch: int | None = None) -> dict[str, Any]:
-    """Decode steps at batch 1 and at a full batch (default: max_num_seqs rows), with the load
-    average around them."""
-    load_before = _load_average()
-    batches = {"batch1": 1, "full_batch": full_batch or llm.config.max_num_seqs}
-    timings = {key: measure_decode(llm, batch=b, input_len=args.input_len, steps=args.steps, seed=next(seeds))
-               for key, b in batches.items()}
-    return {**timings, "load_average_before_after": [load_before, _load_average()]}
+def _time_beside(args: argparse.Namespace, llm: Any, default: Any, seeds: Iterator[int]) -> dict[str, PairedTiming]:
+    """Batch 1, then a full batch (max_num_seqs rows; the default runs as many, up to its own)."""
+    seqs = llm.config.max_num_seqs
+    batches = {"batch1": (1, 1), "full_batch": (seqs, min(seqs, default.config.max_num_seqs))}
+    return {key: time_beside(llm, default, batch=b, default_batch=db, rounds=args.repeats, input_len=args.input_len,
+                             steps=args.steps, seeds=seeds)
+            for key, (b, db) in batches.items()}
 
 
-def _row(point: SweepPoint, llm: Any, built_s: float, own: dict[str, Any], default: dict[str, Any],
+def _row(point: SweepPoint, llm: Any, built_s: float, timings: dict[str, PairedTiming], load: list,
          flag_ratio: float) -> dict[str, Any]:
-    """One configuration's timings, its per-token time against the default timed beside it, and
-    which batches (if any) exceed flag_ratio."""
+    """One configuration's timings, its per-token time against the default's beside it, and which
+    batches (if any) exceed flag_ratio."""
     settings = _resolved(llm)
     # the KV table's width in blocks: the shape that decided issue 14's cliff
     width = RunnerShapes(settings["block_size"], settings["max_model_len"], settings["prefill_tile"], (1,),
                          (0,)).table_width
-    keys = ("batch1", "full_batch")
-    ratios = {key: own[key].per_token_s / default[key].per_token_s for key in keys}
     row = {"label": point.label, "varied": list(point.varied), "settings": settings, "kv_table_blocks": width,
-           "build_s": built_s, **{key: own[key].as_dict() for key in keys},
-           **{f"default_{key}": default[key].as_dict() for key in keys},
-           "batch1_vs_default": ratios["batch1"], "full_batch_vs_default": ratios["full_batch"],
-           "flagged": [key for key in keys if ratios[key] > flag_ratio],
-           "load_average_before_after": own["load_average_before_after"]}
+           "build_s": built_s}
+    for key, t in timings.items():
+        row.update({key: t.own.as_dict(), f"default_{key}": t.default.as_dict(), f"{key}_vs_default": t.ratio,
+                    f"{key}_vs_default_rounds": list(t.ratios)})
+    row["flagged"] = [key for key, t in timings.items() if t.ratio > flag_ratio]
+    row["load_average_before_after"] = load
     b1, fb = row["batch1"], row["full_batch"]
-    log(f"  batch 1: {b1['median_step_ms']:.1f} ms/step ({ratios['batch1']:.2f}x the default beside it); "
+    log(f"  batch 1: {b1['median_step_ms']:.1f} ms/step ({row['batch1_vs_default']:.2f}x the default beside it); "
         f"batch {fb['batch']}: {fb['median_step_ms']:.1f} ms/step, {fb['per_token_ms']:.2f} ms/token "
-        f"({ratios['full_batch']:.2f}x)")
+        f"({row['full_batch_vs_default']:.2f}x)")
     return row
 
 

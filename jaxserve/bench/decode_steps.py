@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -35,6 +35,32 @@ class DecodeTiming:
         return {"batch": self.batch, "steps": len(self.step_s), "step_ms": [s * 1e3 for s in self.step_s],
                 "median_step_ms": self.median_s * 1e3, "per_token_ms": self.per_token_s * 1e3,
                 "cached_prompt_tokens": self.cached_prompt_tokens}
+
+
+@dataclass(frozen=True, slots=True)
+class PairedTiming:
+    """One batch size timed on a configuration's engine and on the default engine, in turn."""
+    own: DecodeTiming                   # every round's steps, pooled
+    default: DecodeTiming
+    ratios: tuple[float, ...]           # per round: own per-token time / the default's beside it
+
+    @property
+    def ratio(self) -> float:
+        return statistics.median(self.ratios)
+
+    @classmethod
+    def alone(cls, timing: DecodeTiming) -> "PairedTiming":
+        """The default configuration against itself."""
+        return cls(timing, timing, (1.0,))
+
+
+def pooled(timings: Sequence[DecodeTiming]) -> DecodeTiming:
+    """Timings of one batch size as one: every step of each."""
+    batches = {t.batch for t in timings}
+    if len(batches) != 1:
+        raise ValueError(f"cannot pool timings of different batch sizes {sorted(batches)}")
+    return DecodeTiming(batches.pop(), tuple(s for t in timings for s in t.step_s),
+                        sum(t.cached_prompt_tokens for t in timings))
 
 
 def full_batch_step_times(token_times: Sequence[Sequence[float]]) -> tuple[float, ...]:
@@ -69,3 +95,16 @@ def measure_decode(llm: Any, *, batch: int, input_len: int, steps: int, seed: in
     if len(timed) < steps:
         raise RuntimeError(f"only {len(timed)} of {steps} steps decoded all {batch} requests together")
     return DecodeTiming(batch, timed, sum(o.num_cached_tokens or 0 for o in outputs))
+
+
+def time_beside(llm: Any, default: Any, *, batch: int, default_batch: int, rounds: int, input_len: int,
+                steps: int, seeds: Iterator[int]) -> PairedTiming:
+    """`rounds` times in turn: the default engine at default_batch, then `llm` at batch. A ratio of
+    two timings taken seconds apart is what a shared machine allows; the median round's is kept."""
+    pairs = []
+    for _ in range(rounds):
+        beside = measure_decode(default, batch=default_batch, input_len=input_len, steps=steps, seed=next(seeds))
+        own = measure_decode(llm, batch=batch, input_len=input_len, steps=steps, seed=next(seeds))
+        pairs.append((own, beside))
+    return PairedTiming(pooled([o for o, _ in pairs]), pooled([d for _, d in pairs]),
+                        tuple(o.per_token_s / d.per_token_s for o, d in pairs))

@@ -22,7 +22,7 @@ ENGINE = ["--engine-arg", "num_kv_blocks=256", "--engine-arg", "xla_optimization
 def sweep(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("sweep")
     result = cli.main(["bench", "sweep", "--model", tiny_model_dir, "--output-dir", str(out), "--name", "sweep",
-                       "--no-progress", "--input-len", "20", "--steps", "2", *GRID, *ENGINE])
+                       "--no-progress", "--input-len", "20", "--steps", "2", "--repeats", "2", *GRID, *ENGINE])
     return result, load_result(str(out / "sweep.json"))
 
 
@@ -63,16 +63,19 @@ def test_step_times_ratios_and_flags_are_consistent(sweep):
         assert p["full_batch"]["batch"] == p["settings"]["max_num_seqs"]
         # the default beside it ran the same number of rows, or its own full batch if that is fewer
         assert p["default_full_batch"]["batch"] == min(p["settings"]["max_num_seqs"], data["default"]["max_num_seqs"])
+        rounds = 1 if p["label"] == "default" else 2
         for key in ("batch1", "full_batch", "default_batch1", "default_full_batch"):
             t = p[key]
-            assert t["steps"] == len(t["step_ms"]) >= 2 and all(ms > 0 for ms in t["step_ms"])
+            # every round's steps pooled: at least --steps per round
+            assert t["steps"] == len(t["step_ms"]) >= 2 * rounds and all(ms > 0 for ms in t["step_ms"])
             assert t["median_step_ms"] == pytest.approx(statistics.median(t["step_ms"]))
             assert t["per_token_ms"] == pytest.approx(t["median_step_ms"] / t["batch"])
             assert t["cached_prompt_tokens"] == 0       # fresh prompts every time, the default's included
-        # each ratio is to the default engine timed beside the configuration
-        r1 = p["batch1"]["per_token_ms"] / p["default_batch1"]["per_token_ms"]
-        rf = p["full_batch"]["per_token_ms"] / p["default_full_batch"]["per_token_ms"]
-        assert p["batch1_vs_default"] == pytest.approx(r1) and p["full_batch_vs_default"] == pytest.approx(rf)
+        # each ratio is the median round's, each round's to the default timed beside it
+        for key in ("batch1", "full_batch"):
+            assert len(p[f"{key}_vs_default_rounds"]) == rounds
+            assert p[f"{key}_vs_default"] == pytest.approx(statistics.median(p[f"{key}_vs_default_rounds"]))
+        r1, rf = p["batch1_vs_default"], p["full_batch_vs_default"]
         assert p["flagged"] == [k for k, r in (("batch1", r1), ("full_batch", rf)) if r > data["flag_ratio"]]
         load = p["load_average_before_after"]
         assert len(load) == 2 and all(len(x) == 3 for x in load)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from jaxserve.bench.decode_steps import DecodeTiming, full_batch_step_times, output_tokens_for
+from jaxserve.bench.decode_steps import DecodeTiming, PairedTiming, full_batch_step_times, output_tokens_for, pooled
 from jaxserve.bench.sweep_grid import AXES, parse_values, sweep_points
 
 DEFAULT = {"max_model_len": 8192, "max_num_seqs": 32, "block_size": 16, "prefill_tile": 16}
@@ -64,3 +64,31 @@ def test_decode_timing_per_token_is_the_median_step_over_the_rows():
     assert t.median_s == 0.2 and t.per_token_s == pytest.approx(0.05)
     d = t.as_dict()
     assert d["steps"] == 3 and d["median_step_ms"] == pytest.approx(200) and d["per_token_ms"] == pytest.approx(50)
+
+
+def test_pooled_timings_keep_every_step_of_one_batch_size():
+    t = pooled([DecodeTiming(4, (0.1, 0.3), 0), DecodeTiming(4, (0.2,), 16)])
+    assert t == DecodeTiming(4, (0.1, 0.3, 0.2), 16)
+    with pytest.raises(ValueError, match="different batch sizes"):
+        pooled([DecodeTiming(4, (0.1,)), DecodeTiming(8, (0.1,))])
+
+
+def test_time_beside_times_the_default_then_the_configuration_each_round(monkeypatch):
+    from jaxserve.bench import decode_steps
+
+    calls = []
+    step_s = {"default": [0.10, 0.20, 0.10], "config": [0.30, 0.20, 0.50]}   # one step time per round
+
+    def fake_measure(llm, *, batch, input_len, steps, seed):
+        calls.append((llm, batch, seed))
+        return DecodeTiming(batch, (step_s[llm].pop(0),) * steps)
+
+    monkeypatch.setattr(decode_steps, "measure_decode", fake_measure)
+    paired = decode_steps.time_beside("config", "default", batch=8, default_batch=4, rounds=3, input_len=16,
+                                      steps=2, seeds=iter(range(100)))
+    assert [(llm, batch) for llm, batch, _ in calls] == [("default", 4), ("config", 8)] * 3
+    assert len({seed for _, _, seed in calls}) == 6                        # fresh prompts for every timing
+    # per token: config 0.3/8, 0.2/8, 0.5/8 against default 0.1/4, 0.2/4, 0.1/4
+    assert paired.ratios == pytest.approx((1.5, 0.5, 2.5)) and paired.ratio == pytest.approx(1.5)
+    assert paired.own.batch == 8 and len(paired.own.step_s) == 6 and paired.default.batch == 4
+    assert PairedTiming.alone(paired.own).ratio == 1.0
