@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     jaxserve = shlex.split(args.jaxserve)
     root = args.caches or tempfile.mkdtemp(prefix="jaxserve-startup-", dir=args.scratch)
-    runs = []
+    runs, started = [], time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
     for mode in args.modes.split(","):
         caches = [f"--compilation-cache-dir={os.path.join(root, mode, 'xla')}",
                   f"--cache-dir={os.path.join(root, mode, 'cache')}"]
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = _summary(runs)
     result = {"command": "python scripts/bench_startup.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "prompt": args.prompt, "max_tokens": args.max_tokens, "engine_args": args.engine_args,
-              "environment": _environment(), "runs": runs, "medians": summary}
+              "environment": {**_environment(), "started_utc": started}, "runs": runs, "medians": summary}
     print()
     print(markdown_table(summary))
     if args.output:
@@ -184,7 +184,7 @@ def _environment() -> dict:
 
     import importlib.metadata
     return {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
-            "jax": importlib.metadata.version("jax"), "time_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
+            "jax": importlib.metadata.version("jax"), "finished_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
 
 
 if __name__ == "__main__":
