@@ -31,7 +31,7 @@ from jaxserve.checkpoints.disk_cache import DiskCache
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = 2      # 2: entries kept from an XLA cache hit (format 1) may be broken
 # One loader thread: it loads the next executable while the caller runs the last one (warm-up), but
 # two deserializing at once were slower than one after the other on the 2-core CPU (4 steps of the
 # embedded model: 11.2-11.6 s against 9.0-9.6 s, load average 10): loading holds the GIL for much
@@ -40,6 +40,38 @@ LOAD_WORKERS = 1
 # Every change to the traced code or the shapes writes a new set (22 steps and samplers of the
 # embedded model at max_model_len 512: about 50 MB), so the folder keeps the most recently used.
 MAX_CACHE_BYTES = 2 << 30
+
+
+_XLA_CACHE_HIT = "/jax/compilation_cache/cache_hits"
+_hits = threading.local()            # .count: XLA persistent-cache hits of this thread's compiles
+_listening = threading.Lock()
+_listener_installed = False
+
+
+def compile_to_keep(lowered, compiler_options: dict | None = None) -> tuple[object, bool]:
+    """Compile `lowered` for jaxserve's cache: (executable, whether it may be serialized).
+
+    XLA's persistent cache is not written (jaxserve keeps the executable itself). It may still be
+    read: an entry an earlier build wrote. An executable XLA:CPU loaded from that cache serializes
+    without its compiled functions (the copy loads, then its first run fails with "Function ...
+    not found"), so such a hit is used in this process but must not be kept."""
+    global _listener_installed
+    from jax import monitoring
+    from jax._src import config as jax_config   # its thread-local override of the write threshold
+
+    with _listening:
+        if not _listener_installed:
+            monitoring.register_event_listener(_on_event)
+            _listener_installed = True
+    _hits.count = 0
+    with jax_config.persistent_cache_min_compile_time_secs(float("inf")):
+        compiled = lowered.compile(compiler_options=compiler_options or None)
+    return compiled, _hits.count == 0
+
+
+def _on_event(event: str, **kwargs) -> None:
+    if event == _XLA_CACHE_HIT:
+        _hits.count = getattr(_hits, "count", 0) + 1
 
 
 class ExecutableCache:

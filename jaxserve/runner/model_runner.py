@@ -26,7 +26,7 @@ from jaxserve.runner.batch import batch_shapes, pack_step, sample_rows_bucket
 from jaxserve.runner.buckets import RunnerShapes
 from jaxserve.runner.sampler import sample, sampling_arrays
 from jaxserve.runner import fingerprint
-from jaxserve.runner.executables import ExecutableCache, ExecutableStore
+from jaxserve.runner.executables import ExecutableCache, ExecutableStore, compile_to_keep
 from jaxserve.runner.host_swap import HostSwapPool, SwapCostModel
 from jaxserve.runner.kv_arena import ArenaSpec, allocate_arena
 from jaxserve.runner.step import make_step
@@ -124,12 +124,17 @@ class ModelRunner:
 
     def _load_or_compile(self, what: dict, lower):
         cache = self._executable_cache
-        key = cache.key({**what, **self._program_inputs}) if cache is not None else None
-        compiled = cache.load(key) if cache is not None else None
+        if cache is None:
+            return lower().compile(compiler_options=self.compiler_options or None)
+        key = cache.key({**what, **self._program_inputs})
+        compiled = cache.load(key)
         if compiled is None:
-            compiled = lower().compile(compiler_options=self.compiler_options or None)
-            if cache is not None:
+            compiled, keepable = compile_to_keep(lower(), self.compiler_options)
+            if keepable:
                 cache.store(key, compiled)
+            else:
+                log.info("%s %s came from XLA's compilation cache, whose executables cannot be kept; "
+                         "it will be traced again next start", what["kind"], what)
         return compiled
 
     @functools.cached_property
