@@ -54,7 +54,8 @@ def compile_to_keep(lowered, compiler_options: dict | None = None) -> tuple[obje
     XLA's persistent cache is not written (jaxserve keeps the executable itself). It may still be
     read: an entry an earlier build wrote. An executable XLA:CPU loaded from that cache serializes
     without its compiled functions (the copy loads, then its first run fails with "Function ...
-    not found"), so such a hit is used in this process but must not be kept."""
+    not found"), so such a hit is used in this process but must not be kept; nor is anything that
+    did not compile in this call (found in JAX's in-memory cache, from wherever it came)."""
     global _listener_installed
     from jax import monitoring
     from jax._src import config as jax_config   # its thread-local override of the write threshold
@@ -63,10 +64,16 @@ def compile_to_keep(lowered, compiler_options: dict | None = None) -> tuple[obje
         if not _listener_installed:
             monitoring.register_event_listener(_on_event)
             _listener_installed = True
+    from jaxserve.runner import compile_counter
+
     _hits.count = 0
-    with jax_config.persistent_cache_min_compile_time_secs(float("inf")):
+    fresh = compile_counter.CompileCounter()
+    with jax_config.persistent_cache_min_compile_time_secs(float("inf")), compile_counter.attributed_to(fresh):
         compiled = lowered.compile(compiler_options=compiler_options or None)
-    return compiled, _hits.count == 0
+    # Keep only what XLA compiled here and now: an executable JAX handed back from its in-memory
+    # cache may itself have come from the persistent cache (a test or an earlier engine in the same
+    # process set its folder: that setting is process-wide), and such a copy serializes broken.
+    return compiled, _hits.count == 0 and fresh.count > 0
 
 
 def _on_event(event: str, **kwargs) -> None:
