@@ -49,9 +49,17 @@ def resolve_dtype(name: str) -> str:
     return name
 
 
+# jaxserve keeps its steps and samplers in its own cache and writes them no more to XLA's
+# (runner/executables.py: what XLA loads from its cache cannot be kept). Entries that earlier
+# versions wrote there for the same programs would be hit on every start and never kept, so XLA's
+# cache lives in a subfolder of its own per layout.
+XLA_CACHE_LAYOUT = "v2"
+
+
 def enable_compilation_cache(path: str | None) -> None:
     if not path:
         return
+    path = os.path.join(path, XLA_CACHE_LAYOUT)
     os.makedirs(path, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
