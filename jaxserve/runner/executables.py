@@ -8,8 +8,8 @@ keeps its own cache of serialized executables, keyed by what determines the prog
 tracing it: the source of the traced code, the shapes, the model config, the compiler options,
 the software and the machine (fingerprint.py). A hit is one file read and a deserialization
 (1.2-2.9 s for a step of the embedded model under load, 0.05 s for a sampler).
-A miss lowers and compiles as before (XLA's persistent cache still serves programs that did not
-change when unrelated traced code did) and stores the result.
+A miss lowers and compiles and stores the result (`compile_to_keep`: not in XLA's persistent
+cache, whose hits cannot be kept).
 
 `ExecutableStore` is a read-only mapping from key to executable. `load` brings in a set of keys
 ahead of time; an executable asked for that is not loaded yet is loaded on the spot, so a step
