@@ -1,7 +1,7 @@
 """Building an Engine from an EngineConfig: checkpoint -> params -> KV arena -> compiled buckets.
 
-All compilation happens here, before the engine accepts a request; the compile counter is
-snapshotted at the end so `num_compilations_after_warmup` measures the serving path alone.
+All compilation happens here, before the engine accepts a request; the engine counts only the
+compilations of its own calls, so `num_compilations_after_warmup` measures the serving path alone.
 
 Start-up is timed phase by phase (`engine.startup_timings`, logged at INFO), and what a phase
 derives only from its inputs is kept under `cache_dir` for the next start: the checkpoint identity
