@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import pickle
 import threading
 import time
@@ -105,6 +106,13 @@ class ExecutableCache:
             log.warning("executable cache entry %s unusable (%s); compiling", key, e)
             return None
 
+    def forget(self, key: str) -> None:
+        """Drop an entry that loaded but failed to run (see ModelRunner.recompile)."""
+        try:
+            os.remove(self._disk.path(key))
+        except FileNotFoundError:
+            pass
+
     def store(self, key: str, compiled) -> None:
         from jax.experimental import serialize_executable
 
@@ -147,6 +155,10 @@ class ExecutableStore(Mapping):
 
     def __contains__(self, key) -> bool:
         return key in self._keys
+
+    def replace(self, key, exe) -> None:
+        with self._lock:
+            self._loaded[key] = exe
 
     def is_loaded(self, key) -> bool:
         return key in self._loaded

@@ -122,12 +122,27 @@ class ModelRunner:
     def _build_sampler(self, rows: int):
         return self._load_or_compile({"kind": "sampler", "rows": rows}, lambda: self._lower_sampler(rows))
 
-    def _load_or_compile(self, what: dict, lower):
+    def recompile(self, bucket: tuple[int, int]) -> None:
+        """A step (or its sampler) from the executable cache failed its first run: forget both
+        entries, compile them here, and start from a fresh arena (the failed run may have consumed
+        the donated one; only start-up warm-up calls this, when the arena holds nothing)."""
+        rows = sample_rows_bucket(*bucket)
+        self._compiled.replace(bucket, self._load_or_compile({"kind": "step", "bucket": bucket},
+                                                             lambda: self._lower(bucket), reuse=False))
+        self._samplers.replace(rows, self._load_or_compile({"kind": "sampler", "rows": rows},
+                                                           lambda: self._lower_sampler(rows), reuse=False))
+        self.kv_caches = allocate_arena(self.arena_spec)
+        self._prev_tokens = jnp.zeros((self.max_sample_rows,), jnp.int32)
+        self._prev_rows = {}
+
+    def _load_or_compile(self, what: dict, lower, reuse: bool = True):
         cache = self._executable_cache
         if cache is None:
             return lower().compile(compiler_options=self.compiler_options or None)
         key = cache.key({**what, **self._program_inputs})
-        compiled = cache.load(key)
+        if not reuse:
+            cache.forget(key)
+        compiled = cache.load(key) if reuse else None
         if compiled is None:
             compiled, keepable = compile_to_keep(lower(), self.compiler_options)
             if keepable:

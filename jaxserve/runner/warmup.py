@@ -18,12 +18,17 @@ leaves every other block as it was and may run between steps at any time the eng
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+import jax
+
 from jaxserve.runner.buckets import RunnerShapes, pick_bucket
 from jaxserve.runner.scratch import scratch_request, scratch_step
+
+log = logging.getLogger(__name__)
 
 
 def warm_up(runner, buckets: Iterable[tuple[int, int]] | None = None, *, progress: bool = False) -> "WarmUpReport":
@@ -37,7 +42,14 @@ def warm_up(runner, buckets: Iterable[tuple[int, int]] | None = None, *, progres
     with progress_bar(progress, len(buckets), "warming up") as bar:
         def run(bucket, _executable) -> None:
             t = time.perf_counter()
-            runner.execute(warm_up_step(runner.shapes, bucket))
+            try:
+                runner.execute(warm_up_step(runner.shapes, bucket))
+            except jax.errors.JaxRuntimeError as e:
+                # a kept executable that loads but cannot run (seen: XLA:CPU copies that lost a
+                # function, "Function ... not found"): never let a cache entry stop a start
+                log.warning("step %s from the executable cache failed its first run (%s); compiling it", bucket, e)
+                runner.recompile(bucket)
+                runner.execute(warm_up_step(runner.shapes, bucket))
             report.ran.append(bucket)
             report.run_seconds += time.perf_counter() - t
             bar.update(1)
