@@ -46,10 +46,20 @@ def test_a_build_records_and_logs_every_phase(tiny_llama_dir, caplog):
 
 def test_a_second_start_with_the_same_cache_compiles_and_measures_nothing(tiny_llama_dir, tmp_path, caplog):
     config = {**TINY_ENGINE, "cache_dir": str(tmp_path), "long_prefill_token_threshold": None}
-    # A start is a fresh process: JAX's in-memory compilation cache is empty there. Here earlier
-    # tests compiled the same programs, and an executable JAX hands back from memory is never
-    # kept (its origin is unknown: executables.compile_to_keep), so start from an empty one.
+    # A start is a fresh process: JAX's caches are empty there. Here earlier tests compiled the
+    # same programs, and an executable JAX hands back from memory or from XLA's persistent cache
+    # is never kept (executables.compile_to_keep), so start from empty ones.
     jax.clear_caches()
+    # nor may XLA's persistent cache serve it: a folder an earlier test set is process-wide
+    enabled = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    try:
+        _second_start_compiles_nothing(tiny_llama_dir, config, caplog)
+    finally:
+        jax.config.update("jax_enable_compilation_cache", enabled)
+
+
+def _second_start_compiles_nothing(tiny_llama_dir, config, caplog):
     first = LLM(tiny_llama_dir, **config)
     before = compile_counter.compilations()
     with caplog.at_level(logging.INFO, logger="jaxserve.engine.builder"):
