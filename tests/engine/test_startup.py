@@ -1,10 +1,13 @@
 """Start-up: every phase timed and logged; a second start with the same cache directory compiles
 nothing and measures nothing. Counted, never timed."""
 
+import json
 import logging
+import os
 import re
+import subprocess
+import sys
 
-import jax
 import pytest
 
 from jaxserve import LLM, SamplingParams
@@ -44,34 +47,44 @@ def test_a_build_records_and_logs_every_phase(tiny_llama_dir, caplog):
     assert logged.total == pytest.approx(timings.total, abs=0.06)
 
 
-def test_a_second_start_with_the_same_cache_compiles_and_measures_nothing(tiny_llama_dir, tmp_path, caplog):
+_SECOND_START = """
+import json, logging, sys
+from jaxserve import LLM, SamplingParams
+from jaxserve.runner import compile_counter
+config = json.loads(sys.argv[2])
+first = LLM(sys.argv[1], **config)
+before = compile_counter.compilations()
+records = []
+handler = logging.Handler()
+handler.emit = lambda r: records.append(r.getMessage())
+logging.getLogger("jaxserve.engine.builder").addHandler(handler)
+logging.getLogger("jaxserve.engine.builder").setLevel(logging.INFO)
+second = LLM(sys.argv[1], **config)
+prompt = [{"prompt_token_ids": list(range(3, 50))}]
+params = SamplingParams(max_tokens=6, ignore_eos=True)
+print(json.dumps({
+    "compiled_by_second": compile_counter.compilations() - before,
+    "measured_nothing": any("calibration: measured nothing" in m for m in records),
+    "same_chunk_policy": second.engine.chunk_policy == first.engine.chunk_policy,
+    "same_swap_cost": second.engine.runner.swap_cost == first.engine.runner.swap_cost,
+    "same_tokens": (second.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
+                    == first.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids),
+}))
+"""
+
+
+def test_a_second_start_with_the_same_cache_compiles_and_measures_nothing(tiny_llama_dir, tmp_path):
+    # a start is a new process: JAX's in-memory and persistent caches are empty there (in this
+    # process earlier tests compiled the same programs, and what JAX hands back from its caches
+    # is never kept: executables.compile_to_keep)
     config = {**TINY_ENGINE, "cache_dir": str(tmp_path), "long_prefill_token_threshold": None}
-    # A start is a fresh process: JAX's caches are empty there. Here earlier tests compiled the
-    # same programs, and an executable JAX hands back from memory or from XLA's persistent cache
-    # is never kept (executables.compile_to_keep), so start from empty ones.
-    jax.clear_caches()
-    # nor may XLA's persistent cache serve it: a folder an earlier test set is process-wide
-    enabled = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", False)
-    try:
-        _second_start_compiles_nothing(tiny_llama_dir, config, caplog)
-    finally:
-        jax.config.update("jax_enable_compilation_cache", enabled)
-
-
-def _second_start_compiles_nothing(tiny_llama_dir, config, caplog):
-    first = LLM(tiny_llama_dir, **config)
-    before = compile_counter.compilations()
-    with caplog.at_level(logging.INFO, logger="jaxserve.engine.builder"):
-        second = LLM(tiny_llama_dir, **config)
-    assert compile_counter.compilations() == before          # every executable came from the cache
-    assert "calibration: measured nothing" in caplog.text
-    assert second.engine.chunk_policy == first.engine.chunk_policy
-    assert second.engine.runner.swap_cost == first.engine.runner.swap_cost
-    prompt = [{"prompt_token_ids": list(range(3, 50))}]
-    params = SamplingParams(max_tokens=6, ignore_eos=True)
-    assert (second.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
-            == first.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids)
+    run = subprocess.run([sys.executable, "-c", _SECOND_START, tiny_llama_dir, json.dumps(config)],
+                         capture_output=True, text=True, timeout=600,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result == {"compiled_by_second": 0, "measured_nothing": True, "same_chunk_policy": True,
+                      "same_swap_cost": True, "same_tokens": True}
 
 
 def test_jaxserve_generate_loads_and_warms_only_what_its_prompt_needs(tiny_llama_dir, caplog, capsys):
