@@ -1,4 +1,4 @@
-"""`jaxserve serve` (the gRPC server) and `jaxserve client PROMPT` (stream an answer in the terminal).
+"""`jaxserve serve` (the gRPC server and the OpenAI-compatible HTTP API) and `jaxserve client PROMPT` (stream an answer in the terminal).
 
 Registered into the main CLI by `add_server_parsers(subparsers)`; imports stay light until a
 command runs, so `jaxserve --help` does not load jax.
@@ -30,11 +30,15 @@ class _DefaultsHelpFormatter(argparse.HelpFormatter):
 
 
 def add_server_parsers(subparsers) -> None:
-    s = subparsers.add_parser("serve", help="serve the model over gRPC (health, reflection, metrics)",
+    s = subparsers.add_parser("serve", help="serve the model over gRPC and/or the OpenAI-compatible HTTP API",
                               formatter_class=_DefaultsHelpFormatter)
     g = s.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 exposes the server)")
     g.add_argument("--port", type=int, default=50051, help="gRPC port (0: pick a free one)")
+    g.add_argument("--http-port", type=int, default=None,
+                   help="serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, ...) "
+                        "on this port, beside gRPC (0: pick a free one)")
+    g.add_argument("--no-grpc", action="store_true", help="serve only the HTTP API (needs --http-port)")
     g.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
     g.add_argument("--api-key", default=None,
                    help=f"require 'authorization: Bearer KEY' on every call but health (default: ${API_KEY_ENV})")
@@ -73,7 +77,8 @@ def server_config_from_args(args: argparse.Namespace):
     from jaxserve.server.convert import RequestLimits
     from jaxserve.server.server import ServerConfig
 
-    return ServerConfig(host=args.host, port=args.port, metrics_port=args.metrics_port,
+    return ServerConfig(host=args.host, port=args.port, grpc=not args.no_grpc, http_port=args.http_port,
+                        metrics_port=args.metrics_port,
                         api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
                         tls_cert=args.tls_cert, tls_key=args.tls_key,
                         max_concurrent_streams=args.max_concurrent_streams, grace_period=args.grace_period,

@@ -12,9 +12,10 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from jaxserve.outputs import CompletionOutput, RequestOutput
+from jaxserve.outputs import RequestOutput
 from jaxserve.sampling_params import OutputKind, SamplingParams
 from jaxserve.server.proto import generation_pb2 as pb
+from jaxserve.server.sample_deltas import SampleDelta
 
 # proto field -> SamplingParams field, for the optional scalars
 _SCALARS = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "min_tokens", "ignore_eos",
@@ -58,13 +59,9 @@ def sampling_params_from_proto(msg: pb.SamplingParams, limits: RequestLimits = R
 STANDARD_CHAT_ROLES = frozenset({"system", "user", "assistant", "tool"})
 
 
-def chat_messages(msg: pb.Chat, allowed_roles: frozenset[str] = STANDARD_CHAT_ROLES) -> list[dict[str, str]]:
-    if not msg.messages:
-        raise ValueError("chat.messages is empty")
-    for i, m in enumerate(msg.messages):
-        if m.role not in allowed_roles:
-            raise ValueError(f"chat.messages[{i}].role={m.role!r} is not a role this model's chat template "
-                             f"takes; allowed: {', '.join(sorted(allowed_roles))}")
+def chat_messages(msg: pb.Chat) -> list[dict[str, str]]:
+    """The proto's messages as the chat template's dicts; roles are checked when the chat is
+    rendered (chat_prompt.render_chat), against the roles the model's template takes."""
     return [{"role": m.role, "content": m.content} for m in msg.messages]
 
 
@@ -120,14 +117,12 @@ def prompt_from_proto(req: pb.GenerateRequest) -> Any:
     return prompt
 
 
-def complete_response(out: RequestOutput, c: CompletionOutput, completion_tokens: int, *, index: int | None = None,
-                      finish_reason: str | None = None) -> pb.GenerateResponse:
-    reason = finish_reason or c.finish_reason or "stop"
-    stop_reason = "" if c.stop_reason is None or finish_reason is not None else str(c.stop_reason)
+def complete_response(out: RequestOutput, d: SampleDelta) -> pb.GenerateResponse:
+    """The Complete message of a sample's last delta."""
     return pb.GenerateResponse(request_id=out.request_id, complete=pb.Complete(
-        finish_reason=reason, stop_reason=stop_reason, prompt_tokens=len(out.prompt_token_ids),
-        completion_tokens=completion_tokens, cached_tokens=out.num_cached_tokens,
-        index=c.index if index is None else index))
+        finish_reason=d.finish_reason or "stop", stop_reason="" if d.stop_reason is None else str(d.stop_reason),
+        prompt_tokens=len(out.prompt_token_ids), completion_tokens=d.num_tokens, cached_tokens=out.num_cached_tokens,
+        index=d.index))
 
 
 def server_info(stats, *, active_streams: int, state: str) -> pb.ServerInfo:

@@ -1,4 +1,6 @@
-"""The server process: gRPC (Generation, health, reflection), metrics, warmup and graceful shutdown.
+"""The server process: gRPC (Generation, health, reflection), the OpenAI-compatible HTTP API
+(`http_port`), metrics, warmup and graceful shutdown. Both fronts share one ServerState (phase,
+engine, stream count) and one Prometheus registry; either may be off, not both.
 
 Order of life: listen first (health NOT_SERVING, Generate UNAVAILABLE), build and compile the
 engine in a thread, then SERVING. SIGTERM or SIGINT: NOT_SERVING and UNAVAILABLE for new calls,
@@ -63,6 +65,8 @@ def server_interceptors(api_key: str | None) -> list[aio.ServerInterceptor]:
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 50051
+    grpc: bool = True                    # False: HTTP only (then http_port is needed)
+    http_port: int | None = None         # the OpenAI-compatible API; None: off
     metrics_port: int | None = None
     api_key: str | None = None
     tls_cert: str | None = None          # PEM files; both or neither
@@ -75,6 +79,10 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
             raise ValueError(f"port={self.port} must be in [0, 65535]")
+        if self.http_port is not None and not 0 <= self.http_port < 65536:
+            raise ValueError(f"http_port={self.http_port} must be in [0, 65535]")
+        if not self.grpc and self.http_port is None:
+            raise ValueError("nothing to serve: gRPC is off and no http_port is given")
         if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
             raise ValueError(f"metrics_port={self.metrics_port} must be in [0, 65535]")
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -111,6 +119,93 @@ async def run_server(config: ServerConfig, engine_config: EngineConfig, *, progr
                      build_engine: Callable | None = None, hard_exit_during_warmup: bool = False) -> int:
     state = ServerState()
     metrics = ServerMetrics(lambda: state.aengine.snapshot if state.aengine is not None else None)
+    grpc_front = await _start_grpc(config, engine_config, state, metrics) if config.grpc else None
+    http = None
+    if config.http_port is not None:
+        from jaxserve.server.http.app import create_app
+        from jaxserve.server.http.listener import HTTPListener
+        from jaxserve.server.http.openai_front import OpenAIFront
+
+        front = OpenAIFront(state, limits=config.limits, metrics=metrics,
+                            max_concurrent_streams=config.max_concurrent_streams)
+        http = HTTPListener(create_app(front, api_key=config.api_key), config.host, config.http_port)
+        await http.start()
+    if config.metrics_port is not None:
+        from prometheus_client import start_http_server
+        start_http_server(config.metrics_port, addr=config.host, registry=metrics.registry)
+        log.info("metrics on http://%s:%d/metrics", config.host, config.metrics_port)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    def on_dead(err: BaseException) -> None:
+        state.phase = Phase.FAILED
+        log.error("engine failed: %s; health is NOT_SERVING", err)
+        if grpc_front is not None:
+            asyncio.ensure_future(grpc_front.set_health(NOT_SERVING))
+
+    if build_engine is None:
+        from jaxserve.engine.builder import build_engine as default_build
+        build_engine = default_build
+    t0 = time.perf_counter()
+    built = _build_in_thread(lambda: build_engine(engine_config, progress=progress))
+    stopper = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({built, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    if not built.done():      # a signal during warmup: nothing is in flight
+        log.info("stopping during warmup")
+        if grpc_front is not None:
+            await grpc_front.health.enter_graceful_shutdown()
+            await grpc_front.server.stop(0)
+        if http is not None:
+            await http.stop()
+        if hard_exit_during_warmup:
+            # the compiler's worker pool is joined at interpreter exit, which would wait for the
+            # whole warmup; nothing is in flight and nothing needs saving
+            logging.shutdown()
+            os._exit(0)
+        return 0
+    try:
+        engine = built.result()
+    except Exception:
+        log.exception("building the engine failed")
+        if grpc_front is not None:
+            await grpc_front.server.stop(0)
+        if http is not None:
+            await http.stop()
+        return 1
+
+    from jaxserve.engine.async_engine import AsyncEngine
+    state.aengine = AsyncEngine(engine, on_dead=on_dead)
+    state.aengine.start()
+    state.phase = Phase.SERVING
+    if grpc_front is not None:
+        await grpc_front.set_health(SERVING)
+    timings = getattr(engine, "startup_timings", None)     # a test's stand-in engine may have none
+    where = ", ".join(([f"{config.host}:{grpc_front.port}"] if grpc_front is not None else [])
+                      + ([f"http://{config.host}:{http.port}/v1"] if http is not None else []))
+    log.info("jaxserve ready on %s: model %s (%s), warmup %.1f s%s", where, engine.model_name,
+             engine.checkpoint_identity[:12], time.perf_counter() - t0, f"; {timings.describe()}" if timings else "")
+
+    await stopper
+    await _drain(state, grpc_front, http, config.grace_period)
+    return 0
+
+
+@dataclass
+class _GRPCFront:
+    server: aio.Server
+    health: health_aio.HealthServicer
+    port: int
+
+    async def set_health(self, status) -> None:
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, status)
+
+
+async def _start_grpc(config: ServerConfig, engine_config: EngineConfig, state: ServerState,
+                      metrics: ServerMetrics) -> _GRPCFront:
     max_message_bytes = config.max_message_bytes
     if max_message_bytes is None:
         max_message_bytes = message_bytes_limit(engine_config.max_model_len or DEFAULT_MAX_MODEL_LEN_BOUND)
@@ -125,81 +220,30 @@ async def run_server(config: ServerConfig, engine_config: EngineConfig, *, progr
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     enable_server_reflection((SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name), server)
-    for name in ("", SERVICE_NAME):
-        await health.set(name, NOT_SERVING)
+    front = _GRPCFront(server, health, 0)
+    await front.set_health(NOT_SERVING)
 
     address = f"{config.host}:{config.port}"
     try:
         if config.tls_cert:
             with open(config.tls_key, "rb") as k, open(config.tls_cert, "rb") as c:
                 creds = grpc.ssl_server_credentials([(k.read(), c.read())])
-            port = server.add_secure_port(address, creds)
+            front.port = server.add_secure_port(address, creds)
         else:
-            port = server.add_insecure_port(address)
+            front.port = server.add_insecure_port(address)
     except RuntimeError as e:   # grpc's "failed to bind"; the CLI reports ValueErrors without a traceback
         raise ValueError(f"cannot listen on {address}: {e}") from e
     await server.start()
-    log.info("listening on %s:%d (%s), warming up", config.host, port, "TLS" if config.tls_cert else "plaintext")
-    if config.metrics_port is not None:
-        from prometheus_client import start_http_server
-        start_http_server(config.metrics_port, addr=config.host, registry=metrics.registry)
-        log.info("metrics on http://%s:%d/metrics", config.host, config.metrics_port)
-
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-
-    def on_dead(err: BaseException) -> None:
-        state.phase = Phase.FAILED
-        log.error("engine failed: %s; health is NOT_SERVING", err)
-        for name in ("", SERVICE_NAME):
-            asyncio.ensure_future(health.set(name, NOT_SERVING))
-
-    if build_engine is None:
-        from jaxserve.engine.builder import build_engine as default_build
-        build_engine = default_build
-    t0 = time.perf_counter()
-    built = _build_in_thread(lambda: build_engine(engine_config, progress=progress))
-    stopper = asyncio.ensure_future(stop.wait())
-    await asyncio.wait({built, stopper}, return_when=asyncio.FIRST_COMPLETED)
-    if not built.done():      # a signal during warmup: nothing is in flight
-        log.info("stopping during warmup")
-        await health.enter_graceful_shutdown()
-        await server.stop(0)
-        if hard_exit_during_warmup:
-            # the compiler's worker pool is joined at interpreter exit, which would wait for the
-            # whole warmup; nothing is in flight and nothing needs saving
-            logging.shutdown()
-            os._exit(0)
-        return 0
-    try:
-        engine = built.result()
-    except Exception:
-        log.exception("building the engine failed")
-        await server.stop(0)
-        return 1
-
-    from jaxserve.engine.async_engine import AsyncEngine
-    state.aengine = AsyncEngine(engine, on_dead=on_dead)
-    state.aengine.start()
-    state.phase = Phase.SERVING
-    for name in ("", SERVICE_NAME):
-        await health.set(name, SERVING)
-    timings = getattr(engine, "startup_timings", None)     # a test's stand-in engine may have none
-    log.info("jaxserve ready on %s:%d: model %s (%s), warmup %.1f s%s", config.host, port, engine.model_name,
-             engine.checkpoint_identity[:12], time.perf_counter() - t0, f"; {timings.describe()}" if timings else "")
-
-    await stopper
-    await _drain(state, server, health, config.grace_period)
-    return 0
+    log.info("listening on %s:%d (%s), warming up", config.host, front.port, "TLS" if config.tls_cert else "plaintext")
+    return front
 
 
-async def _drain(state: ServerState, server, health, grace_period: float) -> None:
+async def _drain(state: ServerState, grpc_front: _GRPCFront | None, http, grace_period: float) -> None:
     log.info("draining: %d streams in flight, grace period %.1f s", state.active_streams, grace_period)
     if state.phase is not Phase.FAILED:
         state.phase = Phase.DRAINING
-    await health.enter_graceful_shutdown()
+    if grpc_front is not None:
+        await grpc_front.health.enter_graceful_shutdown()
     deadline = time.monotonic() + grace_period
     while state.active_streams > 0 and time.monotonic() < deadline:
         state.streams_changed.clear()
@@ -210,5 +254,8 @@ async def _drain(state: ServerState, server, health, grace_period: float) -> Non
     if state.active_streams:
         log.warning("grace period over: aborting %d streams", state.active_streams)
     await state.aengine.shutdown()          # aborts what is left; their streams end with "abort"
-    await server.stop(5.0)                  # lets the aborted streams send their last message
+    if grpc_front is not None:
+        await grpc_front.server.stop(5.0)   # lets the aborted streams send their last message
+    if http is not None:
+        await http.stop()                   # likewise: the aborted SSE streams end with [DONE]
     log.info("stopped")

@@ -20,9 +20,11 @@ from grpc import aio
 
 from jaxserve.engine.async_engine import AsyncEngine, EngineDeadError, EngineStoppedError
 from jaxserve.server import convert
+from jaxserve.server.chat_prompt import render_chat
 from jaxserve.server.metrics import ServerMetrics
 from jaxserve.server.proto import generation_pb2 as pb
 from jaxserve.server.proto import generation_pb2_grpc as pb_grpc
+from jaxserve.server.sample_deltas import SampleDeltas
 
 try:   # the scheduler's "waiting queue full"; older trees have no such error
     from jaxserve.sched.errors import Overloaded
@@ -137,24 +139,9 @@ class GenerationServicer(pb_grpc.GenerationServicer):
                                      ended_at=time.perf_counter())
 
     async def _render_chat(self, aengine: AsyncEngine, request: pb.GenerateRequest) -> dict:
-        tok = aengine.engine.tokenizer
-        if tok is None or not getattr(tok, "chat_template", None):
-            raise ValueError("chat: the model has no chat template; send text or token_ids")
-        messages = convert.chat_messages(request.chat, convert.chat_roles(tok.chat_template))
-        aengine.check_prompt_chars(sum(len(m["content"]) for m in messages))
-
-        def render(tokenizer):   # in a tokenizer thread, like a text prompt
-            try:
-                ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-            except Exception as e:   # a template that rejects these messages (roles, order)
-                raise ValueError(f"chat: the model's chat template failed on these messages: {e}") from e
-            ids = ids["input_ids"] if hasattr(ids, "keys") else ids
-            return list(ids)
-
-        prompt = {"prompt_token_ids": await aengine.run_tokenizer(render)}
-        if request.HasField("cache_salt"):
-            prompt["cache_salt"] = request.cache_salt
-        return prompt
+        salt = request.cache_salt if request.HasField("cache_salt") else None
+        return await render_chat(aengine, convert.chat_messages(request.chat), field="chat.messages",
+                                 cache_salt=salt)
 
     async def Abort(self, request: pb.AbortRequest, context) -> pb.AbortResponse:
         aengine = await self._engine(context)
@@ -182,34 +169,15 @@ class GenerationServicer(pb_grpc.GenerationServicer):
 
 
 class _SentPerSample:
-    """Turns engine outputs into Chunk and Complete messages, one Complete per sample. With n = 1
-    the engine's outputs are already deltas; with n > 1 they are cumulative per sample (each
-    completion carries its index), so what was sent is remembered per index."""
+    """Turns engine outputs into Chunk and Complete messages, one Complete per sample."""
 
     def __init__(self, n: int):
-        self.n = n
-        self.tokens = [0] * n
-        self.chars = [0] * n
-        self.completed: set[int] = set()
+        self._deltas = SampleDeltas(n)
 
     def responses(self, out):
-        for c in out.outputs:
-            i = c.index
-            if i in self.completed:
-                continue
-            ids, text = c.token_ids, c.text
-            if self.n > 1:
-                ids, text = ids[self.tokens[i]:], text[self.chars[i]:]
-                self.tokens[i], self.chars[i] = len(c.token_ids), len(c.text)
-            else:
-                self.tokens[i] += len(ids)
-            if ids or text:
-                yield pb.GenerateResponse(request_id=out.request_id, chunk=pb.Chunk(token_ids=ids, text=text, index=i))
-            if c.finish_reason is not None:
-                self.completed.add(i)
-                yield convert.complete_response(out, c, self.tokens[i])
-        if out.finished:   # an aborted group reports fewer completions: close every sample
-            for i in sorted(set(range(self.n)) - self.completed):
-                self.completed.add(i)
-                yield convert.complete_response(out, out.outputs[0], self.tokens[i], index=i,
-                                                finish_reason="abort")
+        for d in self._deltas.deltas(out):
+            if d.token_ids or d.text:
+                yield pb.GenerateResponse(request_id=out.request_id,
+                                          chunk=pb.Chunk(token_ids=d.token_ids, text=d.text, index=d.index))
+            if d.finish_reason is not None:
+                yield convert.complete_response(out, d)

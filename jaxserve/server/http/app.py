@@ -1,0 +1,93 @@
+"""The FastAPI application of the OpenAI-compatible API.
+
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models (behind the API key, when
+the server has one), GET /health and GET /metrics (open, as gRPC health and the metrics port are:
+probes and scrapers carry no key). Every error, FastAPI's own included (a body that does not
+parse, a field of the wrong type, an unknown route), answers in OpenAI's error shape.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from jaxserve.server.auth import bearer_token
+from jaxserve.server.http import errors
+from jaxserve.server.http.openai_front import OpenAIFront
+from jaxserve.server.http.schemas import ChatCompletionRequest, CompletionRequest, ModelList
+from jaxserve.server.servicer import Phase
+
+
+def create_app(front: OpenAIFront, *, api_key: str | None = None) -> FastAPI:
+    app = FastAPI(title="jaxserve", docs_url=None, redoc_url=None, openapi_url=None)
+    key = api_key.encode() if api_key else None
+
+    def authorized(request: Request) -> None:
+        if key is None:
+            return
+        given = request.headers.get("authorization", "").encode()
+        token = bearer_token(given)
+        if token is None or not hmac.compare_digest(token, key):
+            raise errors.unauthorized("missing bearer token" if not given else
+                                      "wrong bearer token" if token is not None else
+                                      "the authorization scheme is not Bearer")
+
+    @app.exception_handler(errors.APIError)
+    async def api_error(request: Request, e: errors.APIError):
+        return e.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, e: RequestValidationError):
+        first = e.errors()[0] if e.errors() else {"loc": (), "msg": "invalid request"}
+        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+        if first.get("type") == "json_invalid":
+            return errors.bad_request(f"the body is not valid JSON: {first.get('ctx', {}).get('error', '')}",
+                                      "body").response()
+        param = ".".join(loc) or None
+        return errors.bad_request(f"{param}: {first['msg']}" if param else first["msg"], param).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException):
+        return errors.error_response(e.status_code, str(e.detail), type="invalid_request_error")
+
+    @app.get("/health")
+    async def health():
+        if front.state.phase is Phase.SERVING and front.state.aengine is not None and front.state.aengine.healthy:
+            return Response(status_code=200)
+        return errors.unavailable(f"the server is {front.state.phase.value}").response()
+
+    @app.get("/metrics")
+    async def metrics():
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        if front.metrics is None:
+            return errors.error_response(404, "metrics are off", type="invalid_request_error")
+        return Response(generate_latest(front.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models", dependencies=[Depends(authorized)], response_model=ModelList)
+    async def models():
+        return front.models()
+
+    @app.post("/v1/completions", dependencies=[Depends(authorized)])
+    async def completions(req: CompletionRequest, request: Request):
+        return _json(await front.completions(req, request))
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
+    async def chat_completions(req: ChatCompletionRequest, request: Request):
+        return _json(await front.chat_completions(req, request))
+
+    return app
+
+
+def _json(answer):
+    """A pydantic answer as JSON (None fields kept: OpenAI's clients expect them); a streaming
+    response or nothing (the client left) as it is."""
+    if answer is None:
+        return Response(status_code=499)
+    if isinstance(answer, Response):
+        return answer
+    return JSONResponse(answer.model_dump())

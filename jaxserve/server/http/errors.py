@@ -1,0 +1,71 @@
+"""Errors in OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, with the status the
+OpenAI clients act on: 400 a bad request (param names the offending field), 401 no valid API key,
+404 an unknown model, 429 a full queue (the client retries), 503 warming up or draining, 500 the
+engine failed.
+
+The engine's own checks raise ValueError("SamplingParams.top_p=1.5 must be ...") and the like;
+`param_of` reads the field's name from such a message, so the 400 names it without a second copy
+of the validation here.
+"""
+
+from __future__ import annotations
+
+import re
+
+from fastapi.responses import JSONResponse
+
+from jaxserve.server.http.schemas import ErrorBody, ErrorResponse
+
+_PARAM_IN_MESSAGE = re.compile(r"^(?:SamplingParams\.)?([a-z_][a-z_0-9.\[\]]*)(?:=|\b is\b|:)")
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, *, type: str, param: str | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def response(self) -> JSONResponse:
+        return error_response(self.status, self.message, type=self.type, param=self.param, code=self.code)
+
+
+def error_response(status: int, message: str, *, type: str, param: str | None = None,
+                   code: str | None = None) -> JSONResponse:
+    body = ErrorResponse(error=ErrorBody(message=message, type=type, param=param, code=code))
+    return JSONResponse(body.model_dump(), status_code=status)
+
+
+def bad_request(message: str, param: str | None = None) -> APIError:
+    return APIError(400, message, type="invalid_request_error", param=param or param_of(message))
+
+
+def unauthorized(message: str) -> APIError:
+    return APIError(401, message, type="invalid_request_error", code="invalid_api_key")
+
+
+def model_not_found(model: str, served: str) -> APIError:
+    return APIError(404, f"the model {model!r} does not exist; this server serves {served!r}",
+                    type="invalid_request_error", param="model", code="model_not_found")
+
+
+def too_many_requests(message: str) -> APIError:
+    return APIError(429, message, type="rate_limit_error", code="rate_limit_exceeded")
+
+
+def unavailable(message: str) -> APIError:
+    return APIError(503, message, type="service_unavailable", code="service_unavailable")
+
+
+def internal(message: str) -> APIError:
+    return APIError(500, message, type="internal_error", code="internal_error")
+
+
+def not_implemented(message: str) -> APIError:
+    return APIError(501, message, type="not_implemented", code="not_implemented")
+
+
+def param_of(message: str) -> str | None:
+    """The field a door's ValueError names at its start (`SamplingParams.top_p=...`,
+    `messages[2].role=...`, `cache_salt must be ...`), or None."""
+    m = _PARAM_IN_MESSAGE.match(message)
+    return m.group(1) if m else None

@@ -1,0 +1,60 @@
+"""The engine's logprobs (per token: {token id: Logprob(logprob, rank)}, the sampled token always
+in it) in the two shapes of the OpenAI API: the legacy completions shape (parallel lists) and the
+chat shape (one object per token with its top alternatives)."""
+
+from __future__ import annotations
+
+from jaxserve.outputs import Logprob
+from jaxserve.server.http.schemas import ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
+
+
+class TokenText:
+    """Each token id's own text, decoded alone (cached: the same ids come back again and again).
+    A token that is part of a UTF-8 character decodes to U+FFFD alone, and several such tokens
+    would share one key in a top-logprobs map: those are named by their vocabulary string
+    (`convert_ids_to_tokens`, unique per id) instead."""
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+        self._cache: dict[int, str] = {}
+
+    def __call__(self, token_id: int) -> str:
+        text = self._cache.get(token_id)
+        if text is None:
+            text = self._tokenizer.decode([token_id]) if self._tokenizer is not None else str(token_id)
+            if "\ufffd" in text:
+                text = self._tokenizer.convert_ids_to_tokens(token_id)
+            self._cache[token_id] = text
+        return text
+
+
+def _ranked(entry: dict[int, Logprob], k: int) -> list[tuple[int, Logprob]]:
+    """The k most likely tokens. The entry holds the top k plus the sampled token (whose rank the
+    engine leaves unset), so the best k by logprob are exactly the top k."""
+    return sorted(entry.items(), key=lambda x: -x[1].logprob)[:k]
+
+
+def completion_logprobs(token_ids: list[int], entries: list[dict[int, Logprob]], k: int, text: TokenText,
+                        offset: int) -> CompletionLogprobs:
+    """`offset`: characters of this choice's text before these tokens (text_offset counts from there)."""
+    out = CompletionLogprobs()
+    for t, entry in zip(token_ids, entries):
+        s = text(t)
+        out.tokens.append(s)
+        out.token_logprobs.append(entry[t].logprob)
+        top = {text(tid): lp.logprob for tid, lp in _ranked(entry, k)}
+        top.setdefault(s, entry[t].logprob)   # the sampled token is always listed
+        out.top_logprobs.append(top)
+        out.text_offset.append(offset)
+        offset += len(s)
+    return out
+
+
+def chat_logprobs(token_ids: list[int], entries: list[dict[int, Logprob]], k: int, text: TokenText) -> ChatLogprobs:
+    content = []
+    for t, entry in zip(token_ids, entries):
+        s = text(t)
+        top = [TopLogprob(token=text(tid), logprob=lp.logprob, bytes=list(text(tid).encode()))
+               for tid, lp in _ranked(entry, k)]
+        content.append(TokenLogprob(token=s, logprob=entry[t].logprob, bytes=list(s.encode()), top_logprobs=top))
+    return ChatLogprobs(content=content)

@@ -1,0 +1,250 @@
+"""The handlers behind the OpenAI-compatible routes: check the server's state and the request,
+start the engine streams, and answer in one JSON body or as server-sent events.
+
+Shared with the gRPC servicer: the server's phase and stream count (ServerState), the request
+limits (RequestLimits), the chat template rendering (chat_prompt), the per-sample deltas
+(sample_deltas) and the Prometheus metrics; the engine's door validates everything else.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import AsyncIterator, Awaitable, Callable
+
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+
+from jaxserve.engine.async_engine import AsyncEngine, EngineDeadError, EngineStoppedError
+from jaxserve.sampling_params import SamplingParams
+from jaxserve.server.chat_prompt import render_chat
+from jaxserve.server.convert import RequestLimits
+from jaxserve.server.http import errors
+from jaxserve.server.http.disconnect import ClientDisconnected, unless_disconnected
+from jaxserve.server.http.engine_run import EngineRun
+from jaxserve.server.http.logprobs import TokenText, chat_logprobs, completion_logprobs
+from jaxserve.server.http.sampling import chat_messages, chat_params, completion_params, completion_prompts
+from jaxserve.server.http.schemas import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk,
+                                          ChatCompletionRequest, ChatCompletionResponse,
+                                          CompletionChoice, CompletionChunk, CompletionRequest,
+                                          CompletionResponse, DeltaMessage, ErrorBody, ErrorResponse, ModelCard,
+                                          ModelList, new_id, now)
+from jaxserve.server.metrics import ServerMetrics
+from jaxserve.server.servicer import Overloaded, Phase, ServerState
+
+log = logging.getLogger(__name__)
+
+
+def engine_error(e: BaseException) -> errors.APIError | None:
+    """The HTTP error of an exception the engine or its door raises; None for anything else (a bug)."""
+    if isinstance(e, errors.APIError):
+        return e
+    if isinstance(e, ValueError):
+        return errors.bad_request(str(e))
+    if isinstance(e, NotImplementedError):
+        return errors.not_implemented(str(e))
+    if isinstance(e, Overloaded):
+        return errors.too_many_requests(str(e))
+    if isinstance(e, EngineDeadError):
+        return errors.internal(str(e))
+    if isinstance(e, EngineStoppedError):
+        return errors.unavailable(str(e))
+    return None
+
+
+class _Choice:
+    """One choice's text, tokens and logprobs as they arrive (the non-streamed answer)."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.token_ids: list[int] = []
+        self.logprobs: list = []
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self.chars = 0    # characters streamed so far: text_offset of the next token
+
+
+class OpenAIFront:
+    def __init__(self, state: ServerState, *, limits: RequestLimits, metrics: ServerMetrics | None,
+                 max_concurrent_streams: int):
+        self.state = state
+        self.limits = limits
+        self.metrics = metrics
+        self.max_concurrent_streams = max_concurrent_streams
+
+    # -- the server's state ------------------------------------------------------------------
+    def engine(self) -> AsyncEngine:
+        st = self.state
+        if st.phase is Phase.WARMING_UP or st.aengine is None:
+            raise errors.unavailable("the server is warming up (compiling); retry later")
+        if st.phase is Phase.DRAINING:
+            raise errors.unavailable("the server is shutting down")
+        if st.phase is Phase.FAILED or not st.aengine.healthy:
+            raise errors.unavailable(f"the engine failed and accepts no requests: {st.aengine.error!r}")
+        return st.aengine
+
+    def model_name(self, aengine: AsyncEngine) -> str:
+        return aengine.engine.model_name
+
+    def check_model(self, model: str | None, aengine: AsyncEngine) -> str:
+        served = self.model_name(aengine)
+        if model is not None and model != served:
+            raise errors.model_not_found(model, served)
+        return served
+
+    def models(self) -> ModelList:
+        aengine = self.engine()
+        e = aengine.engine
+        return ModelList(data=[ModelCard(id=self.model_name(aengine), created=now(), max_model_len=e.max_model_len)])
+
+    # -- the two generation endpoints --------------------------------------------------------
+    async def completions(self, req: CompletionRequest, http: Request):
+        arrival = time.perf_counter()
+        aengine = self.engine()
+        model = self.check_model(req.model, aengine)
+        params = completion_params(req, self.limits)
+        prompts = completion_prompts(req)
+        return await self._answer(http, aengine, req, model, params, arrival, lambda: prompts, chat=False,
+                                  prompt_field="prompt")
+
+    async def chat_completions(self, req: ChatCompletionRequest, http: Request):
+        arrival = time.perf_counter()
+        aengine = self.engine()
+        model = self.check_model(req.model, aengine)
+        params = chat_params(req, self.limits)
+        messages = chat_messages(req.messages)
+
+        async def prompts():
+            return [await render_chat(aengine, messages, field="messages", cache_salt=req.cache_salt)]
+        return await self._answer(http, aengine, req, model, params, arrival, prompts, chat=True,
+                                  prompt_field="messages")
+
+    async def _answer(self, http: Request, aengine: AsyncEngine, req, model: str, params: SamplingParams,
+                      arrival: float, prompts: Callable[[], list | Awaitable[list]], *, chat: bool,
+                      prompt_field: str):
+        st = self.state
+        if st.active_streams >= self.max_concurrent_streams:
+            raise errors.too_many_requests(
+                f"{st.active_streams} requests are active, the limit is "
+                f"max_concurrent_streams={self.max_concurrent_streams}; retry later")
+        st.active_streams += 1     # before any await, so the limit holds under a burst; drained on shutdown
+        released = False
+        try:
+            run = await unless_disconnected(http, self._start(aengine, req, params, arrival, prompts, prompt_field))
+            if req.stream:
+                released = True    # the stream's own finally releases it
+                return StreamingResponse(self._events(run, req, model, params, chat=chat),
+                                         media_type="text/event-stream")
+            try:
+                return await unless_disconnected(http, self._collect(run, model, params, chat=chat))
+            finally:
+                await run.close()
+        except ClientDisconnected:
+            return None
+        finally:
+            if not released:
+                self._release()
+
+    def _release(self) -> None:
+        self.state.active_streams -= 1
+        self.state.streams_changed.set()
+
+    async def _start(self, aengine, req, params, arrival, prompts, prompt_field: str) -> EngineRun:
+        try:
+            got = prompts()
+            if not isinstance(got, list):
+                got = await got
+            return await EngineRun.start(aengine, got, params, request_id=req.request_id or new_id("req"),
+                                         priority=req.priority, metrics=self.metrics, arrival=arrival)
+        except Exception as e:
+            err = engine_error(e)
+            if err is None:
+                raise
+            if err.status == 400 and err.param is None:   # the door's refusals are about the prompt
+                err.param = prompt_field
+            raise err from e
+
+    def _token_text(self, run: EngineRun) -> TokenText:
+        return TokenText(run.aengine.engine.tokenizer)
+
+    async def _collect(self, run: EngineRun, model: str, params: SamplingParams, *, chat: bool):
+        choices = [_Choice() for _ in range(len(run.prompts) * params.n)]
+        try:
+            async for cd in run.deltas():
+                c, d = choices[cd.choice], cd.delta
+                c.text.append(d.text)
+                c.token_ids += d.token_ids
+                if d.logprobs is not None:
+                    c.logprobs += d.logprobs
+                if d.finish_reason is not None:
+                    c.finish_reason, c.stop_reason = d.finish_reason, d.stop_reason
+        except Exception as e:
+            err = engine_error(e)
+            if err is None:
+                raise
+            raise err from e
+        usage = run.usage()
+        text_of = self._token_text(run)
+        k = params.logprobs
+        if chat:
+            return ChatCompletionResponse(id=new_id("chatcmpl"), created=now(), model=model, usage=usage, choices=[
+                ChatChoice(index=i, message=AssistantMessage(content="".join(c.text)),
+                           logprobs=(chat_logprobs(c.token_ids, c.logprobs, k, text_of) if k is not None else None),
+                           finish_reason=c.finish_reason, stop_reason=c.stop_reason)
+                for i, c in enumerate(choices)])
+        return CompletionResponse(id=new_id("cmpl"), created=now(), model=model, usage=usage, choices=[
+            CompletionChoice(index=i, text="".join(c.text),
+                             logprobs=(completion_logprobs(c.token_ids, c.logprobs, k, text_of, 0)
+                                       if k is not None else None),
+                             finish_reason=c.finish_reason, stop_reason=c.stop_reason)
+            for i, c in enumerate(choices)])
+
+    async def _events(self, run: EngineRun, req, model: str, params: SamplingParams, *,
+                      chat: bool) -> AsyncIterator[str]:
+        """The SSE body: a chunk per choice delta, then (stream_options.include_usage) one chunk
+        with the usage and no choices, then `data: [DONE]`. A client that disconnects cancels this
+        generator at its current await; closing the run aborts the requests."""
+        rid, created = new_id("chatcmpl" if chat else "cmpl"), now()
+        include_usage = req.stream_options is not None and req.stream_options.include_usage
+        text_of = self._token_text(run)
+        k = params.logprobs
+        chars = [0] * (len(run.prompts) * params.n)
+        started: set[int] = set()
+        try:
+            async for cd in run.deltas():
+                d = cd.delta
+                if chat:
+                    if cd.choice not in started:   # OpenAI's first chunk of a choice carries the role
+                        started.add(cd.choice)
+                        yield _sse(ChatCompletionChunk(id=rid, created=created, model=model, choices=[
+                            ChatChunkChoice(index=cd.choice, delta=DeltaMessage(role="assistant", content=""))]))
+                    lp = chat_logprobs(d.token_ids, d.logprobs, k, text_of) if d.logprobs is not None else None
+                    yield _sse(ChatCompletionChunk(id=rid, created=created, model=model, choices=[
+                        ChatChunkChoice(index=cd.choice, delta=DeltaMessage(content=d.text), logprobs=lp,
+                                        finish_reason=d.finish_reason)]))
+                else:
+                    lp = (completion_logprobs(d.token_ids, d.logprobs, k, text_of, chars[cd.choice])
+                          if d.logprobs is not None else None)
+                    chars[cd.choice] += len(d.text)
+                    yield _sse(CompletionChunk(id=rid, created=created, model=model, choices=[
+                        CompletionChoice(index=cd.choice, text=d.text, logprobs=lp, finish_reason=d.finish_reason,
+                                         stop_reason=d.stop_reason)]))
+            if include_usage:
+                cls = ChatCompletionChunk if chat else CompletionChunk
+                yield _sse(cls(id=rid, created=created, model=model, choices=[], usage=run.usage()))
+        except Exception as e:   # after the 200 went out: the error is an event of its own
+            err = engine_error(e)
+            if err is None:
+                log.exception("streaming a completion failed")
+                err = errors.internal(f"{type(e).__name__}: {e}")
+            yield _sse(ErrorResponse(error=ErrorBody(message=err.message, type=err.type, param=err.param,
+                                                     code=err.code)))
+        finally:
+            await run.close()
+            self._release()
+        yield "data: [DONE]\n\n"
+
+
+def _sse(model) -> str:
+    return f"data: {model.model_dump_json()}\n\n"
+

@@ -1,0 +1,117 @@
+"""An HTTP request's fields -> the engine's SamplingParams and prompts.
+
+SamplingParams validates every value itself (its ValueError names the field, which becomes the
+400's `param`); here are only what the HTTP API adds: OpenAI's defaults and spellings, the
+server's per-request limits (the same RequestLimits the gRPC front enforces) and the fields this
+engine does not have yet.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jaxserve.sampling_params import OutputKind, SamplingParams
+from jaxserve.server.convert import RequestLimits
+from jaxserve.server.http.errors import bad_request
+from jaxserve.server.http.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, _SamplingFields
+
+
+def completion_params(req: CompletionRequest, limits: RequestLimits) -> SamplingParams:
+    if req.echo:
+        raise bad_request("echo=true is not supported: the prompt is in usage, not in the text", "echo")
+    if req.suffix is not None:
+        raise bad_request("suffix is not supported (no fill-in-the-middle)", "suffix")
+    if req.best_of is not None and req.best_of != req.n:
+        raise bad_request(f"best_of={req.best_of} is not supported; only best_of=n", "best_of")
+    return _params(req, limits, max_tokens=req.max_tokens, logprobs=req.logprobs, logprobs_field="logprobs")
+
+
+def chat_params(req: ChatCompletionRequest, limits: RequestLimits) -> SamplingParams:
+    if req.top_logprobs is not None and not req.logprobs:
+        raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    return _params(req, limits, max_tokens=max_tokens, logprobs=logprobs, logprobs_field="top_logprobs",
+                   max_tokens_field=field)
+
+
+def _params(req: _SamplingFields, limits: RequestLimits, *, max_tokens: int | None, logprobs: int | None,
+            logprobs_field: str, max_tokens_field: str = "max_tokens") -> SamplingParams:
+    if req.n > limits.max_n:
+        raise bad_request(f"n={req.n} exceeds this server's limit of {limits.max_n}", "n")
+    if limits.max_tokens is not None and max_tokens is not None and max_tokens > limits.max_tokens:
+        raise bad_request(f"{max_tokens_field}={max_tokens} exceeds this server's limit of {limits.max_tokens}",
+                          max_tokens_field)
+    stop = [req.stop] if isinstance(req.stop, str) else req.stop
+    if stop is not None and len(stop) > limits.max_stop_strings:
+        raise bad_request(f"stop has {len(stop)} strings; the limit is {limits.max_stop_strings}", "stop")
+    for name, value, neutral in (("presence_penalty", req.presence_penalty, 0.0),
+                                 ("frequency_penalty", req.frequency_penalty, 0.0),
+                                 ("repetition_penalty", req.repetition_penalty, 1.0)):
+        if value != neutral:
+            raise bad_request(f"{name}={value} is not supported by this server yet", name)
+    if req.logit_bias:
+        raise bad_request("logit_bias is not supported by this server yet", "logit_bias")
+    kwargs: dict[str, Any] = dict(
+        n=req.n, seed=req.seed, max_tokens=max_tokens, min_tokens=req.min_tokens, ignore_eos=req.ignore_eos,
+        stop=tuple(stop) if stop else None, logprobs=logprobs, skip_special_tokens=req.skip_special_tokens,
+        include_stop_str_in_output=req.include_stop_str_in_output, output_kind=OutputKind.DELTA,
+        stop_token_ids=tuple(req.stop_token_ids) if req.stop_token_ids else None)
+    for name in ("temperature", "top_p", "top_k", "min_p"):   # None: the engine's default (OpenAI's too)
+        if getattr(req, name) is not None:
+            kwargs[name] = getattr(req, name)
+    try:
+        return SamplingParams(**kwargs)
+    except ValueError as e:
+        message = str(e)
+        param = _field_of(message)
+        if param == "logprobs":
+            param = logprobs_field
+        elif param == "max_tokens":
+            param = max_tokens_field
+        raise bad_request(message, param) from e
+
+
+def _field_of(message: str) -> str | None:
+    prefix = "SamplingParams."
+    return message[len(prefix):].split("=", 1)[0] if message.startswith(prefix) else None
+
+
+def completion_prompts(req: CompletionRequest) -> list[dict[str, Any]]:
+    """`prompt` as the engine's prompts: a string, a list of strings, token ids or lists of them."""
+    p = req.prompt
+    if isinstance(p, str):
+        prompts = [{"prompt": p}]
+    elif p and all(isinstance(x, int) for x in p):
+        prompts = [{"prompt_token_ids": list(p)}]
+    elif p and all(isinstance(x, str) for x in p):
+        prompts = [{"prompt": x} for x in p]
+    elif p and all(isinstance(x, list) for x in p):
+        prompts = [{"prompt_token_ids": list(x)} for x in p]
+    else:
+        raise bad_request("prompt must be a non-empty string, list of strings, token ids or lists of token ids",
+                          "prompt")
+    if req.cache_salt is not None:
+        for q in prompts:
+            q["cache_salt"] = req.cache_salt
+    return prompts
+
+
+def chat_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    """Messages as the chat template's dicts; content parts must be text (no images here)."""
+    out = []
+    for i, m in enumerate(messages):
+        content = m.content
+        if content is None:
+            content = ""
+        elif isinstance(content, list):
+            texts = []
+            for j, part in enumerate(content):
+                if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise bad_request(f"messages[{i}].content[{j}]: only text parts are supported "
+                                      f"(got type {part.get('type')!r})", f"messages[{i}].content")
+                texts.append(part["text"])
+            content = "".join(texts)
+        out.append({"role": m.role, "content": content})
+    return out

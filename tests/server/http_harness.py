@@ -1,0 +1,83 @@
+"""An OpenAI-compatible HTTP server on loopback for the HTTP tests: the real app and uvicorn
+listener in a thread of their own (their event loop), on an engine sharing the tiny compiled
+runner, with a StepGate on it so a test can hold requests in flight without racing the clock."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from jaxserve import LLM
+from jaxserve.engine.async_engine import AsyncEngine
+from jaxserve.server.convert import RequestLimits
+from jaxserve.server.http.app import create_app
+from jaxserve.server.http.listener import HTTPListener
+from jaxserve.server.http.openai_front import OpenAIFront
+from jaxserve.server.metrics import ServerMetrics
+from jaxserve.server.servicer import Phase, ServerState
+from tests.server.step_gate import StepGate
+
+API_KEY = "test-key"
+HANG_GUARD_S = 120   # turns a hang into a failure; never a bound on how fast anything is
+
+
+class HTTPServer:
+    def __init__(self, tiny_llm, *, api_key: str | None = API_KEY, max_n: int = 4, **engine_overrides):
+        self.engine = LLM.sharing_runner(tiny_llm, **engine_overrides).engine
+        self.gate = StepGate(self.engine, closed=False)
+        self.state = ServerState()
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="http-test-loop", daemon=True)
+        self._thread.start()
+        self.metrics = ServerMetrics(lambda: self.state.aengine.snapshot if self.state.aengine else None)
+        self.front = OpenAIFront(self.state, limits=RequestLimits(max_n=max_n), metrics=self.metrics,
+                                 max_concurrent_streams=64)
+        self.api_key = api_key
+        self.listener = self.run(self._start())
+        self.base_url = f"http://127.0.0.1:{self.listener.port}/v1"
+        self.model = self.engine.model_name
+
+    async def _start(self) -> HTTPListener:
+        self.state.aengine = AsyncEngine(self.engine)
+        self.state.aengine.start()
+        self.state.phase = Phase.SERVING
+        listener = HTTPListener(create_app(self.front, api_key=self.api_key), "127.0.0.1", 0)
+        await listener.start()
+        return listener
+
+    def run(self, coro):
+        """Run a coroutine on the server's loop and wait for it."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(HANG_GUARD_S)
+
+    def stats(self):
+        return self.run(self.state.aengine.stats())
+
+    def client(self, **kw):
+        import openai
+
+        return openai.OpenAI(base_url=self.base_url, api_key=kw.pop("api_key", self.api_key or "none"),
+                             max_retries=0, timeout=HANG_GUARD_S, **kw)
+
+    def close(self) -> None:
+        self.gate.open()
+        self.run(self.listener.stop())
+        self.run(self.state.aengine.shutdown())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(HANG_GUARD_S)
+
+
+def wait_until(predicate, what: str, guard_s: float = HANG_GUARD_S, every_s: float = 0.02):
+    deadline = time.monotonic() + guard_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(every_s)
+
+
+def blocks_all_free(stats) -> bool:
+    """Nothing holds a KV block: every block is free or an evictable cached prefix."""
+    return stats.num_kv_blocks_free + stats.num_kv_blocks_cached == stats.num_kv_blocks_total
