@@ -6,6 +6,7 @@ these fields, so the three front doors always agree. Each field's metadata holds
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field, fields
 
@@ -32,10 +33,22 @@ class EngineConfig:
     long_prefill_token_threshold: int | None = _f(
         None, "most prompt tokens of one request per step (0: no cap; default: itl_budget_ms x the prefill "
               "tokens/s measured at start-up, applied only to steps that carry decodes; LLM defaults to 0)")
+    ttft_slo_ms: float | None = _f(
+        None, "time-to-first-token objective the prefill policy serves (default: derived at start-up, max(1 s, "
+              "4 x a full-budget prefill step))")
+    tpot_slo_ms: float | None = _f(
+        None, "time-per-output-token objective: a step that carries decodes stays within 0.9 x it, unless a "
+              "prompt's TTFT is at risk and every decoder has banked that time (default: derived at start-up, "
+              "max(100 ms, 1.5 x a decode step of max_num_seqs))")
+    chunk_policy: str = _f(
+        "slo", "how prompt chunks are sized when long_prefill_token_threshold is not set: slo (to the TTFT and "
+               "TPOT objectives by a step-time model measured at start-up) or itl (the earlier policy: one fixed "
+               "chunk per decode bucket from an ITL budget, one prompt mid-prefill at a time)",
+        choices=("slo", "itl"))
     itl_budget_ms: float | None = _f(
-        None, "time a step may add for prefill chunks while decodes wait, from which the default chunk size is "
-              "derived (default: the measured decode-only step time of the decode batch beside the chunk, one per "
-              "decode bucket, i.e. a long prompt at most doubles the inter-token latency)")
+        None, "chunk_policy=itl: time a step may add for prefill chunks while decodes wait, from which the chunk "
+              "size is derived (default: the measured decode-only step time of the decode batch beside the chunk, "
+              "one per decode bucket, i.e. a long prompt at most doubles the inter-token latency)")
     prefill_tile: int = _f(8, "query rows per prefill attention tile: the smallest prefill chunk a step carries "
                                "beside decodes (LLM defaults to 16: bulk prefill runs faster in bigger tiles)")
     decode_buckets: tuple[int, ...] | None = _f(
@@ -100,8 +113,12 @@ class EngineConfig:
                 not isinstance(self.long_prefill_token_threshold, int) or self.long_prefill_token_threshold < 0):
             raise ValueError(f"long_prefill_token_threshold={self.long_prefill_token_threshold!r} must be an "
                              f"integer >= 0 or None")
-        if self.itl_budget_ms is not None and not self.itl_budget_ms > 0:
-            raise ValueError(f"itl_budget_ms={self.itl_budget_ms!r} must be > 0 or None")
+        for name in ("itl_budget_ms", "ttft_slo_ms", "tpot_slo_ms"):
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"{name}={v!r} must be a finite number > 0 or None")
+        if self.chunk_policy not in ("slo", "itl"):
+            raise ValueError(f"chunk_policy={self.chunk_policy!r} must be one of ('slo', 'itl')")
         if (self.usable_kv_blocks is not None and self.num_kv_blocks is not None
                 and self.usable_kv_blocks > self.num_kv_blocks):
             raise ValueError(f"usable_kv_blocks={self.usable_kv_blocks} exceeds num_kv_blocks={self.num_kv_blocks}")

@@ -63,7 +63,7 @@ class Request:
     stop_token_ids: frozenset[int] = frozenset()
     ignore_eos: bool = False
     priority: int = 0  # lower = more urgent (as in vLLM)
-    arrival_time: float = field(default_factory=time.time)
+    arrival_time: float = field(default_factory=time.perf_counter)  # on the scheduler's clock
     cache_salt: str | None = None  # prefix-cache namespace; None = the public one
     sampling: SamplingOptions = GREEDY  # for the runner's sampler; the scheduler only carries it
 
@@ -78,6 +78,7 @@ class Request:
     num_preemptions: int = 0
     # sampled by scheduled steps, not yet known on the host (0 or 1 with the one-step-ahead loop)
     num_pending_output_tokens: int = 0
+    first_token_time: float | None = None  # when update() received its first output (scheduler's clock)
 
     # ---- the scheduler's bookkeeping (only sched writes these) ----
     queue_key: tuple = ()  # order in the waiting queue, kept across preemptions

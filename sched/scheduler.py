@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from collections.abc import Iterable, Mapping, Sequence
 
 from jaxserve.sched.block_pool import BlockPool
@@ -50,6 +51,7 @@ from jaxserve.sched.request import FINISH_REASONS, Request, RequestStatus
 from jaxserve.sched.request_queue import WaitingQueue
 from jaxserve.sched.scheduler_config import SchedulerConfig
 from jaxserve.sched.scheduler_output import PLACEHOLDER_TOKEN, RequestUpdate, ScheduledRequest, SchedulerOutput
+from jaxserve.sched.step_budget import step_allowance
 from jaxserve.sched.stop_conditions import check_stop
 
 __all__ = ["Overloaded", "Scheduler", "SchedulerConfig"]
@@ -59,7 +61,7 @@ class _Step:
     """What one schedule() call has decided so far."""
 
     __slots__ = ("budget", "scheduled", "copies", "preempted", "swap_out", "swap_in", "partial", "host_freed",
-                 "admitted", "decodes")
+                 "admitted", "decodes", "decode_reqs", "allowance_s", "decode_s", "prefill_tiles", "prefill_items")
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
@@ -74,11 +76,20 @@ class _Step:
         self.host_freed: list[int] = []
         self.admitted: set[str] = set()  # taken from the waiting queue in this step
         self.decodes = 0  # requests that already stream outputs, scheduled one token each
+        self.decode_reqs: list[Request] = []
+        # the time budget of a step with decodes (config.objectives; step_budget.py), set when the
+        # first prompt chunk is sized, and what the step holds so far in the step-cost model's terms
+        self.allowance_s: float | None = None
+        self.decode_s = 0.0
+        self.prefill_tiles = 0
+        self.prefill_items = 0
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig) -> None:
+    def __init__(self, config: SchedulerConfig, clock=time.perf_counter) -> None:
         self.config = config
+        # the time requests' arrival_time and first_token_time are on (read only with objectives)
+        self._clock = clock
         self.kv = KVCacheManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
         # Host-pool accounting reuses BlockPool, whose id 0 is reserved; the runner's host arrays
         # have no null block, so pool id h is host block h - 1 in SchedulerOutput.
@@ -304,10 +315,49 @@ class Scheduler:
         cap = c.prefill_cap_beside(st.decodes) if st.decodes and n > 1 else 0
         if cap:
             n = min(n, cap)
+        if c.objectives is not None and st.decodes and n > 1:
+            n = self._chunk_within_allowance(req, num_computed, n, st)
         if self._charge(n) <= budget:
             return n
         fit = (budget // c.chunk_granularity) * c.chunk_granularity
         return fit if fit > 1 else min(1, budget, n)
+
+    def _chunk_within_allowance(self, req: Request, num_computed: int, n: int, st: _Step) -> int:
+        """The most of req's n next prompt tokens (whole tiles, or all n) this step can carry
+        within its time allowance; one tile if the step has no prompt tokens yet (every step
+        moves some prompt forward), else possibly 0."""
+        cost = self.config.step_cost
+        if st.allowance_s is None:
+            st.decode_s = cost.decode_seconds([r.num_computed_tokens for r in st.decode_reqs])
+            st.allowance_s = step_allowance(cost, self.config.objectives, self._clock(), st.decode_reqs,
+                                            st.decode_s, self._prompt_order(), st.budget)
+
+        def fits(k: int) -> bool:
+            tiles, items = cost.chunk_items(num_computed, k)
+            if st.prefill_tiles + tiles > cost.max_tiles:
+                return False
+            t = st.decode_s + cost.prefill_seconds(st.prefill_tiles + tiles, st.prefill_items + items)
+            return t <= st.allowance_s
+
+        tile = cost.tile
+        if fits(n):
+            return n
+        lo, hi = 0, (n - 1) // tile  # whole tiles: lo fits (0 tiles), hi + 1 tiles would be >= n
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if fits(mid * tile):
+                lo = mid
+            else:
+                hi = mid - 1
+        if lo == 0 and st.prefill_tiles == 0:
+            return min(n, tile)
+        return lo * tile
+
+    def _prompt_order(self) -> list[Request]:
+        """Requests with prompt tokens left, in the order this step serves them: running ones,
+        then the waiting queue's head."""
+        running = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
+        return running + [self.waiting[j] for j in range(min(len(self.waiting), 8))]
 
     def _shared_prefix(self, req: Request, st: _Step) -> SharedPrefix | None:
         prefix = self.kv.find_cached_prefix(req)
@@ -354,6 +404,11 @@ class Scheduler:
         st.budget -= self._charge(n)
         if n == 1 and req.num_outputs_with_pending > 0:
             st.decodes += 1
+            st.decode_reqs.append(req)
+        elif self.config.step_cost is not None:
+            tiles, items = self.config.step_cost.chunk_items(c0, n)
+            st.prefill_tiles += tiles
+            st.prefill_items += items
         if end < req.num_tokens_with_pending:
             st.partial.add(req.request_id)
         req.num_computed_tokens = end
@@ -436,6 +491,8 @@ class Scheduler:
                         f"update() for request {sr.request_id!r}: it has {req.num_pending_output_tokens} "
                         f"pending tokens but the step sampled {len(new)}; call update() once per schedule()")
                 req.num_pending_output_tokens -= len(new)
+                if not req.output_token_ids and req.first_token_time is None:
+                    req.first_token_time = self._clock()
                 req.output_token_ids.extend(new)
                 stop = check_stop(req, self.config.max_model_len)
             if req.status is RequestStatus.RUNNING:

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from jaxserve.sched.step_budget import ServiceObjectives
+from jaxserve.sched.step_cost import StepCostModel
+
 
 def _positive_int(name: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -35,6 +38,11 @@ class SchedulerConfig:
     # A chunk of n > 1 tokens costs ceil(n / chunk_granularity) * chunk_granularity of the budget:
     # the runner computes prefill chunks in tiles of that many rows (1 = plain token counting).
     chunk_granularity: int = 1
+    # Service objectives and the step-time model that turns them into prompt chunk sizes
+    # (step_budget.py): a step that carries decodes holds the prompt tokens its time allowance
+    # admits, shared by every prompt in the step. Both or neither; None = token caps only.
+    objectives: ServiceObjectives | None = None
+    step_cost: StepCostModel | None = None
 
     # ---- scheduling under pressure ----
     max_num_partial_prefills: int = 1  # prompts mid-prefill at once (a prompt finishing this step is not partial); 0 = no cap
@@ -93,7 +101,15 @@ class SchedulerConfig:
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v <= 1:
                 raise ValueError(f"{name} must be a number in [0, 1], got {v!r}")
+        if (self.objectives is None) != (self.step_cost is None):
+            raise ValueError("objectives and step_cost go together: the objectives are turned into chunk sizes "
+                             "by the step-time model")
+        if self.step_cost is not None and self.step_cost.tile != self.chunk_granularity:
+            raise ValueError(f"step_cost.tile={self.step_cost.tile} must equal chunk_granularity="
+                             f"{self.chunk_granularity} (both are the runner's prefill tile)")
         if not self.enable_chunked_prefill:
+            if self.objectives is not None:
+                raise ValueError("objectives size prompt chunks; they need enable_chunked_prefill=True")
             if self.max_num_batched_tokens < self.max_model_len:
                 raise ValueError(
                     f"with enable_chunked_prefill=False a prompt is scheduled whole, so "

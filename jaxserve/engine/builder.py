@@ -197,6 +197,8 @@ def _scheduler(config: EngineConfig, runner: ModelRunner, max_model_len: int, ch
         long_prefill_token_threshold=0 if chunking.derived else chunking.chunk_tokens,
         decode_step_prefill_cap=chunking.chunk_tokens if chunking.derived else 0,
         decode_step_prefill_caps=chunking.by_decodes,
+        objectives=chunking.objectives,
+        step_cost=chunking.step_cost,
         enable_prefix_caching=config.enable_prefix_caching,
         chunk_granularity=config.prefill_tile,
         max_num_partial_prefills=config.max_num_partial_prefills,
@@ -217,9 +219,9 @@ def _engine_on_shared_runner(config: EngineConfig, other: Engine) -> Engine:
     if other.has_unfinished_requests():
         raise ValueError("cannot share the runner of an engine that still has requests")
     other.reset_prefix_cache()
-    # the runner is the same, so are its measurements: reuse the other engine's derived chunk
-    chunking = (other.chunk_policy if config.long_prefill_token_threshold is None and config.enable_chunked_prefill
-                and other.chunk_policy is not None else resolve_chunk_policy(config, Calibrator(other.runner)))
+    # the runner is the same, so are its measurements (kept on it): resolve_chunk_policy reads
+    # them, and measures only what the other engine's policy did not need
+    chunking = resolve_chunk_policy(config, Calibrator(other.runner))
     engine = Engine(
         scheduler=_scheduler(config, other.runner, other.max_model_len, chunking), runner=other.runner,
         tokenizer=other.tokenizer, vocab_size=other.vocab_size, max_model_len=other.max_model_len,

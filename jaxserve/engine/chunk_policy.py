@@ -1,6 +1,25 @@
-"""The default prefill chunk size, derived from an inter-token-latency budget at start-up.
+"""How prompts are cut into chunks: the one place the prefill policy is chosen.
 
-While a long prompt prefills, every decoding request waits for the step that carries its chunk.
+Three policies, by EngineConfig:
+
+- `long_prefill_token_threshold=N` (LLM's default, and any explicit setting): at most N prompt
+  tokens of one request per step, every step (0 = no cap), as in vLLM.
+- `chunk_policy="slo"` (the serving default): chunks sized to service objectives, a time to
+  first token and a time per output token (`ttft_slo_ms`, `tpot_slo_ms`; defaults derived from
+  this machine's timings, below). The scheduler predicts each candidate step's time with a
+  step-cost model measured at start-up (sched/step_cost.py) and fills a step that carries decodes
+  with prompt tokens, of as many prompts as fit, up to a time allowance (sched/step_budget.py):
+  0.9 x the TPOT objective, or more when a prompt's TTFT is at risk and every decoder in the step
+  has banked the time. A step with nobody decoding takes the whole token budget.
+  Defaults, "interactive chat on this machine": TPOT max(100 ms, 1.5 x a decode step of the full
+  mixed-step decode bucket), so a full server still decodes within it with room for a chunk beside;
+  TTFT max(1 s, 4 x a step of a full token budget of prompt), so a prompt of one full budget is
+  answered within four such steps.
+- `chunk_policy="itl"` (the earlier default, kept to compare against): one fixed chunk per decode
+  bucket from an inter-token-latency budget, below.
+
+The itl policy. While a long prompt prefills, every decoding request waits for the step that
+carries its chunk.
 If that step may take `itl_budget` longer than a decode-only step, the chunk may hold
 itl_budget x prefill tokens/s tokens (jaxserve.sched.chunking.max_chunk_for_itl). The budget
 defaults to the measured decode-only step time of the decode batch beside the chunk, so a long
@@ -15,12 +34,14 @@ latency rather than its mean (a rate taken halfway in let the last quarter of a 
 overshoot the budget; a prefill from an empty context overstates the rate several times).
 The chunk is never smaller than one prefill tile: where even one tile at the deepest position
 costs more than the budget (a long max_model_len on a slow machine), that tile is the floor,
-and `prefill_tile` is the knob that lowers it. Both measurements run once, on scratch blocks,
-before the engine takes requests, or come from an earlier start's (runner/calibration.py).
-The derived chunks cap prompts only in steps that carry decodes (the scheduler's
-`decode_step_prefill_cap` and `decode_step_prefill_caps`): with nobody decoding there is no
-latency to protect, and a prompt takes the whole token budget. An explicit `long_prefill_token_threshold` (0 = no cap) skips all
-of this and caps every step, as in vLLM.
+and `prefill_tile` is the knob that lowers it. The derived chunks cap prompts only in steps that
+carry decodes (the scheduler's `decode_step_prefill_cap` and `decode_step_prefill_caps`). Its
+measured weakness (docs/benchmarks.md, "Goodput"): on a slow machine with a long max_model_len the
+deepest chunk's rate is tiny (8 tokens a step on our CPU), and with one prompt mid-prefill at a
+time prompts starve behind any decode.
+
+Every measurement runs once, on scratch blocks, before the engine takes requests, or comes from an
+earlier start's (runner/calibration.py).
 """
 
 from __future__ import annotations
@@ -30,6 +51,8 @@ from dataclasses import dataclass
 
 from jaxserve.config import EngineConfig
 from jaxserve.sched.chunking import max_chunk_for_itl
+from jaxserve.sched.step_budget import ServiceObjectives
+from jaxserve.sched.step_cost import StepCostModel
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +66,18 @@ class ChunkPolicy:
     # derived only: (at most this many decodes, chunk) for smaller decode batches, whose cheaper
     # decode-only step leaves a smaller budget; chunk_tokens covers the full batch
     by_decodes: tuple[tuple[int, int], ...] = ()
+    # chunk_policy="slo": the objectives and the model that sizes chunks to them (chunk_tokens 0)
+    objectives: ServiceObjectives | None = None
+    step_cost: StepCostModel | None = None
+
+    def describe(self) -> str:
+        if self.objectives is not None:
+            return (f"slo: TTFT {self.objectives.ttft_s * 1e3:.0f} ms, TPOT {self.objectives.tpot_s * 1e3:.0f} ms "
+                    f"(steps with decodes within {self.objectives.floor_s * 1e3:.0f} ms unless a prompt's TTFT "
+                    f"is at risk)")
+        if self.derived:
+            return f"itl: {self.chunk_tokens}-token chunks beside decodes (by decode bucket {self.by_decodes})"
+        return f"fixed: {self.chunk_tokens or 'no'} token cap per request per step"
 
 
 def resolve_chunk_policy(config: EngineConfig, calibrator) -> ChunkPolicy:
@@ -51,6 +86,8 @@ def resolve_chunk_policy(config: EngineConfig, calibrator) -> ChunkPolicy:
         return ChunkPolicy(config.long_prefill_token_threshold, derived=False)
     if not config.enable_chunked_prefill:
         return ChunkPolicy(0, derived=False)
+    if config.chunk_policy == "slo":
+        return _slo_policy(config, calibrator)
     tokens_per_s = calibrator.measure_chunk_rate()
     tile = config.prefill_tile
 
@@ -72,4 +109,50 @@ def resolve_chunk_policy(config: EngineConfig, calibrator) -> ChunkPolicy:
                          by_decodes=by_decodes)
     log.info("prefill chunk: %d tokens = ITL budget %.0f ms x %.0f prefill tokens/s (rounded down to %d-token tiles); "
              "smaller decode batches (decodes, chunk): %s", chunk, budget * 1e3, tokens_per_s, tile, by_decodes)
+    return policy
+
+
+# the context depth the per-item attention cost is measured at (a one-tile chunk there against the
+# same tile at depth 0): deep enough for many items, as deep as chat prompts go
+ITEM_COST_DEPTH = 2048
+ITEM_TOKENS = 64          # context tokens per attention item: the XLA kernel's default kv chunk (4 blocks of 16)
+DECODE_CONTEXT = 256      # the decode rows' context in the decode-step timings
+
+
+def measure_step_cost(calibrator) -> StepCostModel:
+    """The step-cost model of sched/step_cost.py from this runner's timings."""
+    shapes = calibrator.shapes
+    tile = shapes.prefill_tile
+    decode_s = tuple((r, calibrator.measure_decode_step_time(context=DECODE_CONTEXT, rows=r))
+                     for r in shapes.decode_buckets)
+    prefill_s = tuple((p, calibrator.measure_prefill_step_time(p)) for p in shapes.prefill_buckets if p > 0)
+    item_tokens = ITEM_TOKENS
+    depth = min(ITEM_COST_DEPTH, shapes.max_model_len - tile)
+    deep = calibrator.measure_prefill_step_time(1, depth=depth)
+    probe = StepCostModel(decode_s, prefill_s, 0.0, tile, item_tokens, DECODE_CONTEXT)
+    _, items = probe.chunk_items(depth, tile)
+    item_s = max(0.0, deep - prefill_s[0][1]) / items if items else 0.0
+    return StepCostModel(decode_s, prefill_s, item_s, tile, item_tokens, DECODE_CONTEXT)
+
+
+def default_objectives(config: EngineConfig, cost: StepCostModel, max_num_batched_tokens: int) -> ServiceObjectives:
+    """The operator's objectives, or the module doc's defaults for those not given."""
+    tpot = (config.tpot_slo_ms / 1e3 if config.tpot_slo_ms
+            else max(0.1, 1.5 * cost.decode_s[-1][1]))
+    if config.ttft_slo_ms:
+        ttft = config.ttft_slo_ms / 1e3
+    else:
+        tokens = min(max_num_batched_tokens, cost.max_tiles * cost.tile)
+        full_step = cost.decode_s[0][1] + cost.prefill_seconds(*cost.chunk_items(0, tokens))
+        ttft = max(1.0, 4 * full_step)
+    return ServiceObjectives(ttft_s=ttft, tpot_s=tpot)
+
+
+def _slo_policy(config: EngineConfig, calibrator) -> ChunkPolicy:
+    cost = measure_step_cost(calibrator)
+    objectives = default_objectives(config, cost, config.max_num_batched_tokens)
+    policy = ChunkPolicy(0, derived=False, objectives=objectives, step_cost=cost)
+    log.info("prefill chunks: %s; step-cost model: decode %s, prefill tiles %s, %.2f ms per %d-token item",
+             policy.describe(), [(r, round(s * 1e3, 1)) for r, s in cost.decode_s],
+             [(p, round(s * 1e3, 1)) for p, s in cost.prefill_s], cost.item_s * 1e3, cost.item_tokens)
     return policy

@@ -204,6 +204,7 @@ class Engine:
             num_swapped_blocks=s.num_swapped_blocks,
             prefill_chunk_tokens=s.config.long_prefill_token_threshold or s.config.decode_step_prefill_cap,
             prefix_cache_nodes=s.prefix_cache_nodes,
+            prefill_policy=self.chunk_policy.describe() if self.chunk_policy is not None else "",
             host_ms_per_step=timing.host_ms_per_step,
             device_idle_fraction=timing.device_idle_fraction,
         )

@@ -27,6 +27,7 @@ class EngineStats:
     prefill_chunk_tokens: int = 0      # one request's most prompt tokens per step (0: no cap; a derived
                                        # chunk applies only to steps that carry decodes)
     prefix_cache_nodes: int = 0        # nodes in the prefix-cache tree, one per cached block
+    prefill_policy: str = ""           # how prompt chunks are sized (engine/chunk_policy.py), in words
     host_ms_per_step: float = 0.0      # host time per step call outside waiting for the device
     device_idle_fraction: float = 0.0  # share of busy wall time with no step in flight (a lower bound)
 

@@ -88,7 +88,12 @@ class Calibrator:
         self.shapes = runner.shapes
         self._cache = cache if key is not None else None
         self._key = key
-        self.measurements: dict[str, object] = self._cache.load(key) if self._cache is not None else {}
+        # kept on the runner, so a later engine on the same runner (tests, bench variants) reuses them
+        if getattr(runner, "calibration", None) is None:
+            runner.calibration = {}
+        self.measurements: dict[str, object] = runner.calibration
+        if self._cache is not None:
+            self.measurements.update(self._cache.load(key))
         self.measured: list[str] = []      # names measured by this calibrator (cache misses)
         self.reused: list[str] = []        # names found in the cache
 
@@ -131,6 +136,22 @@ class Calibrator:
 
         return self._remember(f"chunk_tokens_per_s(chunk={chunk},depth={depth},decode_context={decode_context})",
                               measure)
+
+    def measure_prefill_step_time(self, tiles: int, depth: int = 0, repeats: int = 2) -> float:
+        """Seconds that a chunk of `tiles` prefill tiles after `depth` cached tokens adds to a step
+        of one decode (at context 256): the step-cost model's prefill term (sched/step_cost.py)."""
+        chunk = tiles * self.shapes.prefill_tile
+        capacity = self._capacity()
+        depth = max(0, min(depth, self.shapes.max_model_len - chunk, capacity - chunk))
+        decode_context = max(1, min(256, capacity, self.shapes.max_model_len - 1))
+
+        def measure() -> float:
+            rows = self._decode_rows(decode_context, rows=1)
+            decode_only = self._best_time(scratch_step(rows), repeats)
+            mixed = self._best_time(scratch_step(rows + [self._scratch("calibrate-chunk", chunk, depth)]), repeats)
+            return max(mixed - decode_only, 0.0)
+
+        return self._remember(f"prefill_step_s(tiles={tiles},depth={depth},decode_context={decode_context})", measure)
 
     def measure_swap_cost(self) -> SwapCostModel:
         """The cost model behind preemption_mode="auto": swap bandwidth and fixed cost against

@@ -68,6 +68,7 @@ class ModelRunner:
         self.kv_caches = allocate_arena(arena)
         self.host_pool = HostSwapPool(arena, num_host_blocks) if num_host_blocks else None
         self.swap_cost: SwapCostModel | None = None
+        self.calibration: dict[str, object] | None = None  # start-up timings (runner/calibration.py)
         self.attention_impl = attention_impl
         self._attention = select_attention(attention_impl)
         self._executable_cache = executable_cache

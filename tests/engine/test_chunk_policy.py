@@ -1,4 +1,6 @@
-"""The default prefill chunk: ITL budget x measured prefill throughput, in whole tiles."""
+"""The prefill policy chosen at start-up (engine/chunk_policy.py): the service-objective policy (the
+serving default) from a measured step-cost model, and the earlier itl policy: ITL budget x measured
+prefill throughput, in whole tiles."""
 
 from types import SimpleNamespace
 
@@ -6,7 +8,7 @@ import pytest
 
 from jaxserve import LLM, SamplingParams
 from jaxserve.config import EngineConfig
-from jaxserve.engine.chunk_policy import resolve_chunk_policy
+from jaxserve.engine.chunk_policy import ITEM_TOKENS, resolve_chunk_policy
 from jaxserve.runner.calibration import Calibrator
 from tests.conftest import TINY_ENGINE
 
@@ -16,12 +18,19 @@ class MeasuredRunner:
 
     def __init__(self, decode_step_s: float, prefill_tokens_per_s: float, decode_buckets=(32,)):
         self.decode_step_s, self.prefill_tokens_per_s = decode_step_s, prefill_tokens_per_s
-        self.shapes = SimpleNamespace(decode_buckets=decode_buckets)
+        self.shapes = SimpleNamespace(decode_buckets=decode_buckets, prefill_buckets=(0, 1, 2, 4), prefill_tile=8,
+                                      max_model_len=4096)
         self.calls: list[str] = []
 
-    def measure_decode_step_time(self, rows: int) -> float:
+    def measure_decode_step_time(self, rows: int, context: int = 256) -> float:
         self.calls.append(f"decode {rows}")
         return self.decode_step_s * rows / self.shapes.decode_buckets[-1]
+
+    def measure_prefill_step_time(self, tiles: int, depth: int = 0) -> float:
+        """A tile at depth 0 costs 8 / prefill_tokens_per_s; 0.5 ms more per 64-token item beyond."""
+        self.calls.append(f"prefill {tiles} at {depth}")
+        extra_items = tiles * (-(-(depth + 8) // ITEM_TOKENS) - 1)
+        return tiles * 8 / self.prefill_tokens_per_s + 0.0005 * extra_items
 
     def measure_chunk_rate(self) -> float:
         self.calls.append("prefill")
@@ -30,7 +39,7 @@ class MeasuredRunner:
 
 def test_default_budget_is_the_measured_decode_step():
     runner = MeasuredRunner(0.2, 430.0)   # 0.2 s x 430 tok/s = 86 tokens -> 64 in tiles of 32
-    policy = resolve_chunk_policy(EngineConfig(prefill_tile=32), runner)
+    policy = resolve_chunk_policy(EngineConfig(prefill_tile=32, chunk_policy="itl"), runner)
     assert (policy.chunk_tokens, policy.derived) == (64, True)
     assert policy.itl_budget_s == 0.2 and policy.prefill_tokens_per_s == 430.0
     assert runner.calls == ["prefill", "decode 32"] and policy.by_decodes == ()
@@ -38,7 +47,7 @@ def test_default_budget_is_the_measured_decode_step():
 
 def test_smaller_decode_batches_get_their_own_smaller_chunks():
     runner = MeasuredRunner(0.2, 430.0, decode_buckets=(1, 4, 16, 32))
-    policy = resolve_chunk_policy(EngineConfig(prefill_tile=8), runner)
+    policy = resolve_chunk_policy(EngineConfig(prefill_tile=8, chunk_policy="itl"), runner)
     # budgets 6.25, 25, 100, 200 ms x 430 tok/s = 2.7, 10.8, 43, 86 tokens -> tiles of 8 (at least one)
     assert policy.by_decodes == ((1, 8), (4, 8), (16, 40))
     assert policy.chunk_tokens == 80 and policy.itl_budget_s == 0.2
@@ -47,13 +56,14 @@ def test_smaller_decode_batches_get_their_own_smaller_chunks():
 
 def test_an_explicit_itl_budget_replaces_the_decode_measurement():
     runner = MeasuredRunner(0.2, 430.0)
-    policy = resolve_chunk_policy(EngineConfig(prefill_tile=32, itl_budget_ms=500), runner)
+    policy = resolve_chunk_policy(EngineConfig(prefill_tile=32, itl_budget_ms=500, chunk_policy="itl"), runner)
     assert policy.chunk_tokens == 192          # 0.5 x 430 = 215 -> 192
     assert runner.calls == ["prefill"] and policy.by_decodes == ()
 
 
 def test_a_tiny_budget_still_gets_one_tile():
-    policy = resolve_chunk_policy(EngineConfig(prefill_tile=32, itl_budget_ms=1), MeasuredRunner(0.2, 430.0))
+    policy = resolve_chunk_policy(EngineConfig(prefill_tile=32, itl_budget_ms=1, chunk_policy="itl"),
+                                  MeasuredRunner(0.2, 430.0))
     assert policy.chunk_tokens == 32
 
 
@@ -72,8 +82,49 @@ def test_itl_budget_must_be_positive(bad):
         EngineConfig(itl_budget_ms=bad)
 
 
+def test_the_slo_policy_measures_a_step_cost_model_and_derives_its_objectives():
+    runner = MeasuredRunner(0.2, 400.0, decode_buckets=(1, 4, 16, 32))
+    policy = resolve_chunk_policy(EngineConfig(max_num_batched_tokens=32), runner)
+    cost, slo = policy.step_cost, policy.objectives
+    assert policy.chunk_tokens == 0 and not policy.derived
+    assert cost.decode_s == ((1, 0.2 / 32), (4, 0.2 / 8), (16, 0.1), (32, 0.2))
+    assert cost.prefill_s == ((1, 0.02), (2, 0.04), (4, 0.08)) and cost.tile == 8
+    assert cost.item_s == pytest.approx(0.0005)   # the one tile measured at depth 2048 against depth 0
+    assert slo.tpot_s == pytest.approx(0.3)       # 1.5 x the 32-row decode step (above the 100 ms floor)
+    assert slo.ttft_s == pytest.approx(1.0)       # 4 x (6.25 ms + 80 ms) is under the 1 s floor
+    assert "slo" in policy.describe()
+
+
+def test_the_operators_objectives_replace_the_derived_ones():
+    runner = MeasuredRunner(0.2, 400.0)
+    policy = resolve_chunk_policy(EngineConfig(ttft_slo_ms=2500, tpot_slo_ms=120), runner)
+    assert (policy.objectives.ttft_s, policy.objectives.tpot_s) == (2.5, 0.12)
+
+
+@pytest.mark.parametrize("name", ["ttft_slo_ms", "tpot_slo_ms"])
+@pytest.mark.parametrize("bad", [0, -1.0, float("inf"), float("nan")])
+def test_objectives_must_be_finite_and_positive(name, bad):
+    with pytest.raises(ValueError, match=name):
+        EngineConfig(**{name: bad})
+
+
+def test_a_real_engine_measures_its_step_cost_model_at_start_up(tiny_llama_dir):
+    llm = LLM(tiny_llama_dir, **{**TINY_ENGINE, "long_prefill_token_threshold": None, "tpot_slo_ms": 50})
+    policy = llm.engine.chunk_policy
+    sched_config = llm.engine.scheduler.config
+    assert sched_config.objectives is policy.objectives and sched_config.step_cost is policy.step_cost
+    assert policy.objectives.tpot_s == 0.05
+    assert all(s > 0 for _, s in policy.step_cost.decode_s + policy.step_cost.prefill_s)
+    assert "slo" in llm.stats().prefill_policy
+    assert llm.stats().num_kv_blocks_free == llm.stats().num_kv_blocks_total
+    prompts = [{"prompt_token_ids": list(range(3, 3 + n))} for n in (40, 7, 90)]
+    out = llm.generate(prompts, SamplingParams(max_tokens=16, ignore_eos=True), use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in out] == [16, 16, 16]
+    assert llm.stats().num_compilations_after_warmup == 0
+
+
 def test_a_real_engine_derives_its_chunk_at_start_up(tiny_llama_dir):
-    config = {**TINY_ENGINE, "long_prefill_token_threshold": None}
+    config = {**TINY_ENGINE, "long_prefill_token_threshold": None, "chunk_policy": "itl"}
     llm = LLM(tiny_llama_dir, **config)
     policy = llm.engine.chunk_policy
     assert policy.derived and policy.itl_budget_s > 0 and policy.prefill_tokens_per_s > 0

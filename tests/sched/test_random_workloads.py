@@ -2,12 +2,29 @@
 the model alone would produce, the block accounting holds after every step, and nothing leaks;
 with the engine's one-step-ahead loop (step N+1 scheduled before step N's update) as without."""
 
+import time
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sched_testkit import assert_outputs_match_reference, drive, make_request
 
 from jaxserve.sched import Scheduler, SchedulerConfig
+from jaxserve.sched.step_budget import ServiceObjectives
+from jaxserve.sched.step_cost import StepCostModel
+
+
+@st.composite
+def slo_policies(draw, tile):
+    """Service objectives with a made-up step-cost model (times in made-up seconds)."""
+    buckets = sorted(set(draw(st.lists(st.sampled_from([1, 2, 4, 8, 16]), min_size=1, max_size=3))))
+    tiles = sorted(set(draw(st.lists(st.sampled_from([1, 2, 4, 8, 16, 64]), min_size=1, max_size=3)) + [64]))
+    cost = StepCostModel(
+        decode_s=tuple((b, draw(st.floats(0.01, 0.3))) for b in buckets),
+        prefill_s=tuple((t, 0.01 * t * draw(st.floats(0.5, 2.0))) for t in tiles),
+        item_s=draw(st.floats(0.0, 0.01)), tile=tile, item_tokens=draw(st.sampled_from([4, 16])), calib_context=8)
+    slo = ServiceObjectives(ttft_s=draw(st.floats(0.05, 2.0)), tpot_s=draw(st.floats(0.02, 0.5)))
+    return slo, cost
 
 
 @st.composite
@@ -38,6 +55,8 @@ def workloads(draw):
         long_prefill_token_threshold=draw(st.integers(0, 8)) if chunked else 0,
         chunk_granularity=granularity,
         enable_prefix_caching=draw(st.booleans()),
+        **(dict(zip(("objectives", "step_cost"), draw(slo_policies(granularity))))
+           if chunked and draw(st.booleans()) else {}),
     )
     shared = draw(st.lists(st.integers(3, 63), min_size=0, max_size=12))  # a common prefix
     arrivals: dict[int, list] = {}
@@ -73,7 +92,9 @@ def workloads(draw):
 @given(workloads())
 def test_random_workloads_match_the_model_alone_and_leak_no_blocks(one_step_ahead, w):
     cfg, arrivals, aborts, forks = w
-    sched = Scheduler(cfg)
+    # time moves on from the requests' arrival (they were made just now), in no relation to the steps
+    ticks, start = iter(range(1 << 30)), time.perf_counter()
+    sched = Scheduler(cfg, clock=lambda: start + 0.01 * next(ticks))
     children = []
 
     def on_step(step, out):
