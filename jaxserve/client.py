@@ -27,7 +27,8 @@ from jaxserve.server.proto import generation_pb2 as pb
 from jaxserve.server.proto import generation_pb2_grpc as pb_grpc
 
 _SCALARS = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "min_tokens", "ignore_eos",
-            "skip_special_tokens", "include_stop_str_in_output")
+            "skip_special_tokens", "include_stop_str_in_output",
+            "presence_penalty", "frequency_penalty", "repetition_penalty")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +58,7 @@ class Completion:
 
 def build_request(prompt: Any, *, request_id: str = "", priority: int = 0, cache_salt: str | None = None,
                   **sampling: Any) -> pb.GenerateRequest:
-    unknown = set(sampling) - set(_SCALARS) - {"stop", "stop_token_ids"}
+    unknown = set(sampling) - set(_SCALARS) - {"stop", "stop_token_ids", "logit_bias"}
     if unknown:
         raise ValueError(f"unknown sampling argument(s) {sorted(unknown)}")
     sp = pb.SamplingParams(**{k: v for k, v in sampling.items() if k in _SCALARS and v is not None})
@@ -66,6 +67,8 @@ def build_request(prompt: Any, *, request_id: str = "", priority: int = 0, cache
         sp.stop.extend([stop] if isinstance(stop, str) else list(stop))
     if sampling.get("stop_token_ids"):
         sp.stop_token_ids.extend(sampling["stop_token_ids"])
+    if sampling.get("logit_bias"):
+        sp.logit_bias.update({int(t): float(b) for t, b in sampling["logit_bias"].items()})
     req = pb.GenerateRequest(request_id=request_id, sampling_params=sp, priority=priority)
     if cache_salt is not None:
         req.cache_salt = cache_salt

@@ -11,6 +11,10 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 
 MAX_LOGPROBS = 20  # the device computes this many top logprobs when any request asks
+MAX_LOGIT_BIAS = 300   # entries of logit_bias a request may set: the sampler's fixed width (OpenAI's limit too)
+MAX_ABS_LOGIT_BIAS = 100.0   # OpenAI's range, [-100, 100]: 100 bans or forces a token already
+MAX_PENALTY = 2.0            # presence and frequency penalties in [-2, 2], as OpenAI defines them
+MAX_REPETITION_PENALTY = 100.0
 # Past this temperature the distribution is uniform to float32 precision for any sane logits; a
 # larger value is a mistake (1e308 overflows the device's float32), not a wish for more randomness.
 MAX_TEMPERATURE = 100.0
@@ -41,6 +45,12 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     output_kind: OutputKind = field(default=OutputKind.CUMULATIVE)
+    # on the device, before temperature and the filters (vLLM's definitions): presence and frequency
+    # over the output tokens, repetition over prompt and output; logit_bias {token id: bias}
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | tuple[tuple[int, float], ...] | None = None
 
     def __post_init__(self) -> None:
         # Normalise list inputs (a natural thing to pass) into hashable tuples.
@@ -75,12 +85,40 @@ class SamplingParams:
                    self.stop_token_ids, f"must be integers in [0, {MAX_INT32}]")
         _check(self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS),
                "logprobs", self.logprobs, f"must be an integer in [0, {MAX_LOGPROBS}] or None")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            _check(_is_finite(v) and -MAX_PENALTY <= v <= MAX_PENALTY, name, v,
+                   f"must be a finite number in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}]")
+        _check(_is_finite(self.repetition_penalty) and 0 < self.repetition_penalty <= MAX_REPETITION_PENALTY,
+               "repetition_penalty", self.repetition_penalty,
+               f"must be a finite number in (0, {MAX_REPETITION_PENALTY:g}] (1 means none)")
+        if self.logit_bias is not None:
+            items = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
+            try:
+                bias = tuple(sorted((t, b) for t, b in items))
+            except (TypeError, ValueError):
+                bias = None
+            _check(bias is not None, "logit_bias", self.logit_bias, "must map token ids to biases")
+            _check(len(bias) <= MAX_LOGIT_BIAS, "logit_bias", f"<{len(bias)} entries>",
+                   f"may hold at most {MAX_LOGIT_BIAS} entries")
+            for t, b in bias:
+                _check(_is_int(t) and 0 <= t <= MAX_INT32, "logit_bias", f"{{{t!r}: ...}}",
+                       f"keys must be token ids, integers in [0, {MAX_INT32}]")
+                _check(_is_finite(b) and abs(b) <= MAX_ABS_LOGIT_BIAS, "logit_bias", f"{{{t}: {b!r}}}",
+                       f"values must be finite numbers in [-{MAX_ABS_LOGIT_BIAS:g}, {MAX_ABS_LOGIT_BIAS:g}]")
+            object.__setattr__(self, "logit_bias", bias or None)
         if isinstance(self.output_kind, str):
             object.__setattr__(self, "output_kind", OutputKind(self.output_kind))
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether the sampler changes this request's logits before choosing (penalties, bias)."""
+        return (self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+                or bool(self.logit_bias))
 
     def with_seed(self, seed: int) -> "SamplingParams":
         return replace(self, seed=seed)

@@ -30,6 +30,7 @@ from jaxserve.engine.stats import EngineStats
 from jaxserve.engine.step_timing import StepTimer
 from jaxserve.outputs import RequestMetrics, RequestOutput
 from jaxserve.runner import compile_counter
+from jaxserve.runner.logit_adjustments import AdjustedSamplingOptions, LogitAdjustments
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.sched.request import Request
 from jaxserve.sched.sampling import SamplingOptions
@@ -104,12 +105,9 @@ class Engine:
                 sid, req.prompt_token_ids, req.max_tokens, min_tokens=params.min_tokens,
                 eos_token_ids=self.eos_token_ids, stop_token_ids=frozenset(params.stop_token_ids or ()),
                 ignore_eos=params.ignore_eos, priority=req.priority, arrival_time=now, cache_salt=req.cache_salt,
-                sampling=SamplingOptions(
-                    # below GREEDY_BELOW, logits / temperature overflows float32: the argmax is meant
-                    temperature=0.0 if params.temperature < GREEDY_BELOW else params.temperature,
-                    top_k=params.top_k, top_p=params.top_p, min_p=params.min_p,
-                    seed=seed, min_tokens=params.min_tokens, banned_before_min_tokens=banned,
-                    num_logprobs=params.logprobs))
+                sampling=sampling_options(params, seed, banned))
+            if isinstance(sched_req.sampling, AdjustedSamplingOptions):
+                sched_req.sampling.adjust.tokens.request = sched_req   # the penalties read its tokens
             if i == 0:
                 self.scheduler.add_request(sched_req)   # may raise Overloaded: nothing recorded yet
             else:  # the other samples share the first one's prompt blocks
@@ -208,3 +206,18 @@ class Engine:
             host_ms_per_step=timing.host_ms_per_step,
             device_idle_fraction=timing.device_idle_fraction,
         )
+
+
+def sampling_options(params: SamplingParams, seed: int, banned: tuple[int, ...]) -> SamplingOptions:
+    """The runner's options for one sample of a request (one per sample: each has its own seed,
+    and its own tokens for the penalties)."""
+    common = dict(
+        # below GREEDY_BELOW, logits / temperature overflows float32: the argmax is meant
+        temperature=0.0 if params.temperature < GREEDY_BELOW else params.temperature,
+        top_k=params.top_k, top_p=params.top_p, min_p=params.min_p,
+        seed=seed, min_tokens=params.min_tokens, banned_before_min_tokens=banned, num_logprobs=params.logprobs)
+    if not params.adjusts_logits:
+        return SamplingOptions(**common)
+    return AdjustedSamplingOptions(**common, adjust=LogitAdjustments(
+        presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty,
+        repetition_penalty=params.repetition_penalty, logit_bias=params.logit_bias or ()))

@@ -63,6 +63,8 @@ class InputProcessor:
         self._check_ids("prompt token id(s)", ids)
         if params.stop_token_ids:
             self._check_ids("stop_token_ids", params.stop_token_ids)
+        if params.logit_bias:
+            self._check_ids("SamplingParams.logit_bias token id(s)", [t for t, _ in params.logit_bias])
         if params.min_tokens:
             banned = self.banned_before_min_tokens(params)
             if len(banned) > MAX_BANNED_IDS:

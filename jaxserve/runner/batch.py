@@ -106,7 +106,8 @@ def pack_step(sched_out, shapes: RunnerShapes, prev_rows: Mapping[str, int] | No
             p += tiles
         if req.sample:
             logits_rows[r] = last_row
-            row_sampling[r] = (req.sampling, req.num_output_tokens)
+            # the penalties find an in-flight last token where the step finds its placeholder
+            row_sampling[r] = (req.sampling, req.num_output_tokens, int(token_src[last_row]))
             sample_rows.append((req.request_id, r))
             r += 1
 
@@ -116,7 +117,8 @@ def pack_step(sched_out, shapes: RunnerShapes, prev_rows: Mapping[str, int] | No
         pre_kv_lens=pre_lens, pre_tables=pre_tables, pre_num=np.array([p], np.int32),
         logits_rows=logits_rows,
     )
-    return PackedStep((D, P), arrays, sampling_arrays(row_sampling, R), tuple(sample_rows))
+    return PackedStep((D, P), arrays, sampling_arrays(row_sampling, R, history_len=shapes.max_model_len),
+                      tuple(sample_rows))
 
 
 def batch_shapes(D: int, P: int, *, tile: int, table_width: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:

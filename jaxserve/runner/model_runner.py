@@ -24,7 +24,7 @@ from jaxserve.runner import compile_counter
 from jaxserve.runner.attention import select_attention
 from jaxserve.runner.batch import batch_shapes, pack_step, sample_rows_bucket
 from jaxserve.runner.buckets import RunnerShapes
-from jaxserve.runner.sampler import sample, sampling_arrays
+from jaxserve.runner.sampler import neutral_adjustment_arrays, sample, sampling_arrays
 from jaxserve.runner import fingerprint
 from jaxserve.runner.executables import ExecutableCache, ExecutableStore, compile_to_keep
 from jaxserve.runner.host_swap import HostSwapPool, SwapCostModel
@@ -79,6 +79,7 @@ class ModelRunner:
         self.max_sample_rows = max(sample_rows_bucket(*b) for b in shapes.buckets())
         self._prev_tokens = jnp.zeros((self.max_sample_rows,), jnp.int32)
         self._prev_rows: dict[str, int] = {}   # request id -> its row in _prev_tokens
+        self._neutral: dict[int, dict] = {}    # logits rows -> neutral adjustment arrays on the device
         self.compiler_options = ({} if xla_optimization_level is None
                                  else {"xla_backend_optimization_level": xla_optimization_level})
         compile_counter.install()
@@ -96,8 +97,20 @@ class ModelRunner:
 
     def _lower_sampler(self, rows: int):
         logits = jax.ShapeDtypeStruct((rows, self.model_config.vocab_size), jnp.float32)
-        specs = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in sampling_arrays([None] * rows, rows).items()}
-        return jax.jit(functools.partial(sample, pad_to=self.max_sample_rows)).lower(logits, specs)
+        specs = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in
+                 sampling_arrays([None] * rows, rows, history_len=self.shapes.max_model_len).items()}
+        prev = jax.ShapeDtypeStruct((self.max_sample_rows,), jnp.int32)
+        return jax.jit(functools.partial(sample, pad_to=self.max_sample_rows)).lower(logits, specs, prev)
+
+    def _neutral_adjustments(self, rows: int) -> dict:
+        """The wide logit-adjustment arrays of a step where no row adjusts, kept on the device so
+        such steps (nearly all) copy nothing for them."""
+        arrays = self._neutral.get(rows)
+        if arrays is None:
+            arrays = {k: jnp.asarray(v) for k, v in
+                      neutral_adjustment_arrays(rows, self.shapes.max_model_len).items()}
+            self._neutral[rows] = arrays
+        return arrays
 
     def load_executables(self, buckets=None, *, progress: bool = False, on_loaded=None) -> float:
         """Load (from the executable cache, or by compiling) the steps of `buckets` (default: every
@@ -198,7 +211,10 @@ class ModelRunner:
         self._prev_rows = dict(packed.sample_rows)
         if not packed.sample_rows:
             return StepHandle()
-        out = self._samplers[logits.shape[0]](logits, packed.sampling)
+        sampling = packed.sampling
+        if not sampling["adjust"].any():
+            sampling = {**sampling, **self._neutral_adjustments(logits.shape[0])}
+        out = self._samplers[logits.shape[0]](logits, sampling, self._prev_tokens)
         self._prev_tokens = out["padded_tokens"]
         wants = packed.sampling["want_logprobs"]
         # start the copies to the host now; collect() reads them a step later

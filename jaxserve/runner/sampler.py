@@ -1,9 +1,14 @@
-"""Sampling on device: greedy, temperature, top-k, top-p, min-p, per-request seeds, logprobs.
+"""Sampling on device: logit bias and presence/frequency/repetition penalties, greedy,
+temperature, top-k, top-p, min-p, per-request seeds, logprobs.
 
 Every row draws from its own key, fold_in(PRNGKey(seed), output index), so a seeded request
 samples the same tokens whatever else shares its batch, and after a preemption. Filters that
 need a sort of the vocabulary run only when some row asks for them (lax.cond), and logprobs only
-when some row wants them.
+when some row wants them. Likewise the logit adjustments (runner/logit_adjustments.py) run only
+when some row has them, and a row without them keeps its logits bit for bit (jnp.where), so its
+tokens are the same whatever shares its batch. Their arrays are the widest: a row's known tokens
+[R, L] (L = max_model_len) and its bias [R, MAX_LOGIT_BIAS]; a step where no row adjusts passes
+neutral ones the runner keeps on the device (`neutral_adjustment_arrays`).
 """
 
 from __future__ import annotations
@@ -12,13 +17,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxserve.sampling_params import MAX_LOGPROBS
+from jaxserve.runner.logit_adjustments import AdjustedSamplingOptions
+from jaxserve.sampling_params import MAX_LOGIT_BIAS, MAX_LOGPROBS
 from jaxserve.sched.sampling import MAX_BANNED_IDS as MAX_BANNED
 from jaxserve.sched.sampling import SamplingOptions
 
 
-def sampling_arrays(rows: list[tuple[SamplingOptions, int] | None], num_rows: int) -> dict[str, np.ndarray]:
-    """Host-side arrays for `sample`; rows[i] = (options, outputs before this token) or None for padding."""
+ADJUSTMENT_ARRAYS = ("known_tokens", "bias_ids", "bias_values")   # the wide ones
+
+
+def sampling_arrays(rows: list[tuple | None], num_rows: int, *, history_len: int = 1) -> dict[str, np.ndarray]:
+    """Host-side arrays for `sample`; rows[i] = (options, outputs before this token[, in-flight
+    index]) or None for padding. The in-flight index is where the previous step's sampled ids hold
+    this row's last token when the host does not know it yet (-1: the host knows every token)."""
     temperature = np.zeros(num_rows, np.float32)
     top_k = np.zeros(num_rows, np.int32)
     top_p = np.ones(num_rows, np.float32)
@@ -27,10 +38,11 @@ def sampling_arrays(rows: list[tuple[SamplingOptions, int] | None], num_rows: in
     step = np.zeros(num_rows, np.int32)
     banned = np.full((num_rows, MAX_BANNED), -1, np.int32)
     want_logprobs = np.zeros(num_rows, bool)
+    adjusting = []
     for i, row in enumerate(rows):
         if row is None:
             continue
-        s, num_out = row
+        s, num_out = row[0], row[1]
         temperature[i] = s.temperature
         top_k[i] = s.top_k
         top_p[i] = s.top_p
@@ -43,8 +55,71 @@ def sampling_arrays(rows: list[tuple[SamplingOptions, int] | None], num_rows: in
                 raise ValueError(f"{len(ids)} ids to ban before min_tokens; the sampler holds {MAX_BANNED}")
             banned[i, :len(ids)] = ids
         want_logprobs[i] = s.wants_logprobs
-    return dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, step=step,
-                banned=banned, want_logprobs=want_logprobs)
+        if isinstance(s, AdjustedSamplingOptions) and s.adjust is not None:
+            adjusting.append((i, s.adjust, row[2] if len(row) > 2 else -1))
+    arrays = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, step=step,
+                  banned=banned, want_logprobs=want_logprobs)
+    arrays.update(_adjustment_arrays(adjusting, num_rows, history_len))
+    return arrays
+
+
+def neutral_adjustment_arrays(num_rows: int, history_len: int) -> dict[str, np.ndarray]:
+    """The wide adjustment arrays of a step where no row adjusts its logits."""
+    return {k: v for k, v in _adjustment_arrays([], num_rows, history_len).items() if k in ADJUSTMENT_ARRAYS}
+
+
+def _adjustment_arrays(adjusting: list, num_rows: int, history_len: int) -> dict[str, np.ndarray]:
+    adjust = np.zeros(num_rows, bool)
+    presence = np.zeros(num_rows, np.float32)
+    frequency = np.zeros(num_rows, np.float32)
+    repetition = np.ones(num_rows, np.float32)
+    prompt_len = np.zeros(num_rows, np.int32)
+    in_flight = np.full(num_rows, -1, np.int32)
+    known = np.full((num_rows, history_len), -1, np.int32)
+    bias_ids = np.full((num_rows, MAX_LOGIT_BIAS), -1, np.int32)
+    bias_values = np.zeros((num_rows, MAX_LOGIT_BIAS), np.float32)
+    for i, a, src in adjusting:
+        adjust[i] = True
+        presence[i], frequency[i], repetition[i] = a.presence_penalty, a.frequency_penalty, a.repetition_penalty
+        if a.needs_tokens:
+            prompt, outputs = a.tokens.prompt_and_outputs()
+            n = len(prompt) + len(outputs)
+            if n + (src >= 0) > history_len:
+                raise ValueError(f"{n} known tokens do not fit the sampler's history of {history_len}")
+            known[i, :len(prompt)] = prompt
+            known[i, len(prompt):n] = outputs
+            prompt_len[i] = len(prompt)
+            in_flight[i] = src
+        if a.logit_bias:
+            ids, values = zip(*a.logit_bias)
+            bias_ids[i, :len(ids)] = ids
+            bias_values[i, :len(ids)] = values
+    return dict(adjust=adjust, presence=presence, frequency=frequency, repetition=repetition,
+                prompt_len=prompt_len, in_flight=in_flight, known_tokens=known, bias_ids=bias_ids,
+                bias_values=bias_values)
+
+
+def _adjusted(logits, a, prev_tokens):
+    """Logit bias, then the repetition, frequency and presence penalties (vLLM's order), on the
+    rows that ask; logits: [R, V] float32."""
+    num_rows, vocab = logits.shape
+    rows = jnp.arange(num_rows)[:, None]
+    # the in-flight token, if any, is one more output token after the known ones
+    src = a["in_flight"]
+    last = (jnp.where(src >= 0, prev_tokens[jnp.maximum(src, 0)], -1) if prev_tokens is not None
+            else jnp.full_like(src, -1))
+    tokens = jnp.concatenate([a["known_tokens"], last[:, None]], axis=1)                   # [R, L + 1]
+    position = jnp.arange(tokens.shape[1])[None, :]
+    is_output = (position >= a["prompt_len"][:, None]) & (tokens >= 0)
+    safe = jnp.where(tokens >= 0, tokens, vocab)                                             # vocab: dropped
+    seen = jnp.zeros((num_rows, vocab), bool).at[rows, safe].set(True, mode="drop")
+    counts = jnp.zeros((num_rows, vocab), jnp.float32).at[rows, jnp.where(is_output, safe, vocab)].add(
+        1.0, mode="drop")
+    biased = logits.at[rows, jnp.where(a["bias_ids"] >= 0, a["bias_ids"], vocab)].add(a["bias_values"], mode="drop")
+    rep = a["repetition"][:, None]
+    out = jnp.where(seen, jnp.where(biased > 0, biased / rep, biased * rep), biased)
+    out = out - a["frequency"][:, None] * counts - a["presence"][:, None] * (counts > 0)
+    return jnp.where(a["adjust"][:, None], out, logits)
 
 
 def _filtered(scaled, top_k, top_p, min_p):
@@ -64,12 +139,15 @@ def _filtered(scaled, top_k, top_p, min_p):
     return jnp.where(keep, scaled, -jnp.inf)
 
 
-def sample(logits: jax.Array, a: dict, *, pad_to: int) -> dict[str, jax.Array]:
+def sample(logits: jax.Array, a: dict, prev_tokens: jax.Array | None = None, *, pad_to: int) -> dict[str, jax.Array]:
     """logits: [R, V] float32 -> sampled ids [R] and logprob information. `padded_tokens` holds
     the ids again in a fixed [pad_to] array: the next step reads its placeholders from it on the
-    device, and one shape serves every bucket."""
+    device, and one shape serves every bucket. prev_tokens: the previous step's `padded_tokens`,
+    where the penalties find a row's in-flight token."""
     num_rows, vocab = logits.shape
     raw_logits = logits            # logprobs describe the model's distribution, before any mask
+    if "adjust" in a:
+        logits = jax.lax.cond(jnp.any(a["adjust"]), lambda x: _adjusted(x, a, prev_tokens), lambda x: x, logits)
     banned = a["banned"]
     rows = jnp.broadcast_to(jnp.arange(num_rows)[:, None], banned.shape)
     logits = logits.at[rows, jnp.where(banned >= 0, banned, vocab)].set(-jnp.inf, mode="drop")

@@ -19,7 +19,8 @@ from jaxserve.server.sample_deltas import SampleDelta
 
 # proto field -> SamplingParams field, for the optional scalars
 _SCALARS = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "min_tokens", "ignore_eos",
-            "skip_special_tokens", "include_stop_str_in_output")
+            "skip_special_tokens", "include_stop_str_in_output", "presence_penalty", "frequency_penalty",
+            "repetition_penalty")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,8 @@ def sampling_params_from_proto(msg: pb.SamplingParams, limits: RequestLimits = R
         kwargs["stop"] = tuple(msg.stop)
     if msg.stop_token_ids:
         kwargs["stop_token_ids"] = tuple(msg.stop_token_ids)
+    if msg.logit_bias:
+        kwargs["logit_bias"] = dict(msg.logit_bias)
     n = kwargs.get("n", 1)
     if n > limits.max_n:
         raise ValueError(f"SamplingParams.n={n} exceeds this server's limit of {limits.max_n}")

@@ -1,6 +1,7 @@
 """An OpenAI-compatible HTTP server on loopback for the HTTP tests: the real app and uvicorn
 listener in a thread of their own (their event loop), on an engine sharing the tiny compiled
-runner, with a StepGate on it so a test can hold requests in flight without racing the clock."""
+runner, with a StepGate on it so a test can hold requests in flight without racing the clock.
+References computed with that LLM go through `HTTPServer.reference` (one arena, two prefix caches)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ HANG_GUARD_S = 120   # turns a hang into a failure; never a bound on how fast an
 
 class HTTPServer:
     def __init__(self, tiny_llm, *, api_key: str | None = API_KEY, max_n: int = 4, **engine_overrides):
+        self._shared = tiny_llm
         self.engine = LLM.sharing_runner(tiny_llm, **engine_overrides).engine
         self.gate = StepGate(self.engine, closed=False)
         self.state = ServerState()
@@ -53,6 +55,16 @@ class HTTPServer:
     def stats(self):
         return self.run(self.state.aengine.stats())
 
+    def reference(self, fn):
+        """fn(the LLM whose runner this server shares): the two engines write one KV arena, so each
+        one's prefix cache is forgotten around the other's work (a hit would read overwritten K/V)."""
+        self._shared.engine.reset_prefix_cache()
+        try:
+            return fn(self._shared)
+        finally:
+            self._shared.engine.reset_prefix_cache()
+            self.run(self.state.aengine.call(lambda engine: engine.reset_prefix_cache()))
+
     def client(self, **kw):
         import openai
 
@@ -65,6 +77,7 @@ class HTTPServer:
         self.run(self.state.aengine.shutdown())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(HANG_GUARD_S)
+        self._shared.engine.reset_prefix_cache()   # this server wrote into blocks it may index
 
 
 def wait_until(predicate, what: str, guard_s: float = HANG_GUARD_S, every_s: float = 0.02):

@@ -32,7 +32,7 @@ def test_models_lists_the_served_model_with_max_model_len(server, client):
 def test_completion_has_text_usage_ids_and_finish_reason(server, client, tiny_llm):
     r = client.completions.create(model=server.model, prompt=PROMPT, max_tokens=5, temperature=0,
                                   extra_body={"ignore_eos": True})
-    expected = tiny_llm.generate(PROMPT, _greedy(5), use_tqdm=False)[0]
+    expected = server.reference(lambda llm: llm.generate(PROMPT, _greedy(5), use_tqdm=False)[0])
     assert r.object == "text_completion" and r.id.startswith("cmpl-") and r.created > 0
     assert r.model == server.model
     assert len(r.choices) == 1 and r.choices[0].index == 0
@@ -75,7 +75,7 @@ def test_chat_uses_the_chat_template_streamed_and_not(server, client, tiny_llm):
     messages = [{"role": "user", "content": PROMPT}]
     r = client.chat.completions.create(model=server.model, messages=messages, max_tokens=5, temperature=0,
                                        extra_body={"ignore_eos": True})
-    expected = tiny_llm.chat(messages, _greedy(5), use_tqdm=False)[0]
+    expected = server.reference(lambda llm: llm.chat(messages, _greedy(5), use_tqdm=False)[0])
     assert r.object == "chat.completion" and r.id.startswith("chatcmpl-")
     assert r.choices[0].message.role == "assistant"
     assert r.choices[0].message.content == expected.outputs[0].text
@@ -143,3 +143,19 @@ def test_health_and_metrics_are_open_and_metrics_count_the_requests(server):
     assert "jaxserve_kv_blocks_total" in text
     count = [line for line in text.splitlines() if line.startswith("jaxserve_e2e_request_latency_seconds_count")]
     assert count and float(count[0].split()[-1]) >= 1
+
+
+def test_penalties_and_logit_bias_are_applied_as_the_python_api_applies_them(server, client, tiny_llm):
+    from jaxserve import SamplingParams
+
+    kw = dict(max_tokens=8, temperature=0.0, ignore_eos=True, presence_penalty=1.5, frequency_penalty=0.5,
+              repetition_penalty=1.3)
+    expected = server.reference(
+        lambda llm: llm.generate(PROMPT, SamplingParams(**kw), use_tqdm=False)[0].outputs[0].text)
+    r = client.completions.create(model=server.model, prompt=PROMPT, max_tokens=8, temperature=0,
+                                  presence_penalty=1.5, frequency_penalty=0.5,
+                                  extra_body={"ignore_eos": True, "repetition_penalty": 1.3})
+    assert r.choices[0].text == expected
+    forced = client.completions.create(model=server.model, prompt=PROMPT, max_tokens=5, temperature=1.0,
+                                       logit_bias={"42": 100}, extra_body={"ignore_eos": True})
+    assert forced.choices[0].text == tiny_llm.get_tokenizer().decode([42] * 5)

@@ -35,7 +35,10 @@ def error_of(e: openai.APIStatusError) -> dict:
 
 
 @pytest.mark.parametrize("field, value", [("temperature", -1), ("top_p", 1.5), ("n", 9), ("max_tokens", 0),
-                                          ("logprobs", 50), ("top_k", "many"), ("not_a_field", 1)])
+                                          ("logprobs", 50), ("top_k", "many"), ("not_a_field", 1),
+                                          ("presence_penalty", 2.5), ("repetition_penalty", 0),
+                                          ("logit_bias", {"x": 1}), ("logit_bias", {"1": 101}),
+                                          ("logit_bias", {"99999": 1})])
 def test_a_bad_field_is_a_400_naming_it(server, client, field, value):
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model=server.model, prompt=PROMPT, max_tokens=2, extra_body={field: value})
@@ -144,7 +147,8 @@ def test_a_client_leaving_mid_stream_aborts_its_request_and_frees_its_blocks(ser
     try:
         with httpx.stream("POST", server.base_url + "/completions", json=body,
                           headers={"Authorization": f"Bearer {server.api_key}"}, timeout=120) as r:
-            first = next(line for line in r.iter_lines() if line)
+            lines = r.iter_lines()   # kept: a line iterator dropped early closes the connection
+            first = next(lines)
             assert first.startswith("data: {") and server.stats().num_requests_running == 1
         # the stream is closed, the request held mid-generation: only the disconnect can end it
         wait_until(lambda: server.stats().num_requests_running == 0, "the request to be aborted")

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 
 from jaxserve.server.http.schemas import ErrorBody, ErrorResponse
 
-_PARAM_IN_MESSAGE = re.compile(r"^(?:SamplingParams\.)?([a-z_][a-z_0-9.\[\]]*)(?:=|\b is\b|:)")
+_PARAM_IN_MESSAGE = re.compile(r"^SamplingParams\.([a-z_]+)|^([a-z_][a-z_0-9.\[\]]*)(?:=|\b is\b|:)")
 
 
 class APIError(Exception):
@@ -68,4 +68,4 @@ def param_of(message: str) -> str | None:
     """The field a door's ValueError names at its start (`SamplingParams.top_p=...`,
     `messages[2].role=...`, `cache_salt must be ...`), or None."""
     m = _PARAM_IN_MESSAGE.match(message)
-    return m.group(1) if m else None
+    return (m.group(1) or m.group(2)) if m else None

@@ -3,7 +3,7 @@
 SamplingParams validates every value itself (its ValueError names the field, which becomes the
 400's `param`); here are only what the HTTP API adds: OpenAI's defaults and spellings, the
 server's per-request limits (the same RequestLimits the gRPC front enforces) and the fields this
-engine does not have yet.
+engine does not have.
 """
 
 from __future__ import annotations
@@ -46,14 +46,9 @@ def _params(req: _SamplingFields, limits: RequestLimits, *, max_tokens: int | No
     stop = [req.stop] if isinstance(req.stop, str) else req.stop
     if stop is not None and len(stop) > limits.max_stop_strings:
         raise bad_request(f"stop has {len(stop)} strings; the limit is {limits.max_stop_strings}", "stop")
-    for name, value, neutral in (("presence_penalty", req.presence_penalty, 0.0),
-                                 ("frequency_penalty", req.frequency_penalty, 0.0),
-                                 ("repetition_penalty", req.repetition_penalty, 1.0)):
-        if value != neutral:
-            raise bad_request(f"{name}={value} is not supported by this server yet", name)
-    if req.logit_bias:
-        raise bad_request("logit_bias is not supported by this server yet", "logit_bias")
     kwargs: dict[str, Any] = dict(
+        presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+        repetition_penalty=req.repetition_penalty, logit_bias=_logit_bias(req.logit_bias),
         n=req.n, seed=req.seed, max_tokens=max_tokens, min_tokens=req.min_tokens, ignore_eos=req.ignore_eos,
         stop=tuple(stop) if stop else None, logprobs=logprobs, skip_special_tokens=req.skip_special_tokens,
         include_stop_str_in_output=req.include_stop_str_in_output, output_kind=OutputKind.DELTA,
@@ -71,6 +66,16 @@ def _params(req: _SamplingFields, limits: RequestLimits, *, max_tokens: int | No
         elif param == "max_tokens":
             param = max_tokens_field
         raise bad_request(message, param) from e
+
+
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI's logit_bias has token ids as JSON object keys, so as strings."""
+    if not bias:
+        return None
+    try:
+        return {int(k): v for k, v in bias.items()}
+    except ValueError:
+        raise bad_request(f"logit_bias keys must be token ids, got {sorted(bias)[:5]}", "logit_bias") from None
 
 
 def _field_of(message: str) -> str | None:
