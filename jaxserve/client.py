@@ -58,7 +58,7 @@ class Completion:
 
 def build_request(prompt: Any, *, request_id: str = "", priority: int = 0, cache_salt: str | None = None,
                   **sampling: Any) -> pb.GenerateRequest:
-    unknown = set(sampling) - set(_SCALARS) - {"stop", "stop_token_ids", "logit_bias"}
+    unknown = set(sampling) - set(_SCALARS) - {"stop", "stop_token_ids", "logit_bias", "structured_outputs"}
     if unknown:
         raise ValueError(f"unknown sampling argument(s) {sorted(unknown)}")
     sp = pb.SamplingParams(**{k: v for k, v in sampling.items() if k in _SCALARS and v is not None})
@@ -69,6 +69,13 @@ def build_request(prompt: Any, *, request_id: str = "", priority: int = 0, cache
         sp.stop_token_ids.extend(sampling["stop_token_ids"])
     if sampling.get("logit_bias"):
         sp.logit_bias.update({int(t): float(b) for t, b in sampling["logit_bias"].items()})
+    so = sampling.get("structured_outputs")
+    if so:   # {"json_schema": "...", "json_object": True, "regex": "...", "choice": [...], "grammar": "..."}
+        for kind, value in so.items():
+            if kind == "choice":
+                sp.structured_outputs.choice.choices.extend(value)
+            else:
+                setattr(sp.structured_outputs, kind, value)
     req = pb.GenerateRequest(request_id=request_id, sampling_params=sp, priority=priority)
     if cache_salt is not None:
         req.cache_salt = cache_salt

@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
+from jaxserve.structured_outputs import StructuredOutputs
+
 MAX_LOGPROBS = 20  # the device computes this many top logprobs when any request asks
 MAX_LOGIT_BIAS = 300   # entries of logit_bias a request may set: the sampler's fixed width (OpenAI's limit too)
 MAX_ABS_LOGIT_BIAS = 100.0   # OpenAI's range, [-100, 100]: 100 bans or forces a token already
@@ -51,6 +53,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] | tuple[tuple[int, float], ...] | None = None
+    # the output must match a JSON schema, a regex, a choice or a grammar (llguidance, on the device)
+    structured_outputs: StructuredOutputs | dict | None = None
 
     def __post_init__(self) -> None:
         # Normalise list inputs (a natural thing to pass) into hashable tuples.
@@ -107,6 +111,7 @@ class SamplingParams:
                 _check(_is_finite(b) and abs(b) <= MAX_ABS_LOGIT_BIAS, "logit_bias", f"{{{t}: {b!r}}}",
                        f"values must be finite numbers in [-{MAX_ABS_LOGIT_BIAS:g}, {MAX_ABS_LOGIT_BIAS:g}]")
             object.__setattr__(self, "logit_bias", bias or None)
+        object.__setattr__(self, "structured_outputs", StructuredOutputs.coerce(self.structured_outputs))
         if isinstance(self.output_kind, str):
             object.__setattr__(self, "output_kind", OutputKind(self.output_kind))
 

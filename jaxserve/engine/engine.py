@@ -15,6 +15,7 @@ it is dropped. Outputs are the same with the loop on and off.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from jaxserve.engine.step_timing import StepTimer
 from jaxserve.outputs import RequestMetrics, RequestOutput
 from jaxserve.runner import compile_counter
 from jaxserve.runner.logit_adjustments import AdjustedSamplingOptions, LogitAdjustments
+from jaxserve.runner.token_mask import TokenConstraint
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.sched.request import Request
 from jaxserve.sched.sampling import SamplingOptions
@@ -73,6 +75,7 @@ class Engine:
         self._compilations = compile_counter.CompileCounter()  # this engine's own, after construction
         self._timer = StepTimer()
         self._in_flight: _InFlight | None = None
+        self._constrained: set[str] = set()   # scheduler ids of live samples with structured output
 
     # -- the door ----------------------------------------------------------------------------
     def new_request_id(self) -> str:
@@ -105,9 +108,11 @@ class Engine:
                 sid, req.prompt_token_ids, req.max_tokens, min_tokens=params.min_tokens,
                 eos_token_ids=self.eos_token_ids, stop_token_ids=frozenset(params.stop_token_ids or ()),
                 ignore_eos=params.ignore_eos, priority=req.priority, arrival_time=now, cache_salt=req.cache_salt,
-                sampling=sampling_options(params, seed, banned))
-            if isinstance(sched_req.sampling, AdjustedSamplingOptions):
+                sampling=sampling_options(params, seed, banned, req.constraints[i] if req.constraints else None))
+            if isinstance(sched_req.sampling, AdjustedSamplingOptions) and sched_req.sampling.adjust is not None:
                 sched_req.sampling.adjust.tokens.request = sched_req   # the penalties read its tokens
+            if req.constraints:
+                self._constrained.add(sid)
             if i == 0:
                 self.scheduler.add_request(sched_req)   # may raise Overloaded: nothing recorded yet
             else:  # the other samples share the first one's prompt blocks
@@ -137,12 +142,22 @@ class Engine:
         """Run one step. With async scheduling it returns the outputs of the step before."""
         self._timer.step_started()
         with compile_counter.attributed_to(self._compilations):
-            if self.async_scheduling:
+            if self.async_scheduling and not self._constrained_live():
                 outputs = self._step_one_ahead()
             else:
-                outputs = self._finish(self._dispatch(self.scheduler.schedule()))
+                # a grammar's mask needs every token before it: no step is scheduled while one is
+                # in flight (the step that was, when a constrained request arrived, ends first)
+                behind, self._in_flight = self._in_flight, None
+                outputs = self._finish(behind)
+                outputs += self._finish(self._dispatch(self.scheduler.schedule()))
         self._timer.step_ended(self.has_unfinished_requests())
         return outputs
+
+    def _constrained_live(self) -> bool:
+        """Whether a request with structured output is waiting or running (pruned as they end)."""
+        if self._constrained:
+            self._constrained = {sid for sid in self._constrained if self.scheduler.get_request(sid) is not None}
+        return bool(self._constrained)
 
     def _step_one_ahead(self) -> list[RequestOutput]:
         ahead = self._dispatch(self.scheduler.schedule())
@@ -164,10 +179,26 @@ class Engine:
         self._timer.collected(step.dispatched_at, asked, ready)
         sampled_ids = {rid: [s.token_id for s in toks] for rid, toks in result.sampled.items()}
         updates = self.scheduler.update(step.sched_out, sampled_ids)
+        if self._constrained:
+            updates = self._advance_grammars(updates)
         processed = self.outputs.process(updates, result.sampled, time.perf_counter())
         for hit in processed.stop_string_hits:
             self.scheduler.finish_requests([hit.scheduler_id], "stop", stop_reason=hit.stop)
         return processed.outputs
+
+    def _advance_grammars(self, updates):
+        """Feed each constrained sample its new tokens; one whose grammar reached its end (nothing
+        may follow) finishes with reason "stop" now, as EOS would end it."""
+        out = []
+        for u in updates:
+            c = getattr(u.request.sampling, "constraint", None)
+            if c is not None and u.new_token_ids:
+                c.consume(u.new_token_ids)
+                if c.finished and not u.finished:
+                    self.scheduler.finish_requests([u.request.request_id], "stop")
+                    u = dataclasses.replace(u, finished=True)
+            out.append(u)
+        return out
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix block (they return to the free pool)."""
@@ -208,16 +239,20 @@ class Engine:
         )
 
 
-def sampling_options(params: SamplingParams, seed: int, banned: tuple[int, ...]) -> SamplingOptions:
+def sampling_options(params: SamplingParams, seed: int, banned: tuple[int, ...],
+                     constraint: TokenConstraint | None = None) -> SamplingOptions:
     """The runner's options for one sample of a request (one per sample: each has its own seed,
-    and its own tokens for the penalties)."""
+    its own tokens for the penalties and its own grammar state)."""
     common = dict(
         # below GREEDY_BELOW, logits / temperature overflows float32: the argmax is meant
         temperature=0.0 if params.temperature < GREEDY_BELOW else params.temperature,
         top_k=params.top_k, top_p=params.top_p, min_p=params.min_p,
         seed=seed, min_tokens=params.min_tokens, banned_before_min_tokens=banned, num_logprobs=params.logprobs)
-    if not params.adjusts_logits:
+    if not params.adjusts_logits and constraint is None:
         return SamplingOptions(**common)
-    return AdjustedSamplingOptions(**common, adjust=LogitAdjustments(
-        presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty,
-        repetition_penalty=params.repetition_penalty, logit_bias=params.logit_bias or ()))
+    adjust = None
+    if params.adjusts_logits:
+        adjust = LogitAdjustments(
+            presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty,
+            repetition_penalty=params.repetition_penalty, logit_bias=params.logit_bias or ())
+    return AdjustedSamplingOptions(**common, adjust=adjust, constraint=constraint)

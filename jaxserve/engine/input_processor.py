@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from jaxserve.engine.grammar import GrammarCompiler
+from jaxserve.runner.token_mask import TokenConstraint
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.sched.limits import RequestLimits
 from jaxserve.sched.sampling import MAX_BANNED_IDS
@@ -29,6 +31,8 @@ class EngineRequest:
     params: SamplingParams
     max_tokens: int                    # params.max_tokens, or what max_model_len leaves
     priority: int
+    # structured output: one grammar state per sample, built here (off the step thread)
+    constraints: tuple[TokenConstraint, ...] = ()
 
 
 _PROMPT_KEYS = {"prompt", "prompt_token_ids", "cache_salt"}
@@ -40,6 +44,7 @@ class InputProcessor:
         self.vocab_size = vocab_size
         self.limits = limits
         self.eos_token_ids = frozenset(eos_token_ids)
+        self.grammars = GrammarCompiler(tokenizer, vocab_size, self.eos_token_ids)
 
     def process(self, prompt: Any, params: SamplingParams | None = None, *, priority: int = 0) -> EngineRequest:
         params = SamplingParams() if params is None else params
@@ -71,7 +76,11 @@ class InputProcessor:
                 raise ValueError(
                     f"min_tokens={params.min_tokens} must hold back {len(banned)} ids (EOS and stop_token_ids) "
                     f"until it is reached; at most {MAX_BANNED_IDS} can be held back")
-        return EngineRequest(text, ids, cache_salt, params, max_tokens, priority)
+        constraints = ()
+        if params.structured_outputs is not None:
+            grammar = self.grammars.compile(params.structured_outputs)
+            constraints = tuple(self.grammars.constraint(grammar) for _ in range(params.n))
+        return EngineRequest(text, ids, cache_salt, params, max_tokens, priority, constraints)
 
     def banned_before_min_tokens(self, params: SamplingParams) -> tuple[int, ...]:
         eos = set() if params.ignore_eos else set(self.eos_token_ids)

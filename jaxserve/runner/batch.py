@@ -46,7 +46,8 @@ def sample_rows_bucket(D: int, P: int) -> int:
     return 1 << (D + P - 1).bit_length()
 
 
-def pack_step(sched_out, shapes: RunnerShapes, prev_rows: Mapping[str, int] | None = None) -> PackedStep:
+def pack_step(sched_out, shapes: RunnerShapes, prev_rows: Mapping[str, int] | None = None, *,
+              mask_words: int = 1) -> PackedStep:
     """prev_rows: request id -> its logits row in the previous step, for resolving placeholders."""
     D, P = bucket_for(sched_out, shapes)
     block_size, tile, table_width = shapes.block_size, shapes.prefill_tile, shapes.table_width
@@ -117,7 +118,8 @@ def pack_step(sched_out, shapes: RunnerShapes, prev_rows: Mapping[str, int] | No
         pre_kv_lens=pre_lens, pre_tables=pre_tables, pre_num=np.array([p], np.int32),
         logits_rows=logits_rows,
     )
-    return PackedStep((D, P), arrays, sampling_arrays(row_sampling, R, history_len=shapes.max_model_len),
+    return PackedStep((D, P), arrays, sampling_arrays(row_sampling, R, history_len=shapes.max_model_len,
+                                                      mask_words=mask_words),
                       tuple(sample_rows))
 
 

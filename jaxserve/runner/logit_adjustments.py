@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from jaxserve.runner.token_mask import TokenConstraint
 from jaxserve.sched.sampling import SamplingOptions
 
 
@@ -45,6 +46,8 @@ class LogitAdjustments:
 
 @dataclass(frozen=True, slots=True)
 class AdjustedSamplingOptions(SamplingOptions):
-    """SamplingOptions with logit adjustments; the scheduler carries it as any SamplingOptions."""
+    """SamplingOptions with logit adjustments and/or a token mask (structured output,
+    runner/token_mask.py); the scheduler carries it as any SamplingOptions."""
 
     adjust: LogitAdjustments | None = None
+    constraint: TokenConstraint | None = field(default=None, compare=False)

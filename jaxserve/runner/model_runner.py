@@ -25,6 +25,7 @@ from jaxserve.runner.attention import select_attention
 from jaxserve.runner.batch import batch_shapes, pack_step, sample_rows_bucket
 from jaxserve.runner.buckets import RunnerShapes
 from jaxserve.runner.sampler import neutral_adjustment_arrays, sample, sampling_arrays
+from jaxserve.runner.token_mask import mask_words
 from jaxserve.runner import fingerprint
 from jaxserve.runner.executables import ExecutableCache, ExecutableStore, compile_to_keep
 from jaxserve.runner.host_swap import HostSwapPool, SwapCostModel
@@ -80,6 +81,7 @@ class ModelRunner:
         self._prev_tokens = jnp.zeros((self.max_sample_rows,), jnp.int32)
         self._prev_rows: dict[str, int] = {}   # request id -> its row in _prev_tokens
         self._neutral: dict[int, dict] = {}    # logits rows -> neutral adjustment arrays on the device
+        self.mask_words = mask_words(model_config.vocab_size)   # a structured-output token mask's width
         self.compiler_options = ({} if xla_optimization_level is None
                                  else {"xla_backend_optimization_level": xla_optimization_level})
         compile_counter.install()
@@ -98,7 +100,8 @@ class ModelRunner:
     def _lower_sampler(self, rows: int):
         logits = jax.ShapeDtypeStruct((rows, self.model_config.vocab_size), jnp.float32)
         specs = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in
-                 sampling_arrays([None] * rows, rows, history_len=self.shapes.max_model_len).items()}
+                 sampling_arrays([None] * rows, rows, history_len=self.shapes.max_model_len,
+                                 mask_words=self.mask_words).items()}
         prev = jax.ShapeDtypeStruct((self.max_sample_rows,), jnp.int32)
         return jax.jit(functools.partial(sample, pad_to=self.max_sample_rows)).lower(logits, specs, prev)
 
@@ -108,7 +111,7 @@ class ModelRunner:
         arrays = self._neutral.get(rows)
         if arrays is None:
             arrays = {k: jnp.asarray(v) for k, v in
-                      neutral_adjustment_arrays(rows, self.shapes.max_model_len).items()}
+                      neutral_adjustment_arrays(rows, self.shapes.max_model_len, self.mask_words).items()}
             self._neutral[rows] = arrays
         return arrays
 
@@ -203,7 +206,7 @@ class ModelRunner:
             self.copy_blocks(sched_out.block_copies)
         if not sched_out.requests:
             return StepHandle()
-        packed = pack_step(sched_out, self.shapes, self._prev_rows)
+        packed = pack_step(sched_out, self.shapes, self._prev_rows, mask_words=self.mask_words)
         step = self._compiled.get(packed.bucket)
         if step is None:
             raise RuntimeError(f"bucket {packed.bucket} was not compiled at start-up")
@@ -212,7 +215,7 @@ class ModelRunner:
         if not packed.sample_rows:
             return StepHandle()
         sampling = packed.sampling
-        if not sampling["adjust"].any():
+        if not (sampling["adjust"].any() or sampling["masked"].any()):
             sampling = {**sampling, **self._neutral_adjustments(logits.shape[0])}
         out = self._samplers[logits.shape[0]](logits, sampling, self._prev_tokens)
         self._prev_tokens = out["padded_tokens"]

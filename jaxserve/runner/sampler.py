@@ -8,7 +8,9 @@ when some row wants them. Likewise the logit adjustments (runner/logit_adjustmen
 when some row has them, and a row without them keeps its logits bit for bit (jnp.where), so its
 tokens are the same whatever shares its batch. Their arrays are the widest: a row's known tokens
 [R, L] (L = max_model_len) and its bias [R, MAX_LOGIT_BIAS]; a step where no row adjusts passes
-neutral ones the runner keeps on the device (`neutral_adjustment_arrays`).
+neutral ones the runner keeps on the device (`neutral_adjustment_arrays`). A row with structured
+output carries its grammar's packed token mask ([R, ceil(V / 32)] int32, filled on the host from
+its llguidance matcher, runner/token_mask.py); disallowed tokens get -inf after the adjustments.
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ from jaxserve.sched.sampling import MAX_BANNED_IDS as MAX_BANNED
 from jaxserve.sched.sampling import SamplingOptions
 
 
-ADJUSTMENT_ARRAYS = ("known_tokens", "bias_ids", "bias_values")   # the wide ones
+ADJUSTMENT_ARRAYS = ("known_tokens", "bias_ids", "bias_values", "token_mask")   # the wide ones
 
 
-def sampling_arrays(rows: list[tuple | None], num_rows: int, *, history_len: int = 1) -> dict[str, np.ndarray]:
+def sampling_arrays(rows: list[tuple | None], num_rows: int, *, history_len: int = 1,
+                    mask_words: int = 1) -> dict[str, np.ndarray]:
     """Host-side arrays for `sample`; rows[i] = (options, outputs before this token[, in-flight
     index]) or None for padding. The in-flight index is where the previous step's sampled ids hold
     this row's last token when the host does not know it yet (-1: the host knows every token)."""
@@ -55,20 +58,23 @@ def sampling_arrays(rows: list[tuple | None], num_rows: int, *, history_len: int
                 raise ValueError(f"{len(ids)} ids to ban before min_tokens; the sampler holds {MAX_BANNED}")
             banned[i, :len(ids)] = ids
         want_logprobs[i] = s.wants_logprobs
-        if isinstance(s, AdjustedSamplingOptions) and s.adjust is not None:
-            adjusting.append((i, s.adjust, row[2] if len(row) > 2 else -1))
+        if isinstance(s, AdjustedSamplingOptions):
+            adjusting.append((i, s, row[2] if len(row) > 2 else -1))
     arrays = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, step=step,
                   banned=banned, want_logprobs=want_logprobs)
-    arrays.update(_adjustment_arrays(adjusting, num_rows, history_len))
+    arrays.update(_adjustment_arrays(adjusting, num_rows, history_len, mask_words))
     return arrays
 
 
-def neutral_adjustment_arrays(num_rows: int, history_len: int) -> dict[str, np.ndarray]:
+def neutral_adjustment_arrays(num_rows: int, history_len: int, mask_words: int = 1) -> dict[str, np.ndarray]:
     """The wide adjustment arrays of a step where no row adjusts its logits."""
-    return {k: v for k, v in _adjustment_arrays([], num_rows, history_len).items() if k in ADJUSTMENT_ARRAYS}
+    return {k: v for k, v in _adjustment_arrays([], num_rows, history_len, mask_words).items()
+            if k in ADJUSTMENT_ARRAYS}
 
 
-def _adjustment_arrays(adjusting: list, num_rows: int, history_len: int) -> dict[str, np.ndarray]:
+def _adjustment_arrays(adjusting: list, num_rows: int, history_len: int, mask_words: int) -> dict[str, np.ndarray]:
+    masked = np.zeros(num_rows, bool)
+    token_mask = np.zeros((num_rows, mask_words), np.int32)    # bit t of word t // 32: token t allowed
     adjust = np.zeros(num_rows, bool)
     presence = np.zeros(num_rows, np.float32)
     frequency = np.zeros(num_rows, np.float32)
@@ -78,7 +84,13 @@ def _adjustment_arrays(adjusting: list, num_rows: int, history_len: int) -> dict
     known = np.full((num_rows, history_len), -1, np.int32)
     bias_ids = np.full((num_rows, MAX_LOGIT_BIAS), -1, np.int32)
     bias_values = np.zeros((num_rows, MAX_LOGIT_BIAS), np.float32)
-    for i, a, src in adjusting:
+    for i, opts, src in adjusting:
+        if opts.constraint is not None:
+            masked[i] = True
+            opts.constraint.fill(token_mask[i])
+        a = opts.adjust
+        if a is None:
+            continue
         adjust[i] = True
         presence[i], frequency[i], repetition[i] = a.presence_penalty, a.frequency_penalty, a.repetition_penalty
         if a.needs_tokens:
@@ -96,7 +108,16 @@ def _adjustment_arrays(adjusting: list, num_rows: int, history_len: int) -> dict
             bias_values[i, :len(ids)] = values
     return dict(adjust=adjust, presence=presence, frequency=frequency, repetition=repetition,
                 prompt_len=prompt_len, in_flight=in_flight, known_tokens=known, bias_ids=bias_ids,
-                bias_values=bias_values)
+                bias_values=bias_values, masked=masked, token_mask=token_mask)
+
+
+def _masked(logits, a):
+    """Tokens a row's grammar does not allow next get -inf (rows with a mask only)."""
+    vocab = logits.shape[1]
+    ids = jnp.arange(vocab)
+    words = jnp.asarray(a["token_mask"])[:, ids // 32]                                      # [R, V]
+    allowed = ((words >> (ids % 32)[None, :]) & 1) == 1
+    return jnp.where(a["masked"][:, None] & ~allowed, -jnp.inf, logits)
 
 
 def _adjusted(logits, a, prev_tokens):
@@ -148,6 +169,8 @@ def sample(logits: jax.Array, a: dict, prev_tokens: jax.Array | None = None, *, 
     raw_logits = logits            # logprobs describe the model's distribution, before any mask
     if "adjust" in a:
         logits = jax.lax.cond(jnp.any(a["adjust"]), lambda x: _adjusted(x, a, prev_tokens), lambda x: x, logits)
+    if "masked" in a:
+        logits = jax.lax.cond(jnp.any(a["masked"]), lambda x: _masked(x, a), lambda x: x, logits)
     banned = a["banned"]
     rows = jnp.broadcast_to(jnp.arange(num_rows)[:, None], banned.shape)
     logits = logits.at[rows, jnp.where(banned >= 0, banned, vocab)].set(-jnp.inf, mode="drop")

@@ -16,6 +16,7 @@ from jaxserve.outputs import RequestOutput
 from jaxserve.sampling_params import OutputKind, SamplingParams
 from jaxserve.server.proto import generation_pb2 as pb
 from jaxserve.server.sample_deltas import SampleDelta
+from jaxserve.structured_outputs import StructuredOutputs
 
 # proto field -> SamplingParams field, for the optional scalars
 _SCALARS = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "min_tokens", "ignore_eos",
@@ -46,6 +47,8 @@ def sampling_params_from_proto(msg: pb.SamplingParams, limits: RequestLimits = R
         kwargs["stop_token_ids"] = tuple(msg.stop_token_ids)
     if msg.logit_bias:
         kwargs["logit_bias"] = dict(msg.logit_bias)
+    if msg.HasField("structured_outputs"):
+        kwargs["structured_outputs"] = structured_outputs_from_proto(msg.structured_outputs)
     n = kwargs.get("n", 1)
     if n > limits.max_n:
         raise ValueError(f"SamplingParams.n={n} exceeds this server's limit of {limits.max_n}")
@@ -56,6 +59,18 @@ def sampling_params_from_proto(msg: pb.SamplingParams, limits: RequestLimits = R
         raise ValueError(f"SamplingParams.stop has {len(msg.stop)} strings; the limit is {limits.max_stop_strings}")
     # the stream sends what is new; the engine's DELTA outputs are exactly that
     return SamplingParams(output_kind=OutputKind.DELTA, **kwargs)
+
+
+def structured_outputs_from_proto(msg: pb.StructuredOutputs) -> StructuredOutputs:
+    which = msg.WhichOneof("kind")
+    if which is None:
+        raise ValueError("SamplingParams.structured_outputs is empty: set one of json_schema, json_object, "
+                         "regex, choice, grammar")
+    if which == "json_schema":
+        return StructuredOutputs(json=msg.json_schema)
+    if which == "choice":
+        return StructuredOutputs(choice=tuple(msg.choice.choices))
+    return StructuredOutputs(**{which: getattr(msg, which)})
 
 
 # The roles every chat template is written for (OpenAI's and Hugging Face's conventions).

@@ -1,7 +1,10 @@
-"""The gRPC SamplingParams' penalty and logit-bias fields reach the engine: the same tokens as
-the Python API with the same values, and bad values are INVALID_ARGUMENT naming the field."""
+"""The gRPC SamplingParams' penalty, logit-bias and structured-output fields reach the engine:
+the same tokens as the Python API with the same values, outputs that match their regex or
+schema, and bad values are INVALID_ARGUMENT naming the field."""
 
 import asyncio
+import json
+import re
 
 import grpc
 import pytest
@@ -37,3 +40,23 @@ def test_penalties_and_logit_bias_over_grpc(tiny_llm):
     assert penalised.token_ids == expected
     assert forced.token_ids == [42] * 4
     assert bad.code() == grpc.StatusCode.INVALID_ARGUMENT and "logit_bias" in bad.details()
+
+
+def test_structured_outputs_over_grpc(tiny_llm):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+
+    async def body(target, state):
+        async with AsyncGenerationClient(target, timeout=HANG_GUARD_S) as c:
+            rx = await c.generate(PROMPT, max_tokens=20, structured_outputs={"regex": "[0-9]{3}"})
+            js = await c.generate(PROMPT, max_tokens=40, structured_outputs={"json_schema": json.dumps(schema)})
+            ch = await c.generate(PROMPT, max_tokens=10, structured_outputs={"choice": ["up", "down"]})
+            with pytest.raises(aio.AioRpcError) as bad:
+                await c.generate(PROMPT, max_tokens=2, structured_outputs={"regex": "(("})
+            return rx, js, ch, bad.value
+
+    rx, js, ch, bad = asyncio.run(serve(fresh_engine(tiny_llm), body))
+    assert re.fullmatch("[0-9]{3}", rx.text) and rx.finish_reason == "stop"
+    assert isinstance(json.loads(js.text)["ok"], bool)
+    assert ch.text in ("up", "down")
+    assert bad.code() == grpc.StatusCode.INVALID_ARGUMENT and "structured_outputs" in bad.details()

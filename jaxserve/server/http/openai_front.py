@@ -162,6 +162,8 @@ class OpenAIFront:
                 raise
             if err.status == 400 and err.param is None:   # the door's refusals are about the prompt
                 err.param = prompt_field
+            elif err.param == "structured_outputs" and req.structured_outputs is None:
+                err.param = "response_format"              # the grammar came from OpenAI's field
             raise err from e
 
     def _token_text(self, run: EngineRun) -> TokenText:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from jaxserve.sampling_params import OutputKind, SamplingParams
+from jaxserve.structured_outputs import StructuredOutputs
 from jaxserve.server.convert import RequestLimits
 from jaxserve.server.http.errors import bad_request
 from jaxserve.server.http.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, _SamplingFields
@@ -47,6 +48,7 @@ def _params(req: _SamplingFields, limits: RequestLimits, *, max_tokens: int | No
     if stop is not None and len(stop) > limits.max_stop_strings:
         raise bad_request(f"stop has {len(stop)} strings; the limit is {limits.max_stop_strings}", "stop")
     kwargs: dict[str, Any] = dict(
+        structured_outputs=_structured_outputs(req),
         presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
         repetition_penalty=req.repetition_penalty, logit_bias=_logit_bias(req.logit_bias),
         n=req.n, seed=req.seed, max_tokens=max_tokens, min_tokens=req.min_tokens, ignore_eos=req.ignore_eos,
@@ -61,11 +63,35 @@ def _params(req: _SamplingFields, limits: RequestLimits, *, max_tokens: int | No
     except ValueError as e:
         message = str(e)
         param = _field_of(message)
+        if param == "structured_outputs" and req.structured_outputs is None:
+            param = "response_format"
         if param == "logprobs":
             param = logprobs_field
         elif param == "max_tokens":
             param = max_tokens_field
         raise bad_request(message, param) from e
+
+
+def _structured_outputs(req: _SamplingFields) -> StructuredOutputs | None:
+    """response_format (OpenAI) or structured_outputs (vLLM), not both; the grammar is compiled and
+    checked at the engine's door, whose error names the problem."""
+    rf, so = req.response_format, req.structured_outputs
+    if rf is not None and rf.type != "text" and so is not None:
+        raise bad_request("set response_format or structured_outputs, not both", "structured_outputs")
+    try:
+        if so is not None:
+            return StructuredOutputs(json=so.json_, regex=so.regex, choice=so.choice, grammar=so.grammar,
+                                     json_object=bool(so.json_object))
+        if rf is None or rf.type == "text":
+            return None
+        if rf.type == "json_object":
+            return StructuredOutputs(json_object=True)
+        if rf.json_schema is None or rf.json_schema.schema_ is None:
+            raise bad_request("response_format.json_schema.schema is required for type json_schema",
+                              "response_format")
+        return StructuredOutputs(json=rf.json_schema.schema_)
+    except ValueError as e:
+        raise bad_request(str(e), "structured_outputs" if so is not None else "response_format") from e
 
 
 def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:

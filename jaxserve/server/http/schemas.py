@@ -24,6 +24,30 @@ class StreamOptions(_Request):
     continuous_usage_stats: bool = False
 
 
+class JSONSchemaFormat(_Request):
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Request):
+    """OpenAI's response_format: text (no constraint), json_object, or json_schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+
+class StructuredOutputsField(_Request):
+    """vLLM's structured_outputs: exactly one of a schema, a regex, a choice list or a grammar."""
+
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+
 class _SamplingFields(_Request):
     """Fields both endpoints share (OpenAI's, then vLLM's extras)."""
 
@@ -51,6 +75,8 @@ class _SamplingFields(_Request):
     priority: int = 0
     cache_salt: str | None = None
     request_id: str | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsField | None = None
 
 
 class CompletionRequest(_SamplingFields):

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&jaxserve/server/proto/generation.proto\x12\x0bjaxserve.v1\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"2\n\x04\x43hat\x12*\n\x08messages\x18\x01 \x03(\x0b\x32\x18.jaxserve.v1.ChatMessage\"\xfa\x05\n\x0eSamplingParams\x12\x0e\n\x01n\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x12\n\x05min_p\x18\x05 \x01(\x01H\x04\x88\x01\x01\x12\x11\n\x04seed\x18\x06 \x01(\x03H\x05\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x07 \x01(\x05H\x06\x88\x01\x01\x12\x17\n\nmin_tokens\x18\x08 \x01(\x05H\x07\x88\x01\x01\x12\x0c\n\x04stop\x18\t \x03(\t\x12\x16\n\x0estop_token_ids\x18\n \x03(\x05\x12\x17\n\nignore_eos\x18\x0b \x01(\x08H\x08\x88\x01\x01\x12 \n\x13skip_special_tokens\x18\x0c \x01(\x08H\t\x88\x01\x01\x12\'\n\x1ainclude_stop_str_in_output\x18\r \x01(\x08H\n\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x0e \x01(\x01H\x0b\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x0f \x01(\x01H\x0c\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x10 \x01(\x01H\r\x88\x01\x01\x12>\n\nlogit_bias\x18\x11 \x03(\x0b\x32*.jaxserve.v1.SamplingParams.LogitBiasEntry\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x04\n\x02_nB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x07\n\x05_seedB\r\n\x0b_max_tokensB\r\n\x0b_min_tokensB\r\n\x0b_ignore_eosB\x16\n\x14_skip_special_tokensB\x1d\n\x1b_include_stop_str_in_outputB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x15\n\x13_repetition_penalty\"\xfd\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12*\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x15.jaxserve.v1.TokenIdsH\x00\x12!\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x11.jaxserve.v1.ChatH\x00\x12\x34\n\x0fsampling_params\x18\x05 \x01(\x0b\x32\x1b.jaxserve.v1.SamplingParams\x12\x10\n\x08priority\x18\x06 \x01(\x05\x12\x17\n\ncache_salt\x18\x07 \x01(\tH\x01\x88\x01\x01\x42\x07\n\x05inputB\r\n\x0b_cache_salt\"7\n\x05\x43hunk\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\r\n\x05index\x18\x03 \x01(\r\"\x8e\x01\n\x08\x43omplete\x12\x15\n\rfinish_reason\x18\x01 \x01(\t\x12\x13\n\x0bstop_reason\x18\x02 \x01(\t\x12\x15\n\rprompt_tokens\x18\x03 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x04 \x01(\r\x12\x15\n\rcached_tokens\x18\x05 \x01(\r\x12\r\n\x05index\x18\x06 \x01(\r\"\x82\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12#\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x12.jaxserve.v1.ChunkH\x00\x12)\n\x08\x63omplete\x18\x03 \x01(\x0b\x32\x15.jaxserve.v1.CompleteH\x00\x42\n\n\x08response\"#\n\x0c\x41\x62ortRequest\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\"\x0f\n\rAbortResponse\"\x15\n\x13GetModelInfoRequest\"~\n\tModelInfo\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x1b\n\x13\x63heckpoint_identity\x18\x02 \x01(\t\x12\x15\n\rmax_model_len\x18\x03 \x01(\r\x12\x12\n\nvocab_size\x18\x04 \x01(\r\x12\x15\n\reos_token_ids\x18\x05 \x03(\x05\"\x16\n\x14GetServerInfoRequest\"\xa0\x03\n\nServerInfo\x12\x1b\n\x13num_kv_blocks_total\x18\x01 \x01(\r\x12\x1a\n\x12num_kv_blocks_free\x18\x02 \x01(\r\x12\x1c\n\x14num_kv_blocks_cached\x18\x03 \x01(\r\x12\x1c\n\x14num_requests_running\x18\x04 \x01(\r\x12\x1c\n\x14num_requests_waiting\x18\x05 \x01(\r\x12\x17\n\x0fnum_preemptions\x18\x06 \x01(\x04\x12%\n\x1dnum_compilations_after_warmup\x18\x07 \x01(\x04\x12\x10\n\x08uptime_s\x18\x08 \x01(\x01\x12\x1b\n\x13prompt_tokens_total\x18\t \x01(\x04\x12\x1f\n\x17generation_tokens_total\x18\n \x01(\x04\x12\x1d\n\x15num_requests_finished\x18\x0b \x01(\x04\x12\x10\n\x08kv_usage\x18\x0c \x01(\x01\x12\x17\n\x0fprefix_hit_rate\x18\r \x01(\x01\x12\x16\n\x0e\x61\x63tive_streams\x18\x0e \x01(\r\x12\r\n\x05state\x18\x0f \x01(\t2\xae\x02\n\nGeneration\x12I\n\x08Generate\x12\x1c.jaxserve.v1.GenerateRequest\x1a\x1d.jaxserve.v1.GenerateResponse0\x01\x12>\n\x05\x41\x62ort\x12\x19.jaxserve.v1.AbortRequest\x1a\x1a.jaxserve.v1.AbortResponse\x12H\n\x0cGetModelInfo\x12 .jaxserve.v1.GetModelInfoRequest\x1a\x16.jaxserve.v1.ModelInfo\x12K\n\rGetServerInfo\x12!.jaxserve.v1.GetServerInfoRequest\x1a\x17.jaxserve.v1.ServerInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&jaxserve/server/proto/generation.proto\x12\x0bjaxserve.v1\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"2\n\x04\x43hat\x12*\n\x08messages\x18\x01 \x03(\x0b\x32\x18.jaxserve.v1.ChatMessage\"\xb6\x06\n\x0eSamplingParams\x12\x0e\n\x01n\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x12\n\x05min_p\x18\x05 \x01(\x01H\x04\x88\x01\x01\x12\x11\n\x04seed\x18\x06 \x01(\x03H\x05\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x07 \x01(\x05H\x06\x88\x01\x01\x12\x17\n\nmin_tokens\x18\x08 \x01(\x05H\x07\x88\x01\x01\x12\x0c\n\x04stop\x18\t \x03(\t\x12\x16\n\x0estop_token_ids\x18\n \x03(\x05\x12\x17\n\nignore_eos\x18\x0b \x01(\x08H\x08\x88\x01\x01\x12 \n\x13skip_special_tokens\x18\x0c \x01(\x08H\t\x88\x01\x01\x12\'\n\x1ainclude_stop_str_in_output\x18\r \x01(\x08H\n\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x0e \x01(\x01H\x0b\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x0f \x01(\x01H\x0c\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x10 \x01(\x01H\r\x88\x01\x01\x12>\n\nlogit_bias\x18\x11 \x03(\x0b\x32*.jaxserve.v1.SamplingParams.LogitBiasEntry\x12:\n\x12structured_outputs\x18\x12 \x01(\x0b\x32\x1e.jaxserve.v1.StructuredOutputs\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x04\n\x02_nB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x07\n\x05_seedB\r\n\x0b_max_tokensB\r\n\x0b_min_tokensB\r\n\x0b_ignore_eosB\x16\n\x14_skip_special_tokensB\x1d\n\x1b_include_stop_str_in_outputB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x15\n\x13_repetition_penalty\"\x98\x01\n\x11StructuredOutputs\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12)\n\x06\x63hoice\x18\x04 \x01(\x0b\x32\x17.jaxserve.v1.ChoiceListH\x00\x12\x11\n\x07grammar\x18\x05 \x01(\tH\x00\x42\x06\n\x04kind\"\x1d\n\nChoiceList\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"\xfd\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12*\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x15.jaxserve.v1.TokenIdsH\x00\x12!\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x11.jaxserve.v1.ChatH\x00\x12\x34\n\x0fsampling_params\x18\x05 \x01(\x0b\x32\x1b.jaxserve.v1.SamplingParams\x12\x10\n\x08priority\x18\x06 \x01(\x05\x12\x17\n\ncache_salt\x18\x07 \x01(\tH\x01\x88\x01\x01\x42\x07\n\x05inputB\r\n\x0b_cache_salt\"7\n\x05\x43hunk\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\r\n\x05index\x18\x03 \x01(\r\"\x8e\x01\n\x08\x43omplete\x12\x15\n\rfinish_reason\x18\x01 \x01(\t\x12\x13\n\x0bstop_reason\x18\x02 \x01(\t\x12\x15\n\rprompt_tokens\x18\x03 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x04 \x01(\r\x12\x15\n\rcached_tokens\x18\x05 \x01(\r\x12\r\n\x05index\x18\x06 \x01(\r\"\x82\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12#\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x12.jaxserve.v1.ChunkH\x00\x12)\n\x08\x63omplete\x18\x03 \x01(\x0b\x32\x15.jaxserve.v1.CompleteH\x00\x42\n\n\x08response\"#\n\x0c\x41\x62ortRequest\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\"\x0f\n\rAbortResponse\"\x15\n\x13GetModelInfoRequest\"~\n\tModelInfo\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x1b\n\x13\x63heckpoint_identity\x18\x02 \x01(\t\x12\x15\n\rmax_model_len\x18\x03 \x01(\r\x12\x12\n\nvocab_size\x18\x04 \x01(\r\x12\x15\n\reos_token_ids\x18\x05 \x03(\x05\"\x16\n\x14GetServerInfoRequest\"\xa0\x03\n\nServerInfo\x12\x1b\n\x13num_kv_blocks_total\x18\x01 \x01(\r\x12\x1a\n\x12num_kv_blocks_free\x18\x02 \x01(\r\x12\x1c\n\x14num_kv_blocks_cached\x18\x03 \x01(\r\x12\x1c\n\x14num_requests_running\x18\x04 \x01(\r\x12\x1c\n\x14num_requests_waiting\x18\x05 \x01(\r\x12\x17\n\x0fnum_preemptions\x18\x06 \x01(\x04\x12%\n\x1dnum_compilations_after_warmup\x18\x07 \x01(\x04\x12\x10\n\x08uptime_s\x18\x08 \x01(\x01\x12\x1b\n\x13prompt_tokens_total\x18\t \x01(\x04\x12\x1f\n\x17generation_tokens_total\x18\n \x01(\x04\x12\x1d\n\x15num_requests_finished\x18\x0b \x01(\x04\x12\x10\n\x08kv_usage\x18\x0c \x01(\x01\x12\x17\n\x0fprefix_hit_rate\x18\r \x01(\x01\x12\x16\n\x0e\x61\x63tive_streams\x18\x0e \x01(\r\x12\r\n\x05state\x18\x0f \x01(\t2\xae\x02\n\nGeneration\x12I\n\x08Generate\x12\x1c.jaxserve.v1.GenerateRequest\x1a\x1d.jaxserve.v1.GenerateResponse0\x01\x12>\n\x05\x41\x62ort\x12\x19.jaxserve.v1.AbortRequest\x1a\x1a.jaxserve.v1.AbortResponse\x12H\n\x0cGetModelInfo\x12 .jaxserve.v1.GetModelInfoRequest\x1a\x16.jaxserve.v1.ModelInfo\x12K\n\rGetServerInfo\x12!.jaxserve.v1.GetServerInfoRequest\x1a\x17.jaxserve.v1.ServerInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,29 +40,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CHAT']._serialized_start=126
   _globals['_CHAT']._serialized_end=176
   _globals['_SAMPLINGPARAMS']._serialized_start=179
-  _globals['_SAMPLINGPARAMS']._serialized_end=941
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=666
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=714
-  _globals['_GENERATEREQUEST']._serialized_start=944
-  _globals['_GENERATEREQUEST']._serialized_end=1197
-  _globals['_CHUNK']._serialized_start=1199
-  _globals['_CHUNK']._serialized_end=1254
-  _globals['_COMPLETE']._serialized_start=1257
-  _globals['_COMPLETE']._serialized_end=1399
-  _globals['_GENERATERESPONSE']._serialized_start=1402
-  _globals['_GENERATERESPONSE']._serialized_end=1532
-  _globals['_ABORTREQUEST']._serialized_start=1534
-  _globals['_ABORTREQUEST']._serialized_end=1569
-  _globals['_ABORTRESPONSE']._serialized_start=1571
-  _globals['_ABORTRESPONSE']._serialized_end=1586
-  _globals['_GETMODELINFOREQUEST']._serialized_start=1588
-  _globals['_GETMODELINFOREQUEST']._serialized_end=1609
-  _globals['_MODELINFO']._serialized_start=1611
-  _globals['_MODELINFO']._serialized_end=1737
-  _globals['_GETSERVERINFOREQUEST']._serialized_start=1739
-  _globals['_GETSERVERINFOREQUEST']._serialized_end=1761
-  _globals['_SERVERINFO']._serialized_start=1764
-  _globals['_SERVERINFO']._serialized_end=2180
-  _globals['_GENERATION']._serialized_start=2183
-  _globals['_GENERATION']._serialized_end=2485
+  _globals['_SAMPLINGPARAMS']._serialized_end=1001
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=726
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=774
+  _globals['_STRUCTUREDOUTPUTS']._serialized_start=1004
+  _globals['_STRUCTUREDOUTPUTS']._serialized_end=1156
+  _globals['_CHOICELIST']._serialized_start=1158
+  _globals['_CHOICELIST']._serialized_end=1187
+  _globals['_GENERATEREQUEST']._serialized_start=1190
+  _globals['_GENERATEREQUEST']._serialized_end=1443
+  _globals['_CHUNK']._serialized_start=1445
+  _globals['_CHUNK']._serialized_end=1500
+  _globals['_COMPLETE']._serialized_start=1503
+  _globals['_COMPLETE']._serialized_end=1645
+  _globals['_GENERATERESPONSE']._serialized_start=1648
+  _globals['_GENERATERESPONSE']._serialized_end=1778
+  _globals['_ABORTREQUEST']._serialized_start=1780
+  _globals['_ABORTREQUEST']._serialized_end=1815
+  _globals['_ABORTRESPONSE']._serialized_start=1817
+  _globals['_ABORTRESPONSE']._serialized_end=1832
+  _globals['_GETMODELINFOREQUEST']._serialized_start=1834
+  _globals['_GETMODELINFOREQUEST']._serialized_end=1855
+  _globals['_MODELINFO']._serialized_start=1857
+  _globals['_MODELINFO']._serialized_end=1983
+  _globals['_GETSERVERINFOREQUEST']._serialized_start=1985
+  _globals['_GETSERVERINFOREQUEST']._serialized_end=2007
+  _globals['_SERVERINFO']._serialized_start=2010
+  _globals['_SERVERINFO']._serialized_end=2426
+  _globals['_GENERATION']._serialized_start=2429
+  _globals['_GENERATION']._serialized_end=2731
 # @@protoc_insertion_point(module_scope)
