@@ -35,7 +35,7 @@ class EngineConfig:
               "tokens/s measured at start-up, applied only to steps that carry decodes; LLM defaults to 0)")
     ttft_slo_ms: float | None = _f(
         None, "time-to-first-token objective the prefill policy serves (default: derived at start-up, max(1 s, "
-              "4 x a full-budget prefill step))")
+              "2 x a full-budget prefill step))")
     tpot_slo_ms: float | None = _f(
         None, "time-per-output-token objective: a step that carries decodes stays within 0.9 x it, unless a "
               "prompt's TTFT is at risk and every decoder has banked that time (default: derived at start-up, "

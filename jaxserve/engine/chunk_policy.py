@@ -13,8 +13,9 @@ Three policies, by EngineConfig:
   has banked the time. A step with nobody decoding takes the whole token budget.
   Defaults, "interactive chat on this machine": TPOT max(100 ms, 1.5 x a decode step of the full
   mixed-step decode bucket), so a full server still decodes within it with room for a chunk beside;
-  TTFT max(1 s, 4 x a step of a full token budget of prompt), so a prompt of one full budget is
-  answered within four such steps.
+  TTFT max(1 s, 2 x a step of a full token budget of prompt), so a prompt of one full budget is
+  answered within two such steps' time (a prompt is at risk, and may be given more than the floor,
+  soon enough for that).
 - `chunk_policy="itl"` (the earlier default, kept to compare against): one fixed chunk per decode
   bucket from an inter-token-latency budget, below.
 
@@ -144,7 +145,7 @@ def default_objectives(config: EngineConfig, cost: StepCostModel, max_num_batche
     else:
         tokens = min(max_num_batched_tokens, cost.max_tiles * cost.tile)
         full_step = cost.decode_s[0][1] + cost.prefill_seconds(*cost.chunk_items(0, tokens))
-        ttft = max(1.0, 4 * full_step)
+        ttft = max(1.0, 2 * full_step)
     return ServiceObjectives(ttft_s=ttft, tpot_s=tpot)
 
 

@@ -91,7 +91,7 @@ def test_the_slo_policy_measures_a_step_cost_model_and_derives_its_objectives():
     assert cost.prefill_s == ((1, 0.02), (2, 0.04), (4, 0.08)) and cost.tile == 8
     assert cost.item_s == pytest.approx(0.0005)   # the one tile measured at depth 2048 against depth 0
     assert slo.tpot_s == pytest.approx(0.3)       # 1.5 x the 32-row decode step (above the 100 ms floor)
-    assert slo.ttft_s == pytest.approx(1.0)       # 4 x (6.25 ms + 80 ms) is under the 1 s floor
+    assert slo.ttft_s == pytest.approx(1.0)       # 2 x (6.25 ms + 80 ms) is under the 1 s floor
     assert "slo" in policy.describe()
 
 
