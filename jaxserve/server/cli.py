@@ -49,7 +49,7 @@ def add_server_parsers(subparsers) -> None:
     g.add_argument("--grace-period", type=float, default=30.0,
                    help="seconds in-flight streams get to finish after SIGTERM/SIGINT")
     g.add_argument("--max-message-bytes", type=int, default=None,
-                   help="largest gRPC message accepted (default: what max_model_len tokens can need, "
+                   help="largest gRPC message and HTTP request body accepted (default: what max_model_len tokens can need, "
                         "max_model_len x 256 bytes + 1 MiB: 3 MiB for 8192 tokens)")
     g.add_argument("--max-n", type=int, default=1, help="largest SamplingParams.n accepted")
     g.add_argument("--max-tokens-limit", type=int, default=None,

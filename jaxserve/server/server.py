@@ -119,7 +119,10 @@ async def run_server(config: ServerConfig, engine_config: EngineConfig, *, progr
                      build_engine: Callable | None = None, hard_exit_during_warmup: bool = False) -> int:
     state = ServerState()
     metrics = ServerMetrics(lambda: state.aengine.snapshot if state.aengine is not None else None)
-    grpc_front = await _start_grpc(config, engine_config, state, metrics) if config.grpc else None
+    max_message_bytes = config.max_message_bytes
+    if max_message_bytes is None:
+        max_message_bytes = message_bytes_limit(engine_config.max_model_len or DEFAULT_MAX_MODEL_LEN_BOUND)
+    grpc_front = await _start_grpc(config, max_message_bytes, state, metrics) if config.grpc else None
     http = None
     if config.http_port is not None:
         from jaxserve.server.http.app import create_app
@@ -128,7 +131,8 @@ async def run_server(config: ServerConfig, engine_config: EngineConfig, *, progr
 
         front = OpenAIFront(state, limits=config.limits, metrics=metrics,
                             max_concurrent_streams=config.max_concurrent_streams)
-        http = HTTPListener(create_app(front, api_key=config.api_key), config.host, config.http_port)
+        http = HTTPListener(create_app(front, api_key=config.api_key, max_body_bytes=max_message_bytes),
+                            config.host, config.http_port)
         await http.start()
     if config.metrics_port is not None:
         from prometheus_client import start_http_server
@@ -204,11 +208,8 @@ class _GRPCFront:
             await self.health.set(name, status)
 
 
-async def _start_grpc(config: ServerConfig, engine_config: EngineConfig, state: ServerState,
+async def _start_grpc(config: ServerConfig, max_message_bytes: int, state: ServerState,
                       metrics: ServerMetrics) -> _GRPCFront:
-    max_message_bytes = config.max_message_bytes
-    if max_message_bytes is None:
-        max_message_bytes = message_bytes_limit(engine_config.max_model_len or DEFAULT_MAX_MODEL_LEN_BOUND)
     server = aio.server(interceptors=server_interceptors(config.api_key), options=[
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),

@@ -24,7 +24,9 @@ HANG_GUARD_S = 120   # turns a hang into a failure; never a bound on how fast an
 
 
 class HTTPServer:
-    def __init__(self, tiny_llm, *, api_key: str | None = API_KEY, max_n: int = 4, **engine_overrides):
+    def __init__(self, tiny_llm, *, api_key: str | None = API_KEY, max_n: int = 4, max_body_bytes: int = 1 << 20,
+                 **engine_overrides):
+        self.max_body_bytes = max_body_bytes
         self._shared = tiny_llm
         self.engine = LLM.sharing_runner(tiny_llm, **engine_overrides).engine
         self.gate = StepGate(self.engine, closed=False)
@@ -44,7 +46,8 @@ class HTTPServer:
         self.state.aengine = AsyncEngine(self.engine)
         self.state.aengine.start()
         self.state.phase = Phase.SERVING
-        listener = HTTPListener(create_app(self.front, api_key=self.api_key), "127.0.0.1", 0)
+        listener = HTTPListener(create_app(self.front, api_key=self.api_key, max_body_bytes=self.max_body_bytes),
+                                "127.0.0.1", 0)
         await listener.start()
         return listener
 

@@ -72,6 +72,16 @@ def test_a_body_that_is_not_json_is_a_400(server):
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
 
 
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_body_beyond_the_limit_is_a_413_and_the_server_serves_on(server, client, chunked):
+    body = json.dumps({"model": server.model, "prompt": "t" * server.max_body_bytes}).encode()
+    content = iter([body[i:i + 65536] for i in range(0, len(body), 65536)]) if chunked else body
+    r = httpx.post(server.base_url + "/completions", content=content, timeout=60,
+                   headers={"Authorization": f"Bearer {server.api_key}", "Content-Type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large", r.text
+    assert client.completions.create(model=server.model, prompt=PROMPT, max_tokens=2).usage.completion_tokens >= 1
+
+
 def test_an_unknown_model_is_a_404(server, client):
     with pytest.raises(openai.NotFoundError) as e:
         client.completions.create(model="gpt-17", prompt=PROMPT, max_tokens=2)

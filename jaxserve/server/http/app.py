@@ -17,13 +17,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from jaxserve.server.auth import bearer_token
 from jaxserve.server.http import errors
+from jaxserve.server.http.body_limit import BodyLimit
 from jaxserve.server.http.openai_front import OpenAIFront
 from jaxserve.server.http.schemas import ChatCompletionRequest, CompletionRequest, ModelList
 from jaxserve.server.servicer import Phase
 
 
-def create_app(front: OpenAIFront, *, api_key: str | None = None) -> FastAPI:
+def create_app(front: OpenAIFront, *, api_key: str | None = None, max_body_bytes: int | None = None) -> FastAPI:
     app = FastAPI(title="jaxserve", docs_url=None, redoc_url=None, openapi_url=None)
+    if max_body_bytes is not None:
+        app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     key = api_key.encode() if api_key else None
 
     def authorized(request: Request) -> None:
