@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
+
+import pytest
 
 from jaxserve import LLM
 from jaxserve.engine.async_engine import AsyncEngine
 from jaxserve.server.convert import RequestLimits
 from jaxserve.server.http.app import create_app
 from jaxserve.server.http.listener import HTTPListener
+from tests.server.server_process import wait_until  # noqa: F401  (the HTTP tests import it from here)
 from jaxserve.server.http.openai_front import OpenAIFront
 from jaxserve.server.metrics import ServerMetrics
 from jaxserve.server.servicer import Phase, ServerState
@@ -83,17 +85,24 @@ class HTTPServer:
         self._shared.engine.reset_prefix_cache()   # this server wrote into blocks it may index
 
 
-def wait_until(predicate, what: str, guard_s: float = HANG_GUARD_S, every_s: float = 0.02):
-    deadline = time.monotonic() + guard_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(every_s)
-
-
 def blocks_all_free(stats) -> bool:
     """Nothing holds a KV block: every block is free or an evictable cached prefix."""
     return stats.num_kv_blocks_free + stats.num_kv_blocks_cached == stats.num_kv_blocks_total
+
+
+def serving(**engine_kwargs):
+    """A test module's `server` and `client` fixtures (module scope): an HTTPServer over the shared
+    tiny engine (engine_kwargs for its own scheduler) and an `openai` client for it. Use as
+    `server, client = serving()`."""
+    @pytest.fixture(scope="module")
+    def server(tiny_llm):
+        s = HTTPServer(tiny_llm, **engine_kwargs)
+        yield s
+        s.close()
+
+    @pytest.fixture(scope="module")
+    def client(server):
+        with server.client() as c:
+            yield c
+
+    return server, client

@@ -5,22 +5,12 @@ tokens, /v1/models, /health and /metrics."""
 import httpx2 as httpx
 import pytest
 
-from tests.server.http_harness import HTTPServer
+from tests.server.http_harness import serving
 
 PROMPT = "The tide comes in"
 
 
-@pytest.fixture(scope="module")
-def server(tiny_llm):
-    s = HTTPServer(tiny_llm)
-    yield s
-    s.close()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with server.client() as c:
-        yield c
+server, client = serving()
 
 
 def test_models_lists_the_served_model_with_max_model_len(server, client):

@@ -10,22 +10,12 @@ import httpx2 as httpx
 import openai
 import pytest
 
-from tests.server.http_harness import HTTPServer, blocks_all_free, wait_until
+from tests.server.http_harness import blocks_all_free, serving, wait_until
 
 PROMPT = "The tide comes in"
 
 
-@pytest.fixture(scope="module")
-def server(tiny_llm):
-    s = HTTPServer(tiny_llm, max_waiting_requests=1)
-    yield s
-    s.close()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with server.client() as c:
-        yield c
+server, client = serving(max_waiting_requests=1)
 
 
 def error_of(e: openai.APIStatusError) -> dict:

@@ -9,7 +9,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.server.http_harness import HTTPServer
+from tests.server.http_harness import serving
 
 SCHEMA = {
     "type": "object",
@@ -20,17 +20,7 @@ SCHEMA = {
 MESSAGES = [{"role": "user", "content": "The tide comes in"}]
 
 
-@pytest.fixture(scope="module")
-def server(tiny_llm):
-    s = HTTPServer(tiny_llm)
-    yield s
-    s.close()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with server.client() as c:
-        yield c
+server, client = serving()
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
