@@ -22,6 +22,10 @@ MAX_REPETITION_PENALTY = 100.0
 MAX_TEMPERATURE = 100.0
 # The wire's and the device's integers are int32: top_k, token counts and token ids fit in it.
 MAX_INT32 = 2**31 - 1
+# Stop strings are searched in the new text after every token, on the engine's step thread: their
+# number and length bound what one request's stop check may cost everyone else's step.
+MAX_STOP_STRINGS = 64
+MAX_STOP_STRING_CHARS = 1024
 
 
 class OutputKind(Enum):
@@ -84,6 +88,11 @@ class SamplingParams:
         if self.stop is not None:
             _check(all(isinstance(s, str) and s for s in self.stop), "stop", self.stop,
                    "must be non-empty strings")
+            _check(len(self.stop) <= MAX_STOP_STRINGS, "stop", f"{len(self.stop)} strings",
+                   f"may hold at most {MAX_STOP_STRINGS} strings")
+            longest = max((len(s) for s in self.stop), default=0)
+            _check(longest <= MAX_STOP_STRING_CHARS, "stop", f"a string of {longest} characters",
+                   f"strings may be at most {MAX_STOP_STRING_CHARS} characters")
         if self.stop_token_ids is not None:
             _check(all(_is_int(t) and 0 <= t <= MAX_INT32 for t in self.stop_token_ids), "stop_token_ids",
                    self.stop_token_ids, f"must be integers in [0, {MAX_INT32}]")

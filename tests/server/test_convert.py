@@ -61,6 +61,8 @@ def test_prompts_of_each_kind_and_the_cache_salt():
     (dict(max_tokens=2**40), "max_tokens", str(2**31 - 1)),
     (dict(min_tokens=2**40, max_tokens=None), "min_tokens", str(2**31 - 1)),
     (dict(stop_token_ids=[2**40]), "stop_token_ids", str(2**31 - 1)),
+    (dict(stop=["a"] * 65), "stop", "at most 64 strings"),
+    (dict(stop=["x" * 1025]), "stop", "at most 1024 characters"),
 ])
 def test_non_finite_and_absurd_sampling_values_are_refused_naming_the_field_and_the_bound(kw, field, bound):
     with pytest.raises(ValueError) as e:
