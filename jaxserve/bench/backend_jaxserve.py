@@ -19,6 +19,7 @@ from jaxserve.bench.kv_usage import KVSample, KVTrace
 from jaxserve.bench.metrics import RequestRecord
 from jaxserve.bench.progress import progress_bar
 from jaxserve.bench.workloads import BenchRequest, at_once
+from jaxserve.sched.errors import Overloaded
 
 
 def load_llm(model_path: str, engine_kwargs: dict[str, Any], progress: bool = True) -> Any:
@@ -135,12 +136,21 @@ class JaxServeBackend:
         started: set[str] = set()
         live: dict[str, int] = {}
         finals: dict[str, Any] = {}
+        rejected: list[str] = []
         with progress_bar(len(requests), "jaxserve", options.progress) as bar:
             while disp.has_waiting or eng.has_unfinished_requests():
                 for r in disp.pop_due(time.perf_counter()):
                     # the engine's arrival is the request's due time, not when this loop got round to it
-                    eng.add_request(r.request_id, {"prompt_token_ids": list(r.prompt_token_ids)},
-                                    greedy_params(r.output_len), arrival_time=disp.sent_at[r.request_id])
+                    try:
+                        eng.add_request(r.request_id, {"prompt_token_ids": list(r.prompt_token_ids)},
+                                        greedy_params(r.output_len), arrival_time=disp.sent_at[r.request_id])
+                    except Overloaded:
+                        # turned away (max_waiting_requests), as a server answers RESOURCE_EXHAUSTED:
+                        # the request gets no record (a goodput sweep counts it as a miss)
+                        rejected.append(r.request_id)
+                        disp.first_token(r.request_id, r.group, time.perf_counter())
+                        disp.finished(r.request_id, time.perf_counter())
+                        bar.update(1)
                 if not eng.has_unfinished_requests():
                     nxt = disp.next_due()
                     if nxt is None:
@@ -161,13 +171,19 @@ class JaxServeBackend:
                         bar.update(1)
                 if self.kv_trace:
                     trace.add(self._kv_sample(live, by_id, block_size))
-        records = [self._record(finals[r.request_id], r, disp.sent_at[r.request_id]) for r in requests]
+        records = [self._record(finals[r.request_id], r, disp.sent_at[r.request_id]) for r in requests
+                   if r.request_id in finals]
+        if not records:
+            raise RuntimeError(f"the engine turned away all {len(rejected)} requests (max_waiting_requests)")
         duration = max(x.finished_time for x in records) - min(x.arrival_time for x in records)
+        notes = ["engine step loop; arrival = due time (or time a concurrency seat freed)"]
+        if rejected:
+            notes.append(f"{len(rejected)} request(s) turned away by max_waiting_requests: no record")
         return BackendRun(
             self.name, self.label, records, duration, self.checkpoint_identity,
             kv_usage=trace.summary() if self.kv_trace else None,
             output_token_ids={rid: list(o.outputs[0].token_ids) for rid, o in finals.items()},
-            notes=["engine step loop; arrival = due time (or time a concurrency seat freed)"],
+            notes=notes,
         )
 
     def _kv_sample(self, live: dict[str, int], by_id: dict[str, BenchRequest], block_size: int) -> KVSample:

@@ -132,15 +132,36 @@ def test_real_engine_variants_on_the_tiny_model(tiny_model_dir, tmp_path):
                 "--engine-arg", f"cache_dir={str(tmp_path / 'cache')!r}",
                 "--engine-arg", f"compilation_cache_dir={str(tmp_path / 'xla')!r}",
                 "--engine-variant", "default", "--engine-variant", "t0:long_prefill_token_threshold=0",
+                "--engine-variant", "itl:chunk_policy='itl'",
                 "--name", "real")
     data = load(res)
     runs = {r["backend"]: r for r in data["runs"]}
-    assert set(runs) == {"default", "t0"}
+    assert set(runs) == {"default", "t0", "itl"}
     for r in runs.values():
         assert r["metrics"]["completed"] == 4
         assert r["engine_stats"]["num_compilations_after_warmup"] == 0
         assert r["config"]["shares_runner_of"] == "jaxserve[base]"
     assert runs["t0"]["config"]["engine_kwargs"]["long_prefill_token_threshold"] == 0
     assert runs["default"]["config"]["engine_kwargs"]["long_prefill_token_threshold"] is None
+    assert runs["default"]["engine_stats"]["prefill_policy"].startswith("slo")
+    assert runs["itl"]["engine_stats"]["prefill_policy"].startswith("itl")
     for t in data["extra"]["goodput"]["targets"].values():
         assert t["points"][0]["attainment"] == 1.0 and t["goodput_rate"] == 50.0
+
+
+def test_real_engine_turning_requests_away_counts_misses_not_a_failed_run(tiny_model_dir, tmp_path):
+    # all 6 at once to 2 seats with room for 1 more waiting: at least 3 are turned away
+    res = bench(tiny_model_dir, tmp_path, "--num-prompts", "6", "--input-len", "8:24", "--output-len", "2:6",
+                "--request-rate", "inf", "--slo", LOOSE,
+                "--max-model-len", "64", "--max-num-seqs", "2", "--num-kv-blocks", "32",
+                "--max-num-batched-tokens", "64", "--engine-arg", "decode_buckets=(2,)",
+                "--engine-arg", "max_waiting_requests=1",
+                "--engine-arg", f"cache_dir={str(tmp_path / 'cache')!r}",
+                "--engine-arg", f"compilation_cache_dir={str(tmp_path / 'xla')!r}",
+                "--in-process", "--name", "rejecting")
+    data = load(res)
+    (point,) = data["extra"]["goodput"]["targets"]["default"]["points"]
+    assert point["sent"] == 6 and point["failed"] >= 3 and point["met"] == 6 - point["failed"]
+    (run,) = data["runs"]
+    assert run["metrics"]["completed"] == point["met"]
+    assert any("turned away" in n for n in run["notes"])
