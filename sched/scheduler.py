@@ -56,6 +56,9 @@ from jaxserve.sched.stop_conditions import check_stop
 
 __all__ = ["Overloaded", "Scheduler", "SchedulerConfig"]
 
+STEP_SCALE_WEIGHT = 0.2          # each measured step's weight in the learned scale
+STEP_SCALE_BOUNDS = (0.25, 4.0)  # one step's ratio is clipped to these (a stall, a GC pause)
+
 
 class _Step:
     """What one schedule() call has decided so far."""
@@ -105,6 +108,7 @@ class Scheduler:
         self.num_preemptions_swap = 0
         self.num_swapped_blocks = 0  # blocks copied out to the host pool, in total
         self.num_kv_blocks_in_use_peak = 0  # most blocks in use after any schedule()
+        self.step_time_scale = 1.0  # measured / predicted step time, learned (observe_step_time)
 
     # ---- the door -----------------------------------------------------------------------------
     def _validate(self, req: Request) -> None:
@@ -181,7 +185,24 @@ class Scheduler:
             preempted_ids=tuple(st.preempted),
             swap_out=tuple(st.swap_out),
             swap_in=tuple(st.swap_in),
+            predicted_s=self._predicted_seconds(st),
         )
+
+    def _predicted_seconds(self, st: _Step) -> float | None:
+        cost = self.config.step_cost
+        if cost is None or not st.decode_reqs or not st.prefill_tiles or st.prefill_tiles > cost.max_tiles:
+            return None
+        decode_s = cost.decode_seconds([r.num_computed_tokens for r in st.decode_reqs])
+        return decode_s + cost.prefill_seconds(st.prefill_tiles, st.prefill_items)
+
+    def observe_step_time(self, predicted_s: float, measured_s: float) -> None:
+        """Learn how the machine's steps compare with the start-up model (a calibration taken
+        under other load, other processes now): an exponential average of measured / predicted
+        over steps with decodes and prompt tiles, which the time allowance divides by."""
+        if not (predicted_s > 0 and measured_s > 0):
+            return
+        ratio = min(max(measured_s / predicted_s, STEP_SCALE_BOUNDS[0]), STEP_SCALE_BOUNDS[1])
+        self.step_time_scale += STEP_SCALE_WEIGHT * (ratio - self.step_time_scale)
 
     def _schedule_running(self, st: _Step) -> None:
         # a request whose pending tokens reach its limits ends at its update: nothing to schedule
@@ -329,8 +350,10 @@ class Scheduler:
         cost = self.config.step_cost
         if st.allowance_s is None:
             st.decode_s = cost.decode_seconds([r.num_computed_tokens for r in st.decode_reqs])
+            # the model's seconds, as this machine runs them now
+            scale = self.step_time_scale
             st.allowance_s = step_allowance(cost, self.config.objectives, self._clock(), st.decode_reqs,
-                                            st.decode_s, self._prompt_order(), st.budget)
+                                            st.decode_s, self._prompt_order(), st.budget, scale) / scale
 
         def fits(k: int) -> bool:
             tiles, items = cost.chunk_items(num_computed, k)

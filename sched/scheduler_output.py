@@ -62,6 +62,10 @@ class SchedulerOutput:
     swap_out: tuple[tuple[int, int], ...] = ()
     # (host block, device block): copy into the arena before the step (a swapped request resumes)
     swap_in: tuple[tuple[int, int], ...] = ()
+    # the step-cost model's time for a step with decodes and prompt tiles, before the scheduler's
+    # learned scale (None: no model, or another kind of step); the engine reports the measured time
+    # back (Scheduler.observe_step_time)
+    predicted_s: float | None = None
 
     def __post_init__(self) -> None:
         total = sum(len(r.token_ids) for r in self.requests)

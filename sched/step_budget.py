@@ -19,6 +19,11 @@ predicts the time of a candidate step):
   only: spending others' time on a lost cause lowers goodput.
 
 With no decode in the step there is no one to delay and prompts take the whole token budget.
+
+The model's times come from start-up; the machine may run slower or faster now (other load, or a
+calibration taken under load and kept). The scheduler learns the ratio of measured to predicted
+step time from the steps the engine reports (Scheduler.observe_step_time) and compares the model's
+predictions, so scaled, with the allowance.
 """
 
 from __future__ import annotations
@@ -63,25 +68,28 @@ def decoder_bank_s(req: Request, slo: ServiceObjectives, now: float) -> float:
 
 
 def step_allowance(cost: StepCostModel, slo: ServiceObjectives, now: float, decodes: Sequence[Request],
-                   decode_seconds: float, prompts: Sequence[Request], budget_tokens: int) -> float:
+                   decode_seconds: float, prompts: Sequence[Request], budget_tokens: int,
+                   scale: float = 1.0) -> float:
     """Seconds the step may take (see the module doc). `decodes`: the step's decoders;
-    `decode_seconds`: what they cost alone; `prompts`: requests with prompt tokens to compute, in
-    the order the scheduler serves them; `budget_tokens`: the step's token budget for prompts."""
+    `decode_seconds`: what they cost alone (the model's seconds); `prompts`: requests with prompt
+    tokens to compute, in the order the scheduler serves them; `budget_tokens`: the step's token
+    budget for prompts; `scale`: real seconds per model second, as measured lately."""
     floor = slo.floor_s
-    if not decodes or not _a_prompt_to_save(cost, slo, now, decode_seconds, prompts, budget_tokens):
+    if not decodes or not _a_prompt_to_save(cost, slo, now, decode_seconds, prompts, budget_tokens, scale):
         return floor
     bank = min(decoder_bank_s(r, slo, now) for r in decodes)
     return max(floor, bank)
 
 
 def _a_prompt_to_save(cost: StepCostModel, slo: ServiceObjectives, now: float, decode_seconds: float,
-                      prompts: Sequence[Request], budget_tokens: int) -> bool:
-    floor_rate = _tokens_per_s(cost, decode_seconds, slo.floor_s, cost.tile)
+                      prompts: Sequence[Request], budget_tokens: int, scale: float) -> bool:
+    # in the model's seconds: the floor and the time left are divided by the scale
+    floor_rate = _tokens_per_s(cost, decode_seconds, slo.floor_s / scale, cost.tile)
     full_tokens = max(cost.tile, min(budget_tokens, cost.max_tiles * cost.tile) // cost.tile * cost.tile)
     ahead = 0
     for req in prompts:
         ahead += req.num_tokens - req.num_computed_tokens
-        left = req.arrival_time + slo.ttft_s - now
+        left = (req.arrival_time + slo.ttft_s - now) / scale
         if ahead / floor_rate > left and _full_budget_seconds(cost, decode_seconds, ahead, full_tokens) <= left:
             return True
     return False

@@ -75,6 +75,7 @@ class Engine:
         self._compilations = compile_counter.CompileCounter()  # this engine's own, after construction
         self._timer = StepTimer()
         self._in_flight: _InFlight | None = None
+        self._last_done = 0.0    # when the last collected step's tokens were in (perf_counter)
         self._constrained: set[str] = set()   # scheduler ids of live samples with structured output
 
     # -- the door ----------------------------------------------------------------------------
@@ -176,7 +177,14 @@ class Engine:
         asked = time.perf_counter()
         ready = self.runner.is_ready(step.handle)
         result = self.runner.collect(step.handle)
+        done = time.perf_counter()
         self._timer.collected(step.dispatched_at, asked, ready)
+        if not ready and step.sched_out.predicted_s is not None:
+            # the host waited for it, so it ended just now; it started at its dispatch or when the
+            # step before it ended, whichever was later (the device runs steps in order)
+            self.scheduler.observe_step_time(step.sched_out.predicted_s,
+                                             done - max(step.dispatched_at, self._last_done))
+        self._last_done = done
         sampled_ids = {rid: [s.token_id for s in toks] for rid, toks in result.sampled.items()}
         updates = self.scheduler.update(step.sched_out, sampled_ids)
         if self._constrained:
@@ -234,6 +242,7 @@ class Engine:
             prefill_chunk_tokens=s.config.long_prefill_token_threshold or s.config.decode_step_prefill_cap,
             prefix_cache_nodes=s.prefix_cache_nodes,
             prefill_policy=self.chunk_policy.describe() if self.chunk_policy is not None else "",
+            step_time_scale=s.step_time_scale,
             host_ms_per_step=timing.host_ms_per_step,
             device_idle_fraction=timing.device_idle_fraction,
         )

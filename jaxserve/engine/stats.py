@@ -28,6 +28,7 @@ class EngineStats:
                                        # chunk applies only to steps that carry decodes)
     prefix_cache_nodes: int = 0        # nodes in the prefix-cache tree, one per cached block
     prefill_policy: str = ""           # how prompt chunks are sized (engine/chunk_policy.py), in words
+    step_time_scale: float = 1.0       # measured / predicted time of steps with decodes and prompts (slo policy)
     host_ms_per_step: float = 0.0      # host time per step call outside waiting for the device
     device_idle_fraction: float = 0.0  # share of busy wall time with no step in flight (a lower bound)
 

@@ -150,3 +150,30 @@ def test_the_scheduler_gives_a_prompt_at_risk_a_bigger_step():
     assert len(p.token_ids) == 40                      # saved in one step, beyond the floor's one tile
     t, _, _ = predicted_seconds(out, sched)
     assert t > 0.18 and t <= decoder_bank_s(chat, sched.config.objectives, clock.now) + 1e-9
+
+
+def test_a_machine_slower_than_its_model_gets_smaller_chunks_once_the_scheduler_has_measured_it():
+    def first_mixed_step(scale_observations):
+        sched, clock = scheduler(tpot_s=0.5)      # floor 0.45 s
+        for predicted, measured in scale_observations:
+            sched.observe_step_time(predicted, measured)
+        runner = FakeRunner(256, 4)
+        chat = make_request("chat", 8, max_tokens=40, ignore_eos=True)
+        sched.add_request(chat)
+        for _ in range(3):
+            out = sched.schedule()
+            sched.update(out, runner.execute(out, sched))
+        sched.add_request(make_request("long", 200, max_tokens=2))
+        out = sched.schedule()
+        assert out.predicted_s is not None       # decodes and prompt tiles: the engine reports its time
+        return out, sched
+
+    out, sched = first_mixed_step([])
+    assert sched.step_time_scale == 1.0 and 0.3 < out.predicted_s <= 0.45
+    # the machine ran such steps twice as slowly as predicted: the learned scale approaches 2
+    out, sched = first_mixed_step([(0.2, 0.4)] * 30)
+    assert sched.step_time_scale == pytest.approx(2.0, rel=0.01)
+    assert out.predicted_s * sched.step_time_scale <= 0.45 + 1e-9 and out.predicted_s < 0.3
+    # one wild measurement moves the scale by at most its clipped share
+    sched.observe_step_time(0.1, 100.0)
+    assert sched.step_time_scale <= 2.0 + 0.2 * (4.0 - 2.0) + 1e-9
