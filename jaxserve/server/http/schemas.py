@@ -138,7 +138,7 @@ class _Choice(BaseModel):
 
 
 class _Response(BaseModel):
-    """What every non-streamed response carries (the kinds add `object` and `choices`)."""
+    """What every response and streamed chunk carries (the kinds add `object` and `choices`)."""
     id: str
     created: int
     model: str
@@ -196,24 +196,16 @@ class ChatChunkChoice(BaseModel):
     finish_reason: str | None = None
 
 
-class ChatCompletionChunk(BaseModel):
-    id: str
+class ChatCompletionChunk(_Response):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
     choices: list[ChatChunkChoice]
-    usage: Usage | None = None
 
 
-class CompletionChunk(BaseModel):
+class CompletionChunk(_Response):
     """A streamed completion chunk has the response's shape (object "text_completion")."""
 
-    id: str
     object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
     choices: list[CompletionChoice]
-    usage: Usage | None = None
 
 
 class ModelCard(BaseModel):
