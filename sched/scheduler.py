@@ -51,13 +51,11 @@ from jaxserve.sched.request import FINISH_REASONS, Request, RequestStatus
 from jaxserve.sched.request_queue import WaitingQueue
 from jaxserve.sched.scheduler_config import SchedulerConfig
 from jaxserve.sched.scheduler_output import PLACEHOLDER_TOKEN, RequestUpdate, ScheduledRequest, SchedulerOutput
-from jaxserve.sched.step_budget import step_allowance
+from jaxserve.sched.step_budget import StepTimeScale, chunk_within, step_allowance
 from jaxserve.sched.stop_conditions import check_stop
 
 __all__ = ["Overloaded", "Scheduler", "SchedulerConfig"]
 
-STEP_SCALE_WEIGHT = 0.2          # each measured step's weight in the learned scale
-STEP_SCALE_BOUNDS = (0.25, 4.0)  # one step's ratio is clipped to these (a stall, a GC pause)
 
 
 class _Step:
@@ -108,7 +106,7 @@ class Scheduler:
         self.num_preemptions_swap = 0
         self.num_swapped_blocks = 0  # blocks copied out to the host pool, in total
         self.num_kv_blocks_in_use_peak = 0  # most blocks in use after any schedule()
-        self.step_time_scale = 1.0  # measured / predicted step time, learned (observe_step_time)
+        self._step_time = StepTimeScale()  # measured / predicted step time, learned (observe_step_time)
 
     # ---- the door -----------------------------------------------------------------------------
     def _validate(self, req: Request) -> None:
@@ -196,13 +194,12 @@ class Scheduler:
         return decode_s + cost.prefill_seconds(st.prefill_tiles, st.prefill_items)
 
     def observe_step_time(self, predicted_s: float, measured_s: float) -> None:
-        """Learn how the machine's steps compare with the start-up model (a calibration taken
-        under other load, other processes now): an exponential average of measured / predicted
-        over steps with decodes and prompt tiles, which the time allowance divides by."""
-        if not (predicted_s > 0 and measured_s > 0):
-            return
-        ratio = min(max(measured_s / predicted_s, STEP_SCALE_BOUNDS[0]), STEP_SCALE_BOUNDS[1])
-        self.step_time_scale += STEP_SCALE_WEIGHT * (ratio - self.step_time_scale)
+        """A step's measured time against its `predicted_s` (step_budget.StepTimeScale)."""
+        self._step_time.observe(predicted_s, measured_s)
+
+    @property
+    def step_time_scale(self) -> float:
+        return self._step_time.value
 
     def _schedule_running(self, st: _Step) -> None:
         # a request whose pending tokens reach its limits ends at its update: nothing to schedule
@@ -344,37 +341,15 @@ class Scheduler:
         return fit if fit > 1 else min(1, budget, n)
 
     def _chunk_within_allowance(self, req: Request, num_computed: int, n: int, st: _Step) -> int:
-        """The most of req's n next prompt tokens (whole tiles, or all n) this step can carry
-        within its time allowance; one tile if the step has no prompt tokens yet (every step
-        moves some prompt forward), else possibly 0."""
+        """How many of req's n next prompt tokens fit this step's time allowance (step_budget.py)."""
         cost = self.config.step_cost
         if st.allowance_s is None:
             st.decode_s = cost.decode_seconds([r.num_computed_tokens for r in st.decode_reqs])
             # the model's seconds, as this machine runs them now
-            scale = self.step_time_scale
+            scale = self._step_time.value
             st.allowance_s = step_allowance(cost, self.config.objectives, self._clock(), st.decode_reqs,
                                             st.decode_s, self._prompt_order(), st.budget, scale) / scale
-
-        def fits(k: int) -> bool:
-            tiles, items = cost.chunk_items(num_computed, k)
-            if st.prefill_tiles + tiles > cost.max_tiles:
-                return False
-            t = st.decode_s + cost.prefill_seconds(st.prefill_tiles + tiles, st.prefill_items + items)
-            return t <= st.allowance_s
-
-        tile = cost.tile
-        if fits(n):
-            return n
-        lo, hi = 0, (n - 1) // tile  # whole tiles: lo fits (0 tiles), hi + 1 tiles would be >= n
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if fits(mid * tile):
-                lo = mid
-            else:
-                hi = mid - 1
-        if lo == 0 and st.prefill_tiles == 0:
-            return min(n, tile)
-        return lo * tile
+        return chunk_within(cost, num_computed, n, st.decode_s, st.prefill_tiles, st.prefill_items, st.allowance_s)
 
     def _prompt_order(self) -> list[Request]:
         """Requests with prompt tokens left, in the order this step serves them: running ones,

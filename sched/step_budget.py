@@ -111,3 +111,48 @@ def _tokens_per_s(cost: StepCostModel, decode_seconds: float, step_s: float, til
     while n + tile <= cost.max_tiles * tile and cost.prefill_seconds(*cost.chunk_items(0, n + tile)) <= room:
         n += tile
     return n / max(step_s, decode_seconds + cost.prefill_seconds(*cost.chunk_items(0, n)))
+
+
+def chunk_within(cost: StepCostModel, num_computed: int, n: int, decode_s: float, tiles: int, items: int,
+                 allowance_s: float) -> int:
+    """The most of a prompt's n next tokens (after num_computed) that a step already holding
+    decodes of `decode_s` and `tiles` prefill tiles with `items` extra attention items can add
+    within `allowance_s` (model seconds): all n, or whole tiles; one tile when the step has no
+    prompt tile yet (every step moves some prompt forward), else possibly 0."""
+    def fits(k: int) -> bool:
+        t, i = cost.chunk_items(num_computed, k)
+        if tiles + t > cost.max_tiles:
+            return False
+        return decode_s + cost.prefill_seconds(tiles + t, items + i) <= allowance_s
+
+    tile = cost.tile
+    if fits(n):
+        return n
+    lo, hi = 0, (n - 1) // tile  # in whole tiles: 0 fits, hi + 1 tiles would be n or more
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid * tile):
+            lo = mid
+        else:
+            hi = mid - 1
+    if lo == 0 and tiles == 0:
+        return min(n, tile)
+    return lo * tile
+
+
+class StepTimeScale:
+    """How the machine runs steps now against the start-up model (a calibration taken under other
+    load, other processes now): an exponential average of measured / predicted over steps with
+    decodes and prompt tiles, which the time allowance divides by."""
+
+    WEIGHT = 0.2             # each measured step's weight
+    BOUNDS = (0.25, 4.0)     # one step's ratio is clipped to these (a stall, a GC pause)
+
+    def __init__(self) -> None:
+        self.value = 1.0
+
+    def observe(self, predicted_s: float, measured_s: float) -> None:
+        if not (predicted_s > 0 and measured_s > 0):
+            return
+        ratio = min(max(measured_s / predicted_s, self.BOUNDS[0]), self.BOUNDS[1])
+        self.value += self.WEIGHT * (ratio - self.value)
