@@ -20,6 +20,15 @@ class EngineConfig:
     model: str | None = _f(None, "GGUF file, HF directory or converted checkpoint; default: the embedded SmolLM2-135M-Instruct")
     dtype: str = _f("auto", "weights and KV cache dtype: auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16",
                     choices=("auto", "float32", "bfloat16"))
+    quantization: str = _f(
+        "none", "weight quantization of the decoder projections: none (serve the checkpoint as it is), int8 "
+                "(per output channel), int4 (group-wise, --quantization-group-size), fp8 (e4m3 weights and "
+                "activations, activation scales calibrated on real text); embedding, LM head and norms stay float",
+        choices=("none", "int8", "int4", "fp8"))
+    quantization_group_size: int = _f(32, "int4: inputs per scale (32 or 128)")
+    kv_cache_dtype: str = _f(
+        "auto", "KV cache element type: auto (the model dtype), fp8_e4m3 or int8 (per-layer per-head scales "
+                "calibrated on real text; half the bytes of bfloat16)", choices=("auto", "fp8_e4m3", "int8"))
     max_model_len: int | None = _f(None, "longest prompt + output in tokens; default: the model's limit, at most 8192")
     block_size: int = _f(16, "tokens per KV block")
     max_num_seqs: int = _f(32, "most sequences in one step")
@@ -89,6 +98,12 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16"):
             raise ValueError(f"dtype={self.dtype!r} must be one of auto, float32, bfloat16")
+        if self.quantization not in ("none", "int8", "int4", "fp8"):
+            raise ValueError(f"quantization={self.quantization!r} must be one of none, int8, int4, fp8")
+        if self.quantization_group_size not in (32, 128):
+            raise ValueError(f"quantization_group_size={self.quantization_group_size!r} must be 32 or 128")
+        if self.kv_cache_dtype not in ("auto", "fp8_e4m3", "int8"):
+            raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} must be one of auto, fp8_e4m3, int8")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "prefill_tile", "starvation_steps"):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
