@@ -1,6 +1,7 @@
 """The step function: one forward pass over a packed batch, compiled per bucket.
 
-Each layer's attention writes the new K/V into the donated arena by slot mapping, then runs
+Each layer's attention writes the new K/V into the donated arena by slot mapping (runner/kv_write.py,
+quantizing them when the arena is fp8/int8), then runs
 ragged paged attention twice: over the decode rows (one query per slot) and over the prefill
 tiles (`tile` queries per slot). Input ids marked as placeholders (`token_src` >= 0) are taken
 from `prev_tokens`, the previous step's sampled ids still on the device. It returns the logits of
@@ -16,6 +17,7 @@ import jax.numpy as jnp
 
 from jaxserve.models import llama
 from jaxserve.models.config import ModelConfig
+from jaxserve.runner.kv_write import kv_scales, scaled_attention, write_kv
 
 
 # Work granularity of the XLA attention (ignored by the GPU kernels): context chunks of
@@ -26,14 +28,6 @@ from jaxserve.models.config import ModelConfig
 # items). Fewer iterations save per-iteration overhead; bigger ones spill the caches.
 DECODE_KV_CHUNK_BLOCKS, DECODE_ITEMS = 8, 16
 PREFILL_KV_CHUNK_BLOCKS, PREFILL_ITEMS = 16, 4
-
-
-def write_kv(k_cache, v_cache, k, v, slots):
-    # caches: [num_blocks, block_size, K, H]; k, v: [T, K, H]; slots: [T] flat slot ids
-    shape = k_cache.shape
-    flat_k = k_cache.reshape(-1, shape[2], shape[3]).at[slots].set(k.astype(k_cache.dtype))
-    flat_v = v_cache.reshape(-1, shape[2], shape[3]).at[slots].set(v.astype(v_cache.dtype))
-    return flat_k.reshape(shape), flat_v.reshape(shape)
 
 
 def make_step(config: ModelConfig, attention_impl: Callable, *, decode_rows: int, prefill_tiles: int,
@@ -54,15 +48,17 @@ def make_step(config: ModelConfig, attention_impl: Callable, *, decode_rows: int
 
         def attention(layer, q, k, v, cache):
             # q: [T, N, H], k, v: [T, K, H]
-            k_cache, v_cache = write_kv(cache[0], cache[1], k, v, b["slot_mapping"])
-            out = attention_impl(q[:D], k_cache, v_cache, b["dec_kv_lens"], b["dec_tables"], dec_cu,
-                                 b["dec_num"], sm_scale=sm_scale, sliding_window=window, uniform_q_len=1,
-                                 kv_chunk_blocks=DECODE_KV_CHUNK_BLOCKS, items_per_iter=DECODE_ITEMS)
+            scales = kv_scales(params, layer)           # None unless the arena is quantized
+            k_cache, v_cache = write_kv(cache[0], cache[1], k, v, b["slot_mapping"], scales)
+            attend = scaled_attention(attention_impl, scales)
+            out = attend(q[:D], k_cache, v_cache, b["dec_kv_lens"], b["dec_tables"], dec_cu,
+                         b["dec_num"], sm_scale=sm_scale, sliding_window=window, uniform_q_len=1,
+                         kv_chunk_blocks=DECODE_KV_CHUNK_BLOCKS, items_per_iter=DECODE_ITEMS)
             if P:
-                pre = attention_impl(q[D:], k_cache, v_cache, b["pre_kv_lens"], b["pre_tables"], pre_cu,
-                                     b["pre_num"], sm_scale=sm_scale, sliding_window=window,
-                                     uniform_q_len=tile, kv_chunk_blocks=PREFILL_KV_CHUNK_BLOCKS,
-                                     items_per_iter=PREFILL_ITEMS)
+                pre = attend(q[D:], k_cache, v_cache, b["pre_kv_lens"], b["pre_tables"], pre_cu,
+                             b["pre_num"], sm_scale=sm_scale, sliding_window=window,
+                             uniform_q_len=tile, kv_chunk_blocks=PREFILL_KV_CHUNK_BLOCKS,
+                             items_per_iter=PREFILL_ITEMS)
                 out = jnp.concatenate([out, pre], axis=0)
             return out, (k_cache, v_cache)
 
