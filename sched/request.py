@@ -85,6 +85,9 @@ class Request:
     arrival_step: int = 0  # the scheduler step it arrived in (starvation guard)
     fork_parent_id: str | None = None  # a waiting fork child's parent
     host_block_ids: list[int] = field(default_factory=list)  # a swapped-out request's host blocks
+    # speculative decoding (speculation.py): guesses accepted and judged, decayed counts
+    spec_accepted: float = 0.0
+    spec_trials: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str):

@@ -30,5 +30,11 @@ class SamplingOptions:
     def wants_logprobs(self) -> bool:
         return self.num_logprobs is not None
 
+    @property
+    def allows_drafts(self) -> bool:
+        """Whether speculative guesses may be verified for this request (sched/speculation.py):
+        a row's options must not depend on the tokens before it beyond the step index."""
+        return True
+
 
 GREEDY = SamplingOptions()

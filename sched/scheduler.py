@@ -51,7 +51,10 @@ from jaxserve.sched.request import FINISH_REASONS, Request, RequestStatus
 from jaxserve.sched.request_queue import WaitingQueue
 from jaxserve.sched.scheduler_config import SchedulerConfig
 from jaxserve.sched.scheduler_output import PLACEHOLDER_TOKEN, RequestUpdate, ScheduledRequest, SchedulerOutput
+from jaxserve.sched.ngram_proposer import propose_ngram
+from jaxserve.sched.speculation import DraftPlanner, record_verification
 from jaxserve.sched.step_budget import StepTimeScale, chunk_within, step_allowance
+from jaxserve.sched.step_cost import lookup_seconds
 from jaxserve.sched.stop_conditions import check_stop
 
 __all__ = ["Overloaded", "Scheduler", "SchedulerConfig"]
@@ -107,6 +110,14 @@ class Scheduler:
         self.num_swapped_blocks = 0  # blocks copied out to the host pool, in total
         self.num_kv_blocks_in_use_peak = 0  # most blocks in use after any schedule()
         self._step_time = StepTimeScale()  # measured / predicted step time, learned (observe_step_time)
+        self._planner = None
+        if config.speculation is not None:
+            table = config.decode_step_seconds
+            self._planner = DraftPlanner(config.speculation, config.max_decode_rows or config.max_num_seqs,
+                                         (lambda rows: lookup_seconds(table, rows)) if table else None)
+        self.spec_num_draft_tokens = 0       # guesses verified
+        self.spec_num_accepted_tokens = 0    # of those, accepted
+        self.spec_num_verifications = 0      # request-steps that verified guesses
 
     # ---- the door -----------------------------------------------------------------------------
     def _validate(self, req: Request) -> None:
@@ -164,10 +175,13 @@ class Scheduler:
         self.waiting.push(req, key)
 
     # ---- a step -------------------------------------------------------------------------------
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, *, drafts: bool = False) -> SchedulerOutput:
+        """drafts: decoding requests may carry speculative guesses (speculation.py) if this step
+        turns out decode-only. The caller must not schedule the next step before this one's
+        update(): how many tokens a verification yields is known only then."""
         self._step += 1
         st = _Step(self.config.max_num_batched_tokens)
-        self._schedule_running(st)
+        self._schedule_running(st, drafts and self._planner is not None)
         # Admitting right after a preemption would only evict someone again next step.
         if not st.preempted:
             self._schedule_waiting(st)
@@ -201,16 +215,22 @@ class Scheduler:
     def step_time_scale(self) -> float:
         return self._step_time.value
 
-    def _schedule_running(self, st: _Step) -> None:
+    def _schedule_running(self, st: _Step, drafts: bool = False) -> None:
         # a request whose pending tokens reach its limits ends at its update: nothing to schedule
         live = [r for r in self.running if not self._ends_with_pending(r)]
         decodes = [r for r in live if r.num_tokens_with_pending - r.num_computed_tokens == 1]
         prefills = [r for r in live if r.num_tokens_with_pending - r.num_computed_tokens > 1]
+        guesses = self._plan_drafts(decodes) if drafts and not prefills and not self.waiting else {}
         for req in decodes + prefills:
             if req.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this step
             if st.budget <= 0:
                 break
+            draft = guesses.get(req.request_id)
+            if draft and st.budget >= 1 + len(draft) and self.kv.allocate_slots(req, 1 + len(draft), st.copies):
+                # blocks for the guesses come only from what is free: never preempt for a guess
+                self._add_scheduled(req, 1 + len(draft), st, draft=draft)
+                continue
             n = self._num_new_tokens(req, req.num_computed_tokens, st)
             if n == 0:
                 continue
@@ -221,6 +241,40 @@ class Scheduler:
                     break
             if req.status is RequestStatus.RUNNING:
                 self._add_scheduled(req, n, st)
+
+    # ---- speculative decoding ---------------------------------------------------------------
+    def wants_drafts(self) -> bool:
+        """Whether the next step would speculate if allowed: speculation is on, the step would be
+        decode-only, and some decoding request can take guesses. The engine then runs that step
+        without its one-step-ahead overlap (drafts need every token known on the host)."""
+        if self._planner is None or self.waiting or not self.running:
+            return False
+        if any(r.num_tokens_with_pending - r.num_computed_tokens > 1 for r in self.running):
+            return False   # a prompt still prefilling: this step carries its chunk, not guesses
+        # would a full set of guesses pay for this batch, at the requests' acceptance so far?
+        k = self.config.speculation.num_speculative_tokens
+        return self._planner.plan([(r, range(k if self._may_draft(r) else 0)) for r in self.running]) > 0
+
+    def _may_draft(self, req: Request) -> bool:
+        # guesses must fit max_tokens and max_model_len: a verification appends up to k + 1 tokens
+        return (req.sampling.allows_drafts and req.num_output_tokens > 0
+                and req.max_tokens - req.num_output_tokens > 1
+                and self.config.max_model_len - req.num_tokens > 1)
+
+    def _plan_drafts(self, decodes: list[Request]) -> dict[str, list[int]]:
+        """Guesses for this step's decodes: each one's n-gram proposal, cut to the planner's k."""
+        spec = self.config.speculation
+        proposals = []
+        for req in decodes:
+            if req.num_pending_output_tokens or not self._may_draft(req):
+                proposals.append((req, []))
+                continue
+            room = min(spec.num_speculative_tokens, req.max_tokens - req.num_output_tokens - 1,
+                       self.config.max_model_len - req.num_tokens - 1)
+            proposals.append((req, propose_ngram(req.all_token_ids, room, spec.prompt_lookup_min,
+                                                 spec.prompt_lookup_max)))
+        k = self._planner.plan(proposals)
+        return {r.request_id: list(p[:k]) for r, p in proposals if k and p}
 
     def _schedule_waiting(self, st: _Step) -> None:
         c = self.config
@@ -383,13 +437,19 @@ class Scheduler:
         return (req.num_outputs_with_pending >= req.max_tokens
                 or req.num_tokens_with_pending >= self.config.max_model_len)
 
-    def _add_scheduled(self, req: Request, n: int, st: _Step) -> None:
-        """Put n of req's tokens in this step and advance its state as if the step had run."""
+    def _add_scheduled(self, req: Request, n: int, st: _Step, draft: list[int] | None = None) -> None:
+        """Put n of req's tokens in this step (its last known token and `draft`, the guesses after
+        it, if any) and advance its state as if the step had run. A verification's guesses are
+        taken back at update() as far as they were rejected."""
         c0 = req.num_computed_tokens
         known = req.num_tokens
         end = c0 + n
-        token_ids = req.token_slice(c0, min(end, known)) + (PLACEHOLDER_TOKEN,) * max(0, end - max(c0, known))
-        sample = end == req.num_tokens_with_pending
+        if draft:
+            token_ids = req.token_slice(c0, known) + tuple(draft)
+            sample = True
+        else:
+            token_ids = req.token_slice(c0, min(end, known)) + (PLACEHOLDER_TOKEN,) * max(0, end - max(c0, known))
+            sample = end == req.num_tokens_with_pending
         st.scheduled[req.request_id] = ScheduledRequest(
             request_id=req.request_id,
             token_ids=token_ids,
@@ -398,16 +458,17 @@ class Scheduler:
             sample=sample,
             num_output_tokens=req.num_outputs_with_pending,
             sampling=req.sampling,
+            num_draft_tokens=len(draft) if draft else 0,
         )
-        st.budget -= self._charge(n)
-        if n == 1 and req.num_outputs_with_pending > 0:
+        st.budget -= n if draft else self._charge(n)
+        if draft or (n == 1 and req.num_outputs_with_pending > 0):
             st.decodes += 1
             st.decode_reqs.append(req)
         elif self.config.step_cost is not None:
             tiles, items = self.config.step_cost.chunk_items(c0, n)
             st.prefill_tiles += tiles
             st.prefill_items += items
-        if end < req.num_tokens_with_pending:
+        if end < req.num_tokens_with_pending and not draft:
             st.partial.add(req.request_id)
         req.num_computed_tokens = end
         if sample:
@@ -421,7 +482,7 @@ class Scheduler:
         pending_copy = False
         sr = st.scheduled.pop(rid, None)
         if sr is not None:  # undo what _add_scheduled advanced
-            st.budget += self._charge(len(sr.token_ids))
+            st.budget += len(sr.token_ids) if sr.num_draft_tokens else self._charge(len(sr.token_ids))
             st.partial.discard(rid)
             victim.num_computed_tokens = sr.num_computed_tokens
             if sr.sample:
@@ -482,17 +543,20 @@ class Scheduler:
                 if sr.request_id not in sampled:
                     raise ValueError(f"update(): no sampled token for request {sr.request_id!r}")
                 new = tuple(int(t) for t in sampled[sr.request_id])
-                if len(new) != 1:
-                    raise ValueError(f"update(): request {sr.request_id!r} got {len(new)} tokens, expected 1")
-                if req.num_pending_output_tokens < len(new):
+                k = sr.num_draft_tokens
+                if not 1 <= len(new) <= 1 + k or new[:-1] != sr.draft_token_ids[:len(new) - 1]:
+                    raise ValueError(f"update(): request {sr.request_id!r} got tokens {new} for guesses "
+                                     f"{sr.draft_token_ids}: expected the accepted guesses and one sampled token")
+                if req.num_pending_output_tokens < 1:
                     raise ValueError(
-                        f"update() for request {sr.request_id!r}: it has {req.num_pending_output_tokens} "
-                        f"pending tokens but the step sampled {len(new)}; call update() once per schedule()")
-                req.num_pending_output_tokens -= len(new)
+                        f"update() for request {sr.request_id!r}: it has no pending token but the step "
+                        f"sampled {len(new)}; call update() once per schedule()")
+                req.num_pending_output_tokens -= 1
                 if not req.output_token_ids and req.first_token_time is None:
                     req.first_token_time = self._clock()
-                req.output_token_ids.extend(new)
-                stop = check_stop(req, self.config.max_model_len)
+                if k:
+                    self._verified(req, sr, len(new) - 1)
+                new, stop = self._append_until_stop(req, new)
             if req.status is RequestStatus.RUNNING:
                 self.kv.cache_computed_blocks(req)
             if stop is not None:
@@ -500,6 +564,27 @@ class Scheduler:
             if new or req.status is RequestStatus.RUNNING or stop is not None:
                 updates.append(RequestUpdate(req, new, stop is not None))
         return updates
+
+    def _append_until_stop(self, req: Request, new: tuple[int, ...]):
+        """Append new tokens one at a time, as single steps would have: the first that ends the
+        request is its last, and what a verification sampled after it is dropped."""
+        for i, t in enumerate(new):
+            req.output_token_ids.append(t)
+            stop = check_stop(req, self.config.max_model_len)
+            if stop is not None:
+                return new[:i + 1], stop
+        return new, None
+
+    def _verified(self, req: Request, sr: ScheduledRequest, accepted: int) -> None:
+        """A verification kept `accepted` of its guesses: the K/V of the rejected ones hold the
+        wrong tokens, so they are computed again (overwritten) from the token sampled instead."""
+        k = sr.num_draft_tokens
+        if req.status is RequestStatus.RUNNING:
+            req.num_computed_tokens -= k - accepted
+        record_verification(req, k, accepted)
+        self.spec_num_verifications += 1
+        self.spec_num_draft_tokens += k
+        self.spec_num_accepted_tokens += accepted
 
     # ---- ending requests from outside ---------------------------------------------------------
     def abort_requests(self, request_ids: Iterable[str]) -> list[Request]:

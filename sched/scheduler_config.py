@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from jaxserve.sched.speculation import SpeculativeConfig
 from jaxserve.sched.step_budget import ServiceObjectives
 from jaxserve.sched.step_cost import StepCostModel
 
@@ -55,6 +56,12 @@ class SchedulerConfig:
     preemption_mode: str = "recompute"  # "recompute" | "swap" | "auto"
     num_host_blocks: int = 0  # host-memory pool for swapped-out blocks (swap and auto modes)
     swap_crossover_tokens: int = 256  # auto: swap when recompute would redo at least this many tokens
+
+    # ---- speculative decoding (speculation.py) ----
+    speculation: SpeculativeConfig | None = None
+    max_decode_rows: int = 0  # decode rows (decodes + drafts) a step holds; 0 = max_num_seqs
+    # (decode rows bucket, seconds of a decode-only step): what extra rows cost; () = rows are free
+    decode_step_seconds: tuple[tuple[int, float], ...] = ()
 
     def prefill_cap_beside(self, num_decodes: int) -> int:
         """Most prompt tokens of one request in a step that carries num_decodes > 0 decodes (0 = no cap)."""
@@ -107,6 +114,13 @@ class SchedulerConfig:
         if self.step_cost is not None and self.step_cost.tile != self.chunk_granularity:
             raise ValueError(f"step_cost.tile={self.step_cost.tile} must equal chunk_granularity="
                              f"{self.chunk_granularity} (both are the runner's prefill tile)")
+        if self.max_decode_rows and self.max_decode_rows < self.max_num_seqs:
+            raise ValueError(f"max_decode_rows={self.max_decode_rows} must be >= max_num_seqs={self.max_num_seqs} "
+                             f"(or 0)")
+        rows = [r for r, _ in self.decode_step_seconds]
+        if rows != sorted(set(rows)) or any(s < 0 for _, s in self.decode_step_seconds):
+            raise ValueError(f"decode_step_seconds must be (rows, seconds) pairs with increasing rows, got "
+                             f"{self.decode_step_seconds!r}")
         if not self.enable_chunked_prefill:
             if self.objectives is not None:
                 raise ValueError("objectives size prompt chunks; they need enable_chunked_prefill=True")

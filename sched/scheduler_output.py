@@ -28,12 +28,32 @@ class ScheduledRequest:
     sample: bool  # True iff this step reaches the last known token, so a new token is sampled
     num_output_tokens: int  # outputs sampled before this step, pending ones included (a seeded sampler's step index)
     sampling: SamplingOptions = GREEDY
+    # speculative decoding: guessed next tokens, the tail of token_ids. The step computes every
+    # token as a decode row and samples at each; update() keeps the guesses that each equal the
+    # token sampled the row before, and the token sampled after the last one kept.
+    num_draft_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not self.token_ids:
             raise ValueError(f"request {self.request_id!r} scheduled with 0 tokens")
         if self.num_computed_tokens < 0:
             raise ValueError(f"num_computed_tokens must be >= 0, got {self.num_computed_tokens}")
+        if self.num_draft_tokens and (not self.sample or self.num_draft_tokens >= len(self.token_ids)
+                                      or PLACEHOLDER_TOKEN in self.token_ids):
+            raise ValueError(f"request {self.request_id!r}: {self.num_draft_tokens} draft tokens need a sampling "
+                             f"step with known tokens and one token before them, got {self.token_ids!r}")
+
+    @property
+    def draft_token_ids(self) -> tuple[int, ...]:
+        return self.token_ids[len(self.token_ids) - self.num_draft_tokens:] if self.num_draft_tokens else ()
+
+    @property
+    def decode_rows(self) -> int:
+        """Decode rows this request takes in the step: one per token of a decode or a verification
+        (the runner computes drafts as decode rows), none for a prompt chunk (prefill tiles)."""
+        if self.num_draft_tokens:
+            return len(self.token_ids)
+        return 1 if len(self.token_ids) == 1 else 0
 
     @property
     def num_new_tokens(self) -> int:

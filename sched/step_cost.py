@@ -56,7 +56,7 @@ class StepCostModel:
         """A decode-only step of decodes at these contexts (tokens each row attends to)."""
         if not contexts:
             return 0.0
-        base = _lookup(self.decode_s, len(contexts))
+        base = lookup_seconds(self.decode_s, len(contexts))
         per_row = _ceil_div(self.calib_context, self.item_tokens)
         extra = sum(max(0, _ceil_div(c, self.item_tokens) - per_row) for c in contexts)
         return base + self.item_s * extra
@@ -76,11 +76,12 @@ class StepCostModel:
             return 0.0
         if tiles > self.max_tiles:
             raise ValueError(f"{tiles} prefill tiles exceed the largest bucket {self.max_tiles}")
-        return _lookup(self.prefill_s, tiles) + self.item_s * extra_items
+        return lookup_seconds(self.prefill_s, tiles) + self.item_s * extra_items
 
 
-def _lookup(table: tuple[tuple[int, float], ...], n: int) -> float:
-    """The seconds of the smallest bucket holding n (the largest one beyond it)."""
+def lookup_seconds(table: tuple[tuple[int, float], ...], n: int) -> float:
+    """The seconds of the smallest bucket holding n (the largest one beyond it): a step pays for
+    its bucket's padding."""
     keys = [k for k, _ in table]
     i = min(bisect.bisect_left(keys, n), len(table) - 1)
     return table[i][1]

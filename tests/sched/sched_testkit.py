@@ -46,12 +46,18 @@ def make_request(rid: str, prompt: Sequence[int] | int, max_tokens: int = 8, *, 
     return Request(rid, list(prompt), max_tokens, **kw)
 
 
-def reference_output(req: Request, max_model_len: int) -> tuple[list[int], str, int | None]:
+def short_memory_token(context: Sequence[int]) -> int:
+    """A 'model' that sees only the last two tokens and says one of ten: its outputs soon cycle,
+    so n-gram guesses (speculative decoding) are often right, as on repetitive text."""
+    return next_token(context[-2:], 12)
+
+
+def reference_output(req: Request, max_model_len: int, model=next_token) -> tuple[list[int], str, int | None]:
     """What the request must produce: the fake model run alone, with the stop rules restated."""
     tokens = list(req.prompt_token_ids)
     out: list[int] = []
     while True:
-        t = next_token(tokens)
+        t = model(tokens)
         tokens.append(t)
         out.append(t)
         if len(out) >= req.min_tokens:
@@ -64,7 +70,8 @@ def reference_output(req: Request, max_model_len: int) -> tuple[list[int], str, 
 
 
 class FakeRunner:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, model=next_token) -> None:
+        self.model = model
         self.block_size = block_size
         self.kv = np.full((num_blocks, block_size), -1, dtype=np.int64)  # [block, offset] -> token
         self.host: dict[int, np.ndarray] = {}  # host pool for swapped blocks
@@ -104,10 +111,18 @@ class FakeRunner:
             ctx = [int(self.kv[sr.block_ids[p // bs], p % bs]) for p in range(end)]
             req = sched.get_request(sr.request_id)
             from_before = req.num_pending_output_tokens - sr.sample  # sampled by the step before this one
-            known = req.all_token_ids + ([pending[sr.request_id]] if from_before else [])
+            known = req.all_token_ids + ([pending[sr.request_id]] if from_before else []) + list(sr.draft_token_ids)
             assert ctx == known[:end], f"{sr.request_id}: the KV arena holds the wrong context"
-            if sr.sample:
-                sampled[sr.request_id] = [next_token(ctx)]
+            if sr.num_draft_tokens:
+                # a row per token: guess j is kept while it equals the token sampled the row before
+                k = sr.num_draft_tokens
+                rows = [self.model(ctx[:end - k + j]) for j in range(k + 1)]
+                kept = 0
+                while kept < k and rows[kept] == sr.draft_token_ids[kept]:
+                    kept += 1
+                sampled[sr.request_id] = rows[:kept + 1]
+            elif sr.sample:
+                sampled[sr.request_id] = [self.model(ctx)]
         # blocks nobody holds lose their content: a later read of one shows as a wrong context
         pool = sched.kv.pool
         for b in pool.free_block_ids():
@@ -165,11 +180,13 @@ def drive(
     max_steps: int = 20_000,
     one_step_ahead: bool = False,
     on_update: Callable[[int], None] | None = None,
+    speculate: bool = False,
 ) -> dict[str, Request]:
     """Run until every request finished. `arrivals[step]` are added before that step's schedule().
     With `one_step_ahead`, step N+1 is scheduled and run before step N's update, as the engine's
     asynchronous loop does; `on_update(step)` runs after each update (e.g. to abort requests).
-    Returns all requests by id (finished)."""
+    With `speculate`, a step the scheduler wants to speculate in is scheduled with drafts after
+    the step in flight is updated, as the engine does. Returns all requests by id (finished)."""
     cfg = sched.config
     runner = runner or FakeRunner(cfg.num_blocks, cfg.block_size)
     seen: dict[str, Request] = {}
@@ -183,7 +200,11 @@ def drive(
         for r in arrivals.pop(step, []):
             sched.add_request(r)
             seen[r.request_id] = r
-        out = sched.schedule()
+        drafts = speculate and sched.wants_drafts()
+        if drafts and in_flight is not None:   # drafts need every token known: finish the step in flight
+            sched.update(*in_flight)
+            in_flight = None
+        out = sched.schedule(drafts=drafts)
         assert out.num_batched_tokens <= cfg.max_num_batched_tokens
         assert len({s.request_id for s in out.requests}) == len(out.requests)
         if sched.has_unfinished_requests() and not arrivals and not in_flight:
@@ -191,7 +212,7 @@ def drive(
         check_invariants(sched)
         pending = {rid: toks[-1] for rid, toks in in_flight[1].items()} if in_flight else {}
         sampled = runner.execute(out, sched, pending)
-        if one_step_ahead:
+        if one_step_ahead and not drafts:
             if in_flight is not None:
                 sched.update(*in_flight)
             in_flight = (out, sampled) if out.requests else None
@@ -208,10 +229,10 @@ def drive(
     return seen
 
 
-def assert_outputs_match_reference(reqs: Iterable[Request], max_model_len: int) -> None:
+def assert_outputs_match_reference(reqs: Iterable[Request], max_model_len: int, model=next_token) -> None:
     for r in reqs:
         if r.finish_reason == "abort":
             continue
-        want, reason, stop_reason = reference_output(r, max_model_len)
+        want, reason, stop_reason = reference_output(r, max_model_len, model)
         assert r.output_token_ids == want, f"{r.request_id}: outputs differ from the model run alone"
         assert (r.finish_reason, r.stop_reason) == (reason, stop_reason), r.request_id

@@ -1,15 +1,18 @@
 """Random workloads: whatever the configuration, arrivals and aborts, every request produces what
 the model alone would produce, the block accounting holds after every step, and nothing leaks;
-with the engine's one-step-ahead loop (step N+1 scheduled before step N's update) as without."""
+with the engine's one-step-ahead loop (step N+1 scheduled before step N's update) as without, and
+with speculative decoding (n-gram guesses verified in decode-only steps) as without."""
 
 import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sched_testkit import assert_outputs_match_reference, drive, make_request
+from sched_testkit import (FakeRunner, assert_outputs_match_reference, drive, make_request, next_token,
+                           short_memory_token)
 
 from jaxserve.sched import Scheduler, SchedulerConfig
+from jaxserve.sched.speculation import SpeculativeConfig
 from jaxserve.sched.step_budget import ServiceObjectives
 from jaxserve.sched.step_cost import StepCostModel
 
@@ -28,6 +31,20 @@ def slo_policies(draw, tile):
 
 
 @st.composite
+def speculation(draw, max_num_seqs):
+    """Speculative decoding settings, with made-up decode step times (or free rows)."""
+    lo = draw(st.integers(1, 3))
+    spec = SpeculativeConfig(num_speculative_tokens=draw(st.integers(1, 5)), prompt_lookup_min=lo,
+                             prompt_lookup_max=draw(st.integers(lo, 4)),
+                             prior_acceptance=draw(st.sampled_from([0.1, 0.5, 0.9])))
+    max_rows = max_num_seqs + draw(st.integers(0, 12))
+    rows = sorted(set(draw(st.lists(st.integers(1, max_rows), max_size=4))) | {max_rows})
+    times = tuple((r, 0.01 + r * draw(st.floats(0.0, 0.02))) for r in rows) if draw(st.booleans()) else ()
+    times = tuple(sorted(times))
+    return dict(speculation=spec, max_decode_rows=max_rows, decode_step_seconds=times)
+
+
+@st.composite
 def workloads(draw):
     block_size = draw(st.sampled_from([1, 2, 4, 8]))
     max_model_len = draw(st.integers(8, 48))
@@ -37,6 +54,7 @@ def workloads(draw):
     budget = draw(st.integers(1, 64)) if chunked else draw(st.integers(max(max_model_len, longest), longest + 16))
     need_blocks = -(-max_model_len // block_size)
     mode = draw(st.sampled_from(["recompute", "swap", "auto"]))
+    max_num_seqs = draw(st.integers(1, 6))
     cfg = SchedulerConfig(
         scheduling_policy=draw(st.sampled_from(["fcfs", "priority"])),
         max_num_partial_prefills=draw(st.integers(0, 2)),
@@ -48,7 +66,7 @@ def workloads(draw):
         swap_crossover_tokens=draw(st.integers(0, 16)),
         num_blocks=1 + draw(st.integers(need_blocks, 2 * need_blocks)),
         block_size=block_size,
-        max_num_seqs=draw(st.integers(1, 6)),
+        max_num_seqs=max_num_seqs,
         max_num_batched_tokens=budget,
         max_model_len=max_model_len,
         enable_chunked_prefill=chunked,
@@ -57,6 +75,7 @@ def workloads(draw):
         enable_prefix_caching=draw(st.booleans()),
         **(dict(zip(("objectives", "step_cost"), draw(slo_policies(granularity))))
            if chunked and draw(st.booleans()) else {}),
+        **(draw(speculation(max_num_seqs)) if draw(st.booleans()) else {}),
     )
     shared = draw(st.lists(st.integers(3, 63), min_size=0, max_size=12))  # a common prefix
     arrivals: dict[int, list] = {}
@@ -84,14 +103,15 @@ def workloads(draw):
             max_size=3,
         )
     )
-    return cfg, arrivals, aborts, forks
+    model = draw(st.sampled_from([next_token, short_memory_token]))
+    return cfg, arrivals, aborts, forks, model
 
 
 @pytest.mark.parametrize("one_step_ahead", [False, True], ids=["sync", "one-step-ahead"])
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads())
 def test_random_workloads_match_the_model_alone_and_leak_no_blocks(one_step_ahead, w):
-    cfg, arrivals, aborts, forks = w
+    cfg, arrivals, aborts, forks, model = w
     # time moves on from the requests' arrival (they were made just now), in no relation to the steps
     ticks, start = iter(range(1 << 30)), time.perf_counter()
     sched = Scheduler(cfg, clock=lambda: start + 0.01 * next(ticks))
@@ -110,7 +130,8 @@ def test_random_workloads_match_the_model_alone_and_leak_no_blocks(one_step_ahea
                 sched.fork_request(parent.request_id, child)
                 children.append(child)
 
-    reqs = drive(sched, arrivals=arrivals, on_step=on_step, one_step_ahead=one_step_ahead)
-    assert_outputs_match_reference(list(reqs.values()) + children, cfg.max_model_len)
+    reqs = drive(sched, arrivals=arrivals, on_step=on_step, one_step_ahead=one_step_ahead,
+                 runner=FakeRunner(cfg.num_blocks, cfg.block_size, model), speculate=cfg.speculation is not None)
+    assert_outputs_match_reference(list(reqs.values()) + children, cfg.max_model_len, model)
     for r in list(reqs.values()) + children:
         assert r.is_finished and not r.block_ids
