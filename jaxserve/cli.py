@@ -1,4 +1,4 @@
-"""`jaxserve generate | chat | convert | serve | client | bench | plan`."""
+"""`jaxserve generate | chat | convert | serve | client | bench | plan | router`."""
 
 from __future__ import annotations
 
@@ -138,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.set_defaults(func=cmd_convert)
 
     for module, fn in (("jaxserve.server.cli", "add_server_parsers"), ("jaxserve.bench.cli", "add_bench_parser"),
-                       ("jaxserve.bench.cli", "add_plan_parser")):
+                       ("jaxserve.bench.cli", "add_plan_parser"),
+                       ("jaxserve.router.cli", "add_router_parser")):
         try:
             mod = __import__(module, fromlist=[fn])
         except ModuleNotFoundError:

@@ -180,7 +180,7 @@ class GetServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ServerInfo(_message.Message):
-    __slots__ = ("num_kv_blocks_total", "num_kv_blocks_free", "num_kv_blocks_cached", "num_requests_running", "num_requests_waiting", "num_preemptions", "num_compilations_after_warmup", "uptime_s", "prompt_tokens_total", "generation_tokens_total", "num_requests_finished", "kv_usage", "prefix_hit_rate", "active_streams", "state")
+    __slots__ = ("num_kv_blocks_total", "num_kv_blocks_free", "num_kv_blocks_cached", "num_requests_running", "num_requests_waiting", "num_preemptions", "num_compilations_after_warmup", "uptime_s", "prompt_tokens_total", "generation_tokens_total", "num_requests_finished", "kv_usage", "prefix_hit_rate", "active_streams", "state", "replicas")
     NUM_KV_BLOCKS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     NUM_KV_BLOCKS_FREE_FIELD_NUMBER: _ClassVar[int]
     NUM_KV_BLOCKS_CACHED_FIELD_NUMBER: _ClassVar[int]
@@ -196,6 +196,7 @@ class ServerInfo(_message.Message):
     PREFIX_HIT_RATE_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_STREAMS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
     num_kv_blocks_total: int
     num_kv_blocks_free: int
     num_kv_blocks_cached: int
@@ -211,4 +212,21 @@ class ServerInfo(_message.Message):
     prefix_hit_rate: float
     active_streams: int
     state: str
-    def __init__(self, num_kv_blocks_total: _Optional[int] = ..., num_kv_blocks_free: _Optional[int] = ..., num_kv_blocks_cached: _Optional[int] = ..., num_requests_running: _Optional[int] = ..., num_requests_waiting: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_compilations_after_warmup: _Optional[int] = ..., uptime_s: _Optional[float] = ..., prompt_tokens_total: _Optional[int] = ..., generation_tokens_total: _Optional[int] = ..., num_requests_finished: _Optional[int] = ..., kv_usage: _Optional[float] = ..., prefix_hit_rate: _Optional[float] = ..., active_streams: _Optional[int] = ..., state: _Optional[str] = ...) -> None: ...
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaInfo]
+    def __init__(self, num_kv_blocks_total: _Optional[int] = ..., num_kv_blocks_free: _Optional[int] = ..., num_kv_blocks_cached: _Optional[int] = ..., num_requests_running: _Optional[int] = ..., num_requests_waiting: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_compilations_after_warmup: _Optional[int] = ..., uptime_s: _Optional[float] = ..., prompt_tokens_total: _Optional[int] = ..., generation_tokens_total: _Optional[int] = ..., num_requests_finished: _Optional[int] = ..., kv_usage: _Optional[float] = ..., prefix_hit_rate: _Optional[float] = ..., active_streams: _Optional[int] = ..., state: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ...) -> None: ...
+
+class ReplicaInfo(_message.Message):
+    __slots__ = ("target", "health", "info", "routed_requests", "in_flight", "indexed_tokens")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    INFO_FIELD_NUMBER: _ClassVar[int]
+    ROUTED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    INDEXED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    target: str
+    health: str
+    info: ServerInfo
+    routed_requests: int
+    in_flight: int
+    indexed_tokens: int
+    def __init__(self, target: _Optional[str] = ..., health: _Optional[str] = ..., info: _Optional[_Union[ServerInfo, _Mapping]] = ..., routed_requests: _Optional[int] = ..., in_flight: _Optional[int] = ..., indexed_tokens: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,15 @@
+"""`jaxserve router`: one `jaxserve.v1.Generation` front for many `jaxserve serve` replicas.
+
+The parts, one concept a file:
+  prefix_index.py  PrefixIndex: per replica, a radix tree over the token ids the router sent it
+  policy.py        the routing policies (cache_aware, round_robin, least_load) over ReplicaView
+  replica.py       Replica: one replica's channel, health watch, load and prefix index
+  tokenize.py      the model's tokenizer at the router (text and chat -> token ids, once)
+  servicer.py      RouterServicer: Generate (retry, cancel, deadline), Abort, model/server info
+  metrics.py       the router's Prometheus registry
+  children.py      `--replicas N`: local replica processes, each on its own port and CPU set
+  server.py        the router process: gRPC listen, health, reflection, auth/TLS, shutdown
+  cli.py           the `jaxserve router` subcommand
+
+The router never imports jax: it holds no model, only a tokenizer.
+"""

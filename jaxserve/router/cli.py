@@ -1,0 +1,119 @@
+"""`jaxserve router`: registered into the main CLI by `add_router_parser(subparsers)`.
+
+Either `--replica HOST:PORT` (repeatable) for replicas already running, or `--replicas N` to start
+N local `jaxserve serve` children (with `--model`, `--engine-arg` passed to each, and
+`--replica-cpus` pinning them), or both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from jaxserve.router.policy import POLICIES, CacheAwareConfig
+
+API_KEY_ENV = "JAXSERVE_API_KEY"
+
+
+def add_router_parser(subparsers) -> None:
+    from jaxserve.server.cli import _DefaultsHelpFormatter
+
+    d = CacheAwareConfig()
+    p = subparsers.add_parser("router", help="one gRPC front for many `jaxserve serve` replicas, cache-aware routing",
+                              formatter_class=_DefaultsHelpFormatter)
+    r = p.add_argument_group("replicas")
+    r.add_argument("--replica", action="append", default=[], metavar="HOST:PORT",
+                   help="a running `jaxserve serve` (repeatable)")
+    r.add_argument("--replicas", type=int, default=0, metavar="N", help="start N local `jaxserve serve` replicas")
+    r.add_argument("--engine-arg", action="append", default=[], metavar="ARG",
+                   help="an argument for each local replica, verbatim (repeatable; --engine-arg=--max-num-seqs=8)")
+    r.add_argument("--replica-cpus", action="append", default=[], metavar="CPUS",
+                   help="the CPU set of the local replicas (0, 0-1, 0,2): once for all, or once per replica")
+    r.add_argument("--replica-api-key", default=None, help="bearer token the replicas want (default: --api-key)")
+    r.add_argument("--replica-tls-root-cert", default=None, help="PEM root certificate to trust for the replicas")
+    r.add_argument("--model", default=None,
+                   help="the replicas' model, for its tokenizer here (and passed to local replicas); "
+                        "default: the embedded SmolLM2")
+    g = p.add_argument_group("routing")
+    g.add_argument("--policy", choices=POLICIES, default="cache_aware")
+    g.add_argument("--balance-abs-tokens", type=int, default=d.balance_abs_tokens,
+                   help="cache_aware: loads this many tokens apart (and --balance-rel times) are imbalanced")
+    g.add_argument("--balance-rel", type=float, default=d.balance_rel)
+    g.add_argument("--min-match-ratio", type=float, default=d.min_match_ratio,
+                   help="cache_aware: a prefix match below this share of the prompt routes by load")
+    g.add_argument("--request-cost-tokens", type=int, default=d.request_cost_tokens,
+                   help="a running request's weight in a replica's load, in prompt tokens")
+    g.add_argument("--index-chunk-tokens", type=int, default=16, help="granularity of the prefix index")
+    g.add_argument("--index-max-tokens", type=int, default=1 << 20, help="prefix index bound per replica")
+    s = p.add_argument_group("server")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=50051, help="gRPC port (0: pick a free one)")
+    s.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
+    s.add_argument("--api-key", default=None,
+                   help=f"require 'authorization: Bearer KEY' on every call but health (default: ${API_KEY_ENV})")
+    s.add_argument("--tls-cert", default=None)
+    s.add_argument("--tls-key", default=None)
+    s.add_argument("--max-concurrent-streams", type=int, default=1024)
+    s.add_argument("--grace-period", type=float, default=30.0)
+    p.set_defaults(func=cmd_router)
+
+
+def config_from_args(args: argparse.Namespace, extra_replicas=()):
+    from jaxserve.router.replica import ReplicaAddress, ReplicaClientConfig
+    from jaxserve.router.server import RouterConfig
+
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    root = None
+    if args.replica_tls_root_cert:
+        with open(args.replica_tls_root_cert, "rb") as f:
+            root = f.read()
+    return RouterConfig(
+        replicas=tuple(ReplicaAddress.parse(t) for t in args.replica) + tuple(extra_replicas),
+        host=args.host, port=args.port, policy=args.policy,
+        cache_aware=CacheAwareConfig(args.balance_abs_tokens, args.balance_rel, args.min_match_ratio,
+                                     args.request_cost_tokens),
+        index_chunk_tokens=args.index_chunk_tokens, index_max_tokens=args.index_max_tokens,
+        metrics_port=args.metrics_port, api_key=api_key, tls_cert=args.tls_cert, tls_key=args.tls_key,
+        max_concurrent_streams=args.max_concurrent_streams, grace_period=args.grace_period,
+        replica_client=ReplicaClientConfig(api_key=args.replica_api_key or api_key, tls_root_cert=root))
+
+
+def cmd_router(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from jaxserve.router.children import parse_cpus, start_children, stop_children
+    from jaxserve.router.replica import ReplicaAddress
+    from jaxserve.router.server import run_router
+    from jaxserve.router.tokenize import load_tokenizer
+
+    if args.replicas < 0:
+        raise ValueError(f"--replicas {args.replicas} must be >= 0")
+    if not args.replica and not args.replicas:
+        raise ValueError("no replicas: give --replica HOST:PORT (repeatable) or --replicas N")
+    if (args.engine_arg or args.replica_cpus) and not args.replicas:
+        raise ValueError("--engine-arg and --replica-cpus are for local replicas: give --replicas N")
+    cpus = [parse_cpus(c) for c in args.replica_cpus]
+    config_from_args(args)                     # every bad flag is reported before anything starts
+    _ensure_info_handler()
+    tokenizer = load_tokenizer(args.model)
+    children = []
+    if args.replicas:
+        serve_args = (["--model", args.model] if args.model else []) + list(args.engine_arg)
+        children = start_children(args.replicas, serve_args, cpus=cpus)
+    try:
+        config = config_from_args(args, [ReplicaAddress("127.0.0.1", c.port) for c in children])
+        return asyncio.run(run_router(config, tokenizer))
+    finally:
+        stop_children(children, args.grace_period)
+
+
+def _ensure_info_handler() -> None:
+    lg = logging.getLogger("jaxserve.router")
+    if not any(isinstance(h, logging.StreamHandler) for h in lg.handlers):
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        lg.addHandler(h)
+        lg.propagate = False
+    lg.setLevel(logging.INFO)
