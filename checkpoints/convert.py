@@ -6,6 +6,11 @@ A converted checkpoint is a directory:
     identity.json    the source's identity: a converted checkpoint is the same weights, so anything
                      keyed by the identity (compile cache, quantization scales) stays valid
     weights/         an orbax checkpoint of the tensors, already dequantized and un-permuted
+                     (a quantized conversion stores its QuantizedTensors flat: quantized.py)
+
+Converting with `quantization` (int8 / int4 / fp8, fp8 after a calibration pass over real text)
+stores the quantized weights, and the identity written is the quantized one
+(jaxserve/quant/checkpoint.py): the converted directory never passes for its float source.
 Loading it skips dequantization and tokenizer reconstruction; orbax (and so jax) is imported only here.
 """
 
@@ -18,6 +23,7 @@ import shutil
 from .checkpoint import Checkpoint
 from .errors import CheckpointNotFoundError
 from .layout import check_tensors
+from .quantized import flatten, is_quantized, unflatten
 from .tokenizer import has_tokenizer_files
 
 FORMAT_VERSION = 1
@@ -29,12 +35,23 @@ def is_converted_directory(path: str | os.PathLike) -> bool:
     return os.path.isfile(os.path.join(path, IDENTITY_FILE)) and os.path.isdir(os.path.join(path, WEIGHTS_DIR))
 
 
-def convert(src: str | os.PathLike | None, dst: str | os.PathLike, *, overwrite: bool = False) -> str:
-    """Write `src` (None = the embedded model) as a converted checkpoint at `dst`; returns `dst`."""
+def convert(src: str | os.PathLike | None, dst: str | os.PathLike, *, overwrite: bool = False,
+            quantization: str = "none", group_size: int = 32, calibration_data: str | None = None) -> str:
+    """Write `src` (None = the embedded model) as a converted checkpoint at `dst`; returns `dst`.
+    A GGUF's Q8_0 / Q4_0 / Q4_1 weights are kept as they are when int8 / int4 is asked for."""
     from .loader import load_checkpoint
 
     _check_destination(dst, overwrite)
-    return save_converted(load_checkpoint(src), dst, overwrite=overwrite)
+    ckpt = load_checkpoint(src, native_quantization=quantization)
+    if quantization != "none":
+        import jax.numpy as jnp
+
+        from jaxserve.models.config import ModelConfig
+        from jaxserve.quant.prepare import QuantRequest, prepare
+
+        request = QuantRequest(quantization, group_size, calibration_data=calibration_data)
+        ckpt = prepare(ckpt, request, ModelConfig.from_hf_config(ckpt.config), jnp.float32).checkpoint
+    return save_converted(ckpt, dst, overwrite=overwrite)
 
 
 def save_converted(ckpt: Checkpoint, dst: str | os.PathLike, *, overwrite: bool = False) -> str:
@@ -54,10 +71,10 @@ def save_converted(ckpt: Checkpoint, dst: str | os.PathLike, *, overwrite: bool 
     # Uncompressed: restoring skips zstd, which halved load time for the embedded model
     # (a 40% larger directory is the price of the fast path).
     with ocp.Checkpointer(ocp.PyTreeCheckpointHandler(use_compression=False)) as checkpointer:
-        checkpointer.save(os.path.join(partial, WEIGHTS_DIR), args=ocp.args.PyTreeSave(dict(ckpt.tensors)))
+        checkpointer.save(os.path.join(partial, WEIGHTS_DIR), args=ocp.args.PyTreeSave(flatten(ckpt.tensors)))
     with open(os.path.join(partial, IDENTITY_FILE), "w") as f:
         json.dump({"identity": ckpt.identity, "source": ckpt.source, "source_format": ckpt.format,
-                   "format_version": FORMAT_VERSION}, f, indent=2)
+                   "format_version": FORMAT_VERSION, "quantized": is_quantized(ckpt.tensors)}, f, indent=2)
     if os.path.exists(dst):
         shutil.rmtree(dst) if os.path.isdir(dst) else os.remove(dst)
     os.rename(partial, dst)
@@ -97,7 +114,7 @@ def load_converted(directory: str | os.PathLike) -> Checkpoint:
         tokenizer = PreTrainedTokenizerFast.from_pretrained(directory, local_files_only=True)
     return Checkpoint(
         config=config,
-        tensors=check_tensors(config, tensors),
+        tensors=check_tensors(config, unflatten(tensors)),
         tokenizer=tokenizer,
         identity=identity["identity"],
         source=directory,

@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 
 from .checkpoint import Checkpoint
+from .gguf_blocks import block_tensor, native_kind
+from .quantized import QuantizedTensor
 from .errors import CheckpointNotFoundError, UnsupportedArchitectureError, UnsupportedTensorTypeError
 from .identity import file_identity
 from .layout import check_tensors
@@ -53,9 +55,13 @@ _TOP = re.compile(r"^(\w+)\.(weight|bias)$")
 
 
 def load_gguf(path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None,
-              identity: str | None = None) -> Checkpoint:
+              identity: str | None = None, native_quantization: str | None = None) -> Checkpoint:
     """A GGUF file as a Checkpoint: HF names and layouts, block types dequantized to float32.
-    `identity`, when the caller has it, saves hashing the file; `cache_dir` keeps the hash."""
+    `identity`, when the caller has it, saves hashing the file; `cache_dir` keeps the hash.
+
+    native_quantization "int8" / "int4": the decoder's linear weights stored as Q8_0 (int8) or
+    Q4_0 / Q4_1 (int4) become QuantizedTensors holding their own blocks (gguf_blocks.py); the
+    identity then covers that form, so it never passes for the float load of the same file."""
     import gguf
 
     path = os.fspath(path)
@@ -80,16 +86,21 @@ def load_gguf(path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = 
         names[t.name] = name
 
     def load(t) -> tuple[str, np.ndarray]:
-        name, values = names[t.name], _dequantize(t)
+        name = names[t.name]
+        values = _native(t, name, native_quantization) if native_quantization else None
+        if values is None:
+            values = _dequantize(t)
         if config["model_type"] == "llama" and (".q_proj." in name or ".k_proj." in name):
             heads = config["num_attention_heads"] if ".q_proj." in name else config["num_key_value_heads"]
-            values = unpermute_rows(values, heads)
+            values = _unpermute(values, heads)
         return name, values
 
     # numpy releases the GIL in the dequantization arithmetic, so tensors decode in parallel
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
         tensors = dict(pool.map(load, weights))
     t2 = time.perf_counter()
+    if native_quantization and any(isinstance(v, QuantizedTensor) for v in tensors.values()):
+        identity = native_identity(identity, native_quantization)
     tokenizer = gguf_tokenizer(metadata)
     return Checkpoint(
         config=config,
@@ -187,6 +198,33 @@ def unpermute_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
     return np.ascontiguousarray(
         w.reshape(num_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
     )
+
+
+_LINEAR = re.compile(r"^model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)\.weight$")
+
+
+def _native(tensor, hf: str, want: str) -> QuantizedTensor | None:
+    """The tensor's own blocks when it is a linear weight in a block type of the wanted width."""
+    if not _LINEAR.match(hf) or native_kind(tensor.tensor_type.name) != want:
+        return None
+    shape = tuple(int(d) for d in reversed(tensor.shape))
+    return block_tensor(tensor.tensor_type.name, tensor.data, shape)
+
+
+def _unpermute(values, heads: int):
+    if not isinstance(values, QuantizedTensor):
+        return unpermute_rows(values, heads)
+    # rows are output channels in every part of a quantized tensor
+    offset = None if values.offset is None else unpermute_rows(values.offset, heads)
+    return QuantizedTensor(values.kind, unpermute_rows(values.qweight, heads), unpermute_rows(values.scale, heads),
+                           offset)
+
+
+def native_identity(identity: str, kind: str) -> str:
+    """A natively quantized load's identity: the file's, and the form it was loaded in."""
+    import hashlib
+
+    return "sha256:" + hashlib.sha256(f"{identity}|gguf-native-{kind}".encode()).hexdigest()
 
 
 def _dequantize(tensor) -> np.ndarray:

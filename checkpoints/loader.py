@@ -11,12 +11,15 @@ from .errors import CheckpointNotFoundError, UnsupportedFormatError
 _GGUF_MAGIC = b"GGUF"
 
 
-def load_checkpoint(path: str | os.PathLike | None = None, *, cache_dir: str | os.PathLike | None = None) -> Checkpoint:
+def load_checkpoint(path: str | os.PathLike | None = None, *, cache_dir: str | os.PathLike | None = None,
+                    native_quantization: str | None = None) -> Checkpoint:
     """Load a GGUF file, an HF directory or a converted directory; None is the embedded SmolLM2.
 
     With a `cache_dir`, what loading derives from the files is kept there for the next start:
     the identity hash of every format (identity.py), and a GGUF's parsed and dequantized form
-    (prepared.py)."""
+    (prepared.py). `native_quantization` "int8" / "int4": a GGUF's Q8_0 / Q4_0 / Q4_1 linear
+    weights load as QuantizedTensors with their own block scales, never through float32
+    (gguf_loader.py); other formats ignore it (the engine quantizes their float weights)."""
     from .convert import is_converted_directory, load_converted
     from .hf_loader import is_hf_directory, load_hf
 
@@ -27,7 +30,7 @@ def load_checkpoint(path: str | os.PathLike | None = None, *, cache_dir: str | o
         with open(path, "rb") as f:
             if f.read(4) != _GGUF_MAGIC:
                 raise UnsupportedFormatError(f"{path!r} is a file but not a GGUF file")
-        return _load_gguf(path, cache_dir)
+        return _load_gguf(path, cache_dir, native_quantization)
     if is_converted_directory(path):
         return load_converted(path)
     if os.path.isfile(os.path.join(path, "config.json")):
@@ -36,7 +39,7 @@ def load_checkpoint(path: str | os.PathLike | None = None, *, cache_dir: str | o
         return load_hf(path, cache_dir=cache_dir)
     ggufs = sorted(name for name in os.listdir(path) if name.endswith(".gguf"))
     if len(ggufs) == 1:
-        return _load_gguf(os.path.join(path, ggufs[0]), cache_dir)
+        return _load_gguf(os.path.join(path, ggufs[0]), cache_dir, native_quantization)
     raise CheckpointNotFoundError(
         f"{path!r} holds no checkpoint: expected config.json + *.safetensors, a converted checkpoint "
         f"(identity.json + weights/), or a single .gguf file"
@@ -44,8 +47,11 @@ def load_checkpoint(path: str | os.PathLike | None = None, *, cache_dir: str | o
     )
 
 
-def _load_gguf(path: str, cache_dir: str | os.PathLike | None) -> Checkpoint:
+def _load_gguf(path: str, cache_dir: str | os.PathLike | None, native_quantization: str | None = None) -> Checkpoint:
     from .gguf_loader import load_gguf
     from .prepared import load_gguf_prepared
 
+    if native_quantization in ("int8", "int4"):
+        # the prepared copy holds float32 weights: a native load reads the GGUF's blocks instead
+        return load_gguf(path, cache_dir=cache_dir, native_quantization=native_quantization)
     return load_gguf_prepared(path, cache_dir) if cache_dir else load_gguf(path)

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxserve.models.config import ModelConfig
+from jaxserve.models.quantized_linear import dense, is_quantized
 from jaxserve.models.rope import apply_rope, rope_cos_sin
 
 Params = dict  # pytree of jnp arrays, layout in params.py
@@ -65,15 +66,15 @@ class Attention(nn.Module):
     config: ModelConfig
     dtype: Any
     layer_idx: int
+    quantized: bool = False     # projections hold quantized params (models/quantized_linear.py)
 
     @nn.compact
     def __call__(self, x, cos, sin, kv_cache, attention: AttentionFn):
         c = self.config
         n, k, h = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         t = x.shape[0]
-        qkv = nn.Dense((n + 2 * k) * h, use_bias=c.attention_bias, dtype=self.dtype,
-                       param_dtype=self.dtype, precision=matmul_precision(self.dtype),
-                       name="qkv_proj")(x)                                  # [T, (N+2K)*H]
+        qkv = dense(self.quantized, (n + 2 * k) * h, use_bias=c.attention_bias, dtype=self.dtype,
+                    precision=matmul_precision(self.dtype), name="qkv_proj")(x)  # [T, (N+2K)*H]
         q = qkv[:, : n * h].reshape(t, n, h)                                  # [T, N, H]
         key = qkv[:, n * h : (n + k) * h].reshape(t, k, h)                    # [T, K, H]
         value = qkv[:, (n + k) * h :].reshape(t, k, h)                        # [T, K, H]
@@ -82,40 +83,41 @@ class Attention(nn.Module):
             key = RMSNorm(c.rms_norm_eps, self.dtype, name="k_norm")(key)
         q, key = apply_rope(q, cos, sin), apply_rope(key, cos, sin)
         out, kv_cache = attention(self.layer_idx, q, key, value, kv_cache)  # [T, N, H]
-        out = nn.Dense(c.hidden_size, use_bias=has_o_proj_bias(c), dtype=self.dtype,
-                       param_dtype=self.dtype, precision=matmul_precision(self.dtype),
-                       name="o_proj")(out.reshape(t, n * h))               # [T, D]
+        out = dense(self.quantized, c.hidden_size, use_bias=has_o_proj_bias(c), dtype=self.dtype,
+                    precision=matmul_precision(self.dtype), name="o_proj")(out.reshape(t, n * h))  # [T, D]
         return out, kv_cache
 
 
 class MLP(nn.Module):
     config: ModelConfig
     dtype: Any
+    quantized: bool = False
 
     @nn.compact
     def __call__(self, x):
         f = self.config.intermediate_size
         precision = matmul_precision(self.dtype)
-        gate_up = nn.Dense(2 * f, use_bias=False, dtype=self.dtype, param_dtype=self.dtype,
-                           precision=precision, name="gate_up_proj")(x)     # [T, 2F]
+        gate_up = dense(self.quantized, 2 * f, use_bias=False, dtype=self.dtype, precision=precision,
+                        name="gate_up_proj")(x)                               # [T, 2F]
         hidden = nn.silu(gate_up[:, :f]) * gate_up[:, f:]                    # [T, F]
-        return nn.Dense(self.config.hidden_size, use_bias=False, dtype=self.dtype,
-                        param_dtype=self.dtype, precision=precision,
-                        name="down_proj")(hidden)                             # [T, D]
+        return dense(self.quantized, self.config.hidden_size, use_bias=False, dtype=self.dtype,
+                     precision=precision, name="down_proj")(hidden)           # [T, D]
 
 
 class DecoderLayer(nn.Module):
     config: ModelConfig
     dtype: Any
     layer_idx: int
+    quantized: bool = False
 
     @nn.compact
     def __call__(self, x, cos, sin, kv_cache, attention: AttentionFn):
         eps = self.config.rms_norm_eps
-        attn_out, kv_cache = Attention(self.config, self.dtype, self.layer_idx, name="self_attn")(
+        attn_out, kv_cache = Attention(self.config, self.dtype, self.layer_idx, self.quantized,
+                                     name="self_attn")(
             RMSNorm(eps, self.dtype, name="input_layernorm")(x), cos, sin, kv_cache, attention)
         x = x + attn_out
-        x = x + MLP(self.config, self.dtype, name="mlp")(
+        x = x + MLP(self.config, self.dtype, self.quantized, name="mlp")(
             RMSNorm(eps, self.dtype, name="post_attention_layernorm")(x))
         return x, kv_cache
 
@@ -126,6 +128,7 @@ class LlamaModel(nn.Module):
 
     config: ModelConfig
     dtype: Any = jnp.float32
+    quantized: bool = False
 
     @nn.compact
     def __call__(self, input_ids, positions, kv_caches: Sequence[Any], attention: AttentionFn):
@@ -135,7 +138,7 @@ class LlamaModel(nn.Module):
         cos, sin = rope_cos_sin(c, positions)                                  # [T, H] each
         new_caches = []
         for i in range(c.num_hidden_layers):
-            x, cache = DecoderLayer(c, self.dtype, i, name=f"layers_{i}")(
+            x, cache = DecoderLayer(c, self.dtype, i, self.quantized, name=f"layers_{i}")(
                 x, cos, sin, kv_caches[i], attention)
             new_caches.append(cache)
         return RMSNorm(c.rms_norm_eps, self.dtype, name="norm")(x), new_caches
@@ -155,9 +158,10 @@ def forward(params: Params, config: ModelConfig, input_ids: jax.Array, positions
         raise ValueError(
             f"len(kv_caches)={len(kv_caches)} but the model has {config.num_hidden_layers} layers")
     dtype = params["embed_tokens"]["embedding"].dtype
-    model = LlamaModel(config=config, dtype=dtype)
-    # the LM head is not part of the module (compute_logits applies it to sampled rows only)
-    module_params = {k: v for k, v in params.items() if k != "lm_head"}
+    model = LlamaModel(config=config, dtype=dtype, quantized=is_quantized(params))
+    # the LM head is not part of the module (compute_logits applies it to sampled rows only), nor
+    # are a quantized KV cache's scales (the runner's attention reads them: runner/kv_write.py)
+    module_params = {k: v for k, v in params.items() if k not in ("lm_head", "kv_scales")}
     return model.apply({"params": module_params}, input_ids, positions, list(kv_caches), attention)
 
 

@@ -14,6 +14,10 @@ Layout (every leaf a jnp array in the model dtype; kernels are [in, out], used a
     norm/weight                          [D]
     lm_head/kernel                       [D, V]   (untied only)
 
+A quantized checkpoint (checkpoints/quantized.py) gives its projections (qkv, o, gate_up, down)
+`qweight` / `scale` (/ `offset`, `act_scale`) leaves in place of `kernel`, in the same [in, out]
+orientation (models/quantized_linear.py); embedding, norms and lm_head are always float.
+
 Per-layer subtrees, never stacked [L, ...] arrays, and fused q/k/v and gate/up projections:
 the forms XLA:CPU runs fastest (docs/facts.md). `abstract_params` is the single description of this
 layout; conversion, random init and the tests all follow it.
@@ -27,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxserve.checkpoints.quantized import QuantizedTensor
 from jaxserve.models.config import ModelConfig
 from jaxserve.models.llama import Params, has_o_proj_bias
 
@@ -81,8 +86,10 @@ def params_from_hf(config: ModelConfig, tensors: Mapping[str, np.ndarray], dtype
     def get(name: str, shape: tuple[int, ...]) -> np.ndarray:
         if name not in tensors:
             raise ValueError(f"missing tensor {name!r} (expected shape {shape} for {c.model_type})")
-        array = np.asarray(tensors[name])
-        if array.shape != shape:
+        array = tensors[name]
+        if not isinstance(array, QuantizedTensor):
+            array = np.asarray(array)
+        if tuple(array.shape) != shape:
             raise ValueError(f"tensor {name!r} has shape {array.shape}, the config expects {shape}")
         used.add(name)
         return array
@@ -90,19 +97,22 @@ def params_from_hf(config: ModelConfig, tensors: Mapping[str, np.ndarray], dtype
     def out(array: np.ndarray) -> jax.Array:
         return jnp.asarray(array, dtype=dtype)
 
-    def linear_t(name: str, out_features: int, in_features: int) -> np.ndarray:
-        return get(name, (out_features, in_features)).T                     # [in, out]
+    def linear(*parts: tuple[str, int, int]) -> dict[str, jax.Array]:
+        # HF [out, in] weights (name, out, in), fused along out -> {"kernel": [in, sum(out)]}
+        # or the quantized leaves of the same projection
+        weights = [get(name, (o, i)) for name, o, i in parts]
+        if any(isinstance(w, QuantizedTensor) for w in weights):
+            return quantized_leaves(weights, dtype)
+        return {"kernel": out(np.concatenate([w.T for w in weights], axis=1))}
 
     params: dict[str, Any] = {"embed_tokens": {"embedding": out(get("model.embed_tokens.weight",
                                                                     (c.vocab_size, d)))}}
     for i in range(c.num_hidden_layers):
         p = f"model.layers.{i}."
         a = p + "self_attn."
-        qkv = np.concatenate([linear_t(a + "q_proj.weight", n * h, d),
-                              linear_t(a + "k_proj.weight", k * h, d),
-                              linear_t(a + "v_proj.weight", k * h, d)], axis=1)  # [D, (N+2K)H]
-        attn: dict[str, Any] = {"qkv_proj": {"kernel": out(qkv)},
-                                "o_proj": {"kernel": out(linear_t(a + "o_proj.weight", d, n * h))}}
+        qkv = linear((a + "q_proj.weight", n * h, d), (a + "k_proj.weight", k * h, d),
+                     (a + "v_proj.weight", k * h, d))                          # [D, (N+2K)H]
+        attn: dict[str, Any] = {"qkv_proj": qkv, "o_proj": linear((a + "o_proj.weight", d, n * h))}
         if c.attention_bias:
             attn["qkv_proj"]["bias"] = out(np.concatenate([get(a + "q_proj.bias", (n * h,)),
                                                            get(a + "k_proj.bias", (k * h,)),
@@ -113,21 +123,22 @@ def params_from_hf(config: ModelConfig, tensors: Mapping[str, np.ndarray], dtype
             attn["q_norm"] = {"weight": out(get(a + "q_norm.weight", (h,)))}
             attn["k_norm"] = {"weight": out(get(a + "k_norm.weight", (h,)))}
         m = p + "mlp."
-        gate_up = np.concatenate([linear_t(m + "gate_proj.weight", f, d),
-                                  linear_t(m + "up_proj.weight", f, d)], axis=1)  # [D, 2F]
+        gate_up = linear((m + "gate_proj.weight", f, d), (m + "up_proj.weight", f, d))  # [D, 2F]
         params[f"layers_{i}"] = {
             "input_layernorm": {"weight": out(get(p + "input_layernorm.weight", (d,)))},
             "self_attn": attn,
             "post_attention_layernorm": {
                 "weight": out(get(p + "post_attention_layernorm.weight", (d,)))},
-            "mlp": {"gate_up_proj": {"kernel": out(gate_up)},
-                    "down_proj": {"kernel": out(linear_t(m + "down_proj.weight", d, f))}},
+            "mlp": {"gate_up_proj": gate_up, "down_proj": linear((m + "down_proj.weight", d, f))},
         }
     params["norm"] = {"weight": out(get("model.norm.weight", (d,)))}
     if c.tie_word_embeddings:
         used.add("lm_head.weight")  # some tied checkpoints store the shared matrix twice
     else:
-        params["lm_head"] = {"kernel": out(linear_t("lm_head.weight", c.vocab_size, d))}
+        lm_head = get("lm_head.weight", (c.vocab_size, d))
+        if isinstance(lm_head, QuantizedTensor):
+            raise ValueError("lm_head.weight is quantized; jaxserve keeps the LM head in float")
+        params["lm_head"] = {"kernel": out(lm_head.T)}
 
     leftover = sorted(name for name in tensors
                       if name not in used and not name.endswith(_IGNORED_SUFFIXES))
@@ -136,6 +147,23 @@ def params_from_hf(config: ModelConfig, tensors: Mapping[str, np.ndarray], dtype
         more = f" and {len(leftover) - 5} more" if len(leftover) > 5 else ""
         raise ValueError(f"tensors the {c.model_type} config does not use: {shown}{more}")
     return params
+
+
+def quantized_leaves(weights: list, dtype: Any) -> dict[str, jax.Array]:
+    """HF [out, in] parts of one fused projection, at least one quantized -> its params leaves
+    ([in, out] orientation, parts side by side along out). Float parts are requantized to the
+    quantized parts' form (a GGUF may mix block types within a layer)."""
+    from jaxserve.quant.fuse import fuse_quantized
+
+    fused = fuse_quantized(weights)                      # one QuantizedTensor [sum(out), in]
+    leaves = {"qweight": jnp.asarray(np.ascontiguousarray(fused.qweight.T)),
+              "scale": jnp.asarray(np.ascontiguousarray(fused.scale.T), jnp.float32)}
+    if fused.offset is not None:
+        leaves["offset"] = jnp.asarray(np.ascontiguousarray(fused.offset.T), jnp.float32)
+    if fused.kind == "fp8":
+        leaves["act_scale"] = jnp.asarray(1.0 if fused.act_scale is None else fused.act_scale, jnp.float32)
+    del dtype                                            # leaves keep their own dtypes
+    return leaves
 
 
 def init_random_params(config: ModelConfig, key: jax.Array, dtype: Any,

@@ -2,6 +2,9 @@
 
 Per layer k and v are [num_blocks, block_size, K, H] (the layout pallas_kernels documents).
 Block 0 is the null block: padding rows write there and padding table entries point there.
+The element dtype is the model's, or float8_e4m3fn / int8 for a quantized KV cache
+(kv_cache_dtype; runner/kv_write.py): one byte per element, so the same `kv_cache_memory` holds
+twice the blocks of bfloat16 and four times those of float32.
 """
 
 from __future__ import annotations
@@ -10,8 +13,6 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-
 from jaxserve.models.config import ModelConfig
 
 
@@ -27,7 +28,7 @@ class ArenaSpec:
     @property
     def bytes_per_block(self) -> int:
         # k and v, every layer
-        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * np.dtype(self.dtype).itemsize
+        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * jnp.dtype(self.dtype).itemsize
 
     @property
     def layer_shape(self) -> tuple[int, int, int, int]:

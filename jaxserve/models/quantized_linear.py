@@ -1,0 +1,110 @@
+"""The quantized matmul inside the compiled step, and the flax module that holds its params.
+
+Params of one quantized projection (params layout [in, out], as `kernel` is; see
+checkpoints/quantized.py for the values):
+    int8  qweight int8 [in, out], scale f32 [G, out]
+    int4  qweight uint8 [in // 2, out], scale f32 [G, out], offset f32 [G, out] (Q4_1 form only)
+    fp8   qweight float8_e4m3fn [in, out], scale f32 [1, out], act_scale f32 []
+The kind is read from qweight's dtype at trace time, so a step is compiled for exactly one form.
+
+How the scale meets the dot:
+- per-channel (G == 1: int8, fp8): the integer / e4m3 weight goes into the dot as it is (cast to
+  the compute dtype: an elementwise producer XLA fuses into the dot's operand read) and the
+  scale multiplies the [T, out] result: one multiply per output, not per weight.
+- group-wise (int4, GGUF blocks): the groups are dequantized to the compute dtype in front of the
+  dot (unpack, subtract, scale: elementwise ops XLA fuses into the operand of the dot on GPU; on
+  the CPU it materializes the [in, out] weight per step).
+- fp8: x / act_scale cast to e4m3, an e4m3 x e4m3 dot accumulated in float32 (an FP8 GEMM on
+  Hopper), times act_scale * scale.
+Dot accumulation is float32 in every case; the result is cast to the compute dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+E4M3_MAX = 448.0
+
+
+def quant_kind(qweight: jax.Array) -> str:
+    dt = jnp.dtype(qweight.dtype)
+    if dt == jnp.int8:
+        return "int8"
+    if dt == jnp.uint8:
+        return "int4"
+    if dt == jnp.dtype(jnp.float8_e4m3fn):
+        return "fp8"
+    raise ValueError(f"qweight dtype {dt} is not a quantized form")
+
+
+def dequantize_weight(p: dict, dtype: Any) -> jax.Array:
+    """The [in, out] weight in `dtype` that params `p` stand for (int4 / grouped int8)."""
+    q = p["qweight"]
+    scale = p["scale"]                                                       # [G, out]
+    groups, out = scale.shape
+    if quant_kind(q) == "int4":
+        half = q.shape[0] // groups                                          # group // 2
+        packed = q.reshape(groups, 1, half, out)
+        vals = jnp.concatenate([packed & 15, packed >> 4], axis=1)          # [G, 2, g/2, out]
+        vals = vals.reshape(groups, 2 * half, out).astype(jnp.float32)
+        if "offset" not in p:
+            vals = vals - 8.0
+    else:
+        vals = q.reshape(groups, -1, out).astype(jnp.float32)               # [G, g, out]
+    w = vals * scale[:, None, :]
+    if "offset" in p:
+        w = w + p["offset"][:, None, :]
+    return w.reshape(-1, out).astype(dtype)
+
+
+def quantized_matmul(x: jax.Array, p: dict, dtype: Any, precision=None) -> jax.Array:
+    """x [T, in] -> [T, out] in `dtype` (bias not included)."""
+    q, scale = p["qweight"], p["scale"]
+    kind = quant_kind(q)
+    dims = (((x.ndim - 1,), (0,)), ((), ()))
+    if kind == "fp8":
+        act = p["act_scale"].astype(jnp.float32)
+        xq = jnp.clip(x.astype(jnp.float32) / act, -E4M3_MAX, E4M3_MAX).astype(jnp.float8_e4m3fn)
+        y = jax.lax.dot_general(xq, q, dims, preferred_element_type=jnp.float32)
+        return (y * (act * scale[0])).astype(dtype)
+    if scale.shape[0] == 1 and kind == "int8":
+        y = jax.lax.dot_general(x.astype(dtype), q.astype(dtype), dims, precision=precision,
+                                preferred_element_type=jnp.float32)
+        return (y * scale[0]).astype(dtype)
+    w = dequantize_weight(p, dtype)
+    return jax.lax.dot_general(x.astype(dtype), w, dims, precision=precision,
+                               preferred_element_type=jnp.float32).astype(dtype)
+
+
+def is_quantized(params: dict) -> bool:
+    """Whether a params pytree holds any quantized projection (decides the module choice)."""
+    return any(getattr(path[-1], "key", None) == "qweight"
+               for path, _ in jax.tree_util.tree_flatten_with_path(params)[0])
+
+
+class QuantDense(nn.Module):
+    """nn.Dense's place for a quantized projection: the same name, so the same params path."""
+
+    features: int
+    use_bias: bool
+    dtype: Any
+    precision: Any = None
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        p = dict(self.variables["params"])
+        y = quantized_matmul(x, p, self.dtype, self.precision)               # [T, out]
+        if self.use_bias:
+            y = y + p["bias"].astype(self.dtype)
+        return y
+
+
+def dense(quantized: bool, features: int, *, use_bias: bool, dtype: Any, precision, name: str) -> nn.Module:
+    """The projection module: nn.Dense for float params (unchanged), QuantDense for quantized."""
+    if quantized:
+        return QuantDense(features, use_bias, dtype, precision, name=name)
+    return nn.Dense(features, use_bias=use_bias, dtype=dtype, param_dtype=dtype, precision=precision, name=name)

@@ -1,0 +1,81 @@
+"""A quantized Checkpoint: the source's linear weights replaced by QuantizedTensors, and an
+identity of its own.
+
+Only the projections inside the decoder layers are quantized (q, k, v, o, gate, up, down);
+the embedding (a lookup, and the tied LM head of SmolLM2-style models), the untied LM head and
+the norms stay float: the LM head carries the whole logit distribution and the embedding table is
+read one row per token, so quantizing them buys little speed at a measurable accuracy cost.
+
+The identity hashes the source's identity with the quantization (mode, group, the calibration's
+data), so a quantized checkpoint never passes for its source: the executable and calibration
+caches, keyed by identity, keep their entries apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import re
+from collections.abc import Mapping
+
+import numpy as np
+
+from jaxserve.checkpoints import Checkpoint
+from jaxserve.checkpoints.quantized import QuantizedTensor, is_quantized
+from jaxserve.quant.fp8 import quantize_fp8
+from jaxserve.quant.int4 import quantize_int4
+from jaxserve.quant.int8 import quantize_int8
+from jaxserve.quant.spec import QuantSpec
+
+LINEAR = re.compile(r"^model\.layers\.(\d+)\.(self_attn\.[qkvo]_proj|mlp\.(?:gate|up|down)_proj)\.weight$")
+# the input each projection reads, by which calibration measures activations
+INPUT_OF = {"self_attn.q_proj": "attn_in", "self_attn.k_proj": "attn_in", "self_attn.v_proj": "attn_in",
+            "self_attn.o_proj": "o_in", "mlp.gate_proj": "mlp_in", "mlp.up_proj": "mlp_in",
+            "mlp.down_proj": "down_in"}
+
+
+def quantized_identity(source_identity: str, spec: QuantSpec, calibration: str | None = None) -> str:
+    blob = json.dumps({"source": source_identity, "quantization": spec.describe(),
+                       "calibration": calibration}, sort_keys=True)
+    return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
+
+
+def quantize_tensor(w: np.ndarray, spec: QuantSpec, act_absmax: float | None = None) -> QuantizedTensor:
+    if spec.mode == "int8":
+        return quantize_int8(w)
+    if spec.mode == "int4":
+        # a width the group does not divide (SmolLM2's 576 = 4.5 x 128) takes the largest group
+        # dividing both (576: 64): finer groups, never a partial one
+        return quantize_int4(w, math.gcd(w.shape[1], spec.group_size))
+    if spec.mode == "fp8":
+        return quantize_fp8(w, act_absmax)
+    raise ValueError(f"quantization={spec.mode!r} quantizes nothing")
+
+
+def quantize_checkpoint(ckpt: Checkpoint, spec: QuantSpec, *,
+                        act_absmax: Mapping[str, float] | None = None,
+                        calibration_id: str | None = None) -> Checkpoint:
+    """`ckpt` with its decoder projections quantized per `spec`.
+
+    act_absmax: for fp8, the calibrated max |input| of each projection, keyed
+    "<layer>.<INPUT_OF value>" (quant/calibration.py); None = uncalibrated (act_scale 1)."""
+    if not spec.enabled:
+        return ckpt
+    if is_quantized(ckpt.tensors):
+        raise ValueError(f"{ckpt.source!r} is already quantized; quantize its float source instead")
+    if spec.mode == "fp8" and spec.calibrated and act_absmax is None:
+        raise ValueError("fp8 with calibration needs act_absmax (jaxserve.quant.calibration)")
+    tensors: dict[str, object] = {}
+    for name, w in ckpt.tensors.items():
+        m = LINEAR.match(name)
+        if m is None:
+            tensors[name] = w
+            continue
+        act = None
+        if spec.mode == "fp8" and spec.calibrated:
+            act = act_absmax[f"{m.group(1)}.{INPUT_OF[m.group(2)]}"]
+        tensors[name] = quantize_tensor(np.asarray(w), spec, act)
+    identity = quantized_identity(ckpt.identity, spec, calibration_id if spec.mode == "fp8" else None)
+    return dataclasses.replace(ckpt, tensors=tensors, identity=identity)

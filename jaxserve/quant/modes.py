@@ -1,0 +1,70 @@
+"""The modes `jaxserve bench accuracy` compares, and the params each runs with.
+
+Every mode starts from the same checkpoint load and goes through the engine's own preparation
+(quant/prepare.py), so what is measured is what the engine would serve:
+    float32           the checkpoint in float32 (the reference)
+    int8, int4, int4_g128, fp8, fp8_uncalibrated   weight modes
+    kv_fp8, kv_int8   float32 weights, quantized KV cache
+    int4_gguf_native  a GGUF's own Q4_0/Q4_1 blocks (only for a GGUF source)
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import jax.numpy as jnp
+
+from jaxserve.checkpoints import Checkpoint, load_checkpoint
+from jaxserve.models.config import ModelConfig
+from jaxserve.models.params import params_from_hf
+from jaxserve.quant.prepare import QuantRequest, prepare
+
+MODES = {
+    "float32": QuantRequest(),
+    "int8": QuantRequest("int8"),
+    "int4": QuantRequest("int4", 32),
+    "int4_g128": QuantRequest("int4", 128),
+    "fp8": QuantRequest("fp8"),
+    "fp8_uncalibrated": QuantRequest("fp8", calibrated=False),
+    "kv_fp8": QuantRequest(kv_cache_dtype="fp8_e4m3"),
+    "kv_int8": QuantRequest(kv_cache_dtype="int8"),
+    "int4_gguf_native": QuantRequest("int4"),
+}
+
+
+@dataclass(frozen=True)
+class ModeParams:
+    mode: str
+    params: dict
+    kv_scales: dict | None
+    kv_dtype: str | None
+    weight_bytes: int          # bytes of the decoder projections as served
+
+
+def mode_params(mode: str, ckpt: Checkpoint, model_config: ModelConfig, *, source: str | None = None,
+                calibration_data: str | None = None, cache_dir: str | None = None) -> ModeParams:
+    """Params of `mode` from the float checkpoint `ckpt` (a native mode reloads `source`)."""
+    request = MODES[mode]
+    if calibration_data:
+        request = QuantRequest(request.quantization, request.group_size, request.kv_cache_dtype,
+                               calibration_data, request.calibrated)
+    if mode == "int4_gguf_native":
+        ckpt = load_checkpoint(source, native_quantization="int4")
+    prepared = prepare(ckpt, request, model_config, jnp.float32, cache_dir)
+    params = params_from_hf(model_config, prepared.checkpoint.tensors, jnp.float32)
+    return ModeParams(mode, params, prepared.kv_scales, prepared.kv_dtype,
+                      _projection_bytes(prepared.checkpoint))
+
+
+def is_gguf(source: str | None) -> bool:
+    from jaxserve.checkpoints import embedded_model_path
+
+    path = source or embedded_model_path()
+    return os.path.isfile(path) and path.endswith(".gguf")
+
+
+def _projection_bytes(ckpt: Checkpoint) -> int:
+    from jaxserve.quant.checkpoint import LINEAR
+
+    return sum(t.nbytes for name, t in ckpt.tensors.items() if LINEAR.match(name))

@@ -1,0 +1,35 @@
+"""QuantSpec: which quantization a checkpoint gets, as one small value the identity can hash."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+# "none": serve the checkpoint as it is (a quantized checkpoint stays quantized)
+QUANTIZATION_MODES = ("none", "int8", "int4", "fp8")
+INT4_GROUPS = (32, 128)
+
+
+@dataclass(frozen=True, slots=True)
+class QuantSpec:
+    mode: str = "none"
+    group_size: int = 32            # int4 only: inputs per scale
+    calibrated: bool = True         # fp8 only: per-tensor activation scales from a calibration pass
+
+    def __post_init__(self) -> None:
+        if self.mode not in QUANTIZATION_MODES:
+            raise ValueError(f"quantization={self.mode!r} must be one of {QUANTIZATION_MODES}")
+        if self.mode == "int4" and self.group_size not in INT4_GROUPS:
+            raise ValueError(f"int4 group_size={self.group_size} must be one of {INT4_GROUPS}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "none"
+
+    def describe(self) -> dict:
+        """What the quantized checkpoint's identity covers (only the fields its mode reads)."""
+        d = asdict(self)
+        if self.mode != "int4":
+            d.pop("group_size")
+        if self.mode != "fp8":
+            d.pop("calibrated")
+        return d
