@@ -27,6 +27,8 @@ from jaxserve.engine.engine import Engine
 from jaxserve.engine.startup_timings import PhaseClock, StartupTimings
 from jaxserve.models.config import ModelConfig
 from jaxserve.models.params import params_from_hf
+from jaxserve.quant.prepare import prepare as prepare_quantization
+from jaxserve.quant.prepare import quant_request
 from jaxserve.runner.buckets import (RunnerShapes, default_decode_buckets, default_decode_only_buckets,
                                     default_prefill_buckets, max_prefill_tiles)
 from jaxserve.runner.calibration import CalibrationCache, CalibrationKey, Calibrator
@@ -101,7 +103,7 @@ def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, 
     enable_compilation_cache(config.compilation_cache_dir)
     cache_dir = config.cache_dir or None
     if checkpoint is None:
-        ckpt = load_checkpoint(config.model, cache_dir=cache_dir)
+        ckpt = load_checkpoint(config.model, cache_dir=cache_dir, native_quantization=config.quantization)
         for phase, seconds in ckpt.load_seconds.items():
             clock.add(phase, seconds)
     else:
@@ -109,14 +111,19 @@ def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, 
     model_config = ModelConfig.from_hf_config(ckpt.config)
     dtype = resolve_dtype(config.dtype)
     with clock.phase("params"):
+        # quantized weights (and the calibration pass fp8 and a quantized KV cache need): jaxserve/quant
+        quant = prepare_quantization(ckpt, quant_request(config), model_config, jnp.dtype(dtype), cache_dir)
+        ckpt = quant.checkpoint
         params = jax.block_until_ready(params_from_hf(model_config, ckpt.tensors, jnp.dtype(dtype)))
+        if quant.kv_scales is not None:
+            params["kv_scales"] = {k: jnp.asarray(v) for k, v in quant.kv_scales.items()}
 
     max_model_len = config.max_model_len or min(model_config.max_position_embeddings, MAX_DEFAULT_MODEL_LEN)
     if max_model_len > model_config.max_position_embeddings:
         raise ValueError(f"max_model_len={max_model_len} exceeds the model's max_position_embeddings="
                          f"{model_config.max_position_embeddings}")
     kv_memory = config.kv_cache_memory or DEFAULT_KV_CACHE_MEMORY
-    arena = plan_arena(model_config, block_size=config.block_size, dtype=dtype,
+    arena = plan_arena(model_config, block_size=config.block_size, dtype=quant.kv_dtype or dtype,
                        num_kv_blocks=config.num_kv_blocks, kv_cache_memory=kv_memory)
     shapes = runner_shapes(config, max_model_len)
     with clock.phase("kv_arena"):
