@@ -22,6 +22,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels import work_plan as wp
+from pallas_kernels.kv_quant import is_quantized_kv
 
 
 def _kernel(meta_ref, bt_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *,
@@ -48,8 +49,9 @@ def _kernel(meta_ref, bt_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *,
     def body(j, carry):
         acc, m, l = carry
         block = bt_ref[seq, j]
-        k = k_ref[block, :, kh, :]                                        # [block_size, H]
-        v = v_ref[block, :, kh, :]
+        # a quantized cache (fp8 / int8, kv_quant.py) widens to q's dtype here; a float one is q's
+        k = k_ref[block, :, kh, :].astype(q.dtype)                        # [block_size, H]
+        v = v_ref[block, :, kh, :].astype(q.dtype)
         s = jnp.dot(q, k.T, preferred_element_type=jnp.float32, precision=precision) * sm_scale  # [rows, block_size]
         if soft_cap is not None:
             s = soft_cap * jnp.tanh(s / soft_cap)
@@ -87,7 +89,7 @@ def unsupported_reason(q: jax.Array, k_cache: jax.Array) -> str | None:
         return f"block_size {block_size} is not a power of two >= 16"
     if not _pow2_at_least_16(head_dim):
         return f"head_dim {head_dim} is not a power of two >= 16"
-    if q.dtype != k_cache.dtype:
+    if q.dtype != k_cache.dtype and not is_quantized_kv(k_cache.dtype):
         return f"q dtype {q.dtype} differs from cache dtype {k_cache.dtype}"
     if q.shape[1] % k_cache.shape[2]:
         return f"{q.shape[1]} query heads are not a multiple of {k_cache.shape[2]} KV heads"

@@ -25,7 +25,7 @@ import numpy as np
 from jaxserve.models import llama
 from jaxserve.models.attention import dense_causal_attention
 from jaxserve.models.config import ModelConfig
-from jaxserve.runner.kv_write import quantize_kv
+from pallas_kernels.kv_quant import quantize_kv
 
 MATCH_TOKENS = 32
 FAST_COMPILE = {"xla_backend_optimization_level": 0}

@@ -7,23 +7,17 @@ under `kv_scales` ({"k", "v"}: float32 [L, K]). Static scales, not per-block one
 one token per step, so a per-block scale would have to grow and rescale earlier tokens, and the
 arena would need scale storage beside every block (fp8 would no longer be exactly half of bf16).
 
-The scales never enter the attention kernels: q . (s_k k_q) = (s_k q) . k_q and
-sum p (s_v v_q) = s_v sum p v_q, so `scaled_attention` multiplies the queries by s_k and the output
-by s_v (per KV head) around the kernel, and the kernels only widen the stored elements as they
+The scales never enter the attention kernels (pallas_kernels/kv_quant.py): they are folded into
+the queries and the output around the call, and the kernels only widen the stored elements as they
 load them. The bytes attention reads are halved (quartered against float32) and no kernel takes
 a scale argument.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Callable
 
-import jax
-import jax.numpy as jnp
-
-KV_CACHE_DTYPES = {"fp8_e4m3": "float8_e4m3fn", "int8": "int8"}
-KV_QMAX = {"float8_e4m3fn": 448.0, "int8": 127.0}
+from pallas_kernels.kv_quant import quantize_kv, with_kv_scales
 
 
 def kv_scales(params, layer: int):
@@ -32,15 +26,6 @@ def kv_scales(params, layer: int):
     if scales is None:
         return None
     return scales["k"][layer], scales["v"][layer]
-
-
-def quantize_kv(x: jax.Array, scale: jax.Array, dtype) -> jax.Array:
-    """x [T, K, H] float, scale [K] -> the stored form in `dtype` (saturating at its range)."""
-    qmax = KV_QMAX[jnp.dtype(dtype).name]
-    y = jnp.clip(x.astype(jnp.float32) / scale[None, :, None], -qmax, qmax)
-    if jnp.dtype(dtype) == jnp.int8:
-        y = jnp.round(y)
-    return y.astype(dtype)
 
 
 def write_kv(k_cache, v_cache, k, v, slots, scales=None):
@@ -57,19 +42,5 @@ def write_kv(k_cache, v_cache, k, v, slots, scales=None):
 
 def scaled_attention(attention_impl: Callable, scales) -> Callable:
     """attention_impl itself for a float arena; for a quantized one, the same call with the
-    per-KV-head scales folded into q (k's) and the output (v's)."""
-    if scales is None:
-        return attention_impl
-    k_scale, v_scale = scales
-
-    @functools.wraps(attention_impl)
-    def call(q, k_cache, v_cache, *args, **kwargs):
-        t, n, h = q.shape
-        group = n // k_scale.shape[0]                         # query head i reads kv head i // group
-        per_head_k = jnp.repeat(k_scale, group)[None, :, None]  # [1, N, 1]
-        per_head_v = jnp.repeat(v_scale, group)[None, :, None]
-        qs = (q.astype(jnp.float32) * per_head_k).astype(q.dtype)
-        out = attention_impl(qs, k_cache, v_cache, *args, **kwargs)
-        return (out.astype(jnp.float32) * per_head_v).astype(out.dtype)
-
-    return call
+    per-KV-head scales folded into q (k's) and the output (v's): pallas_kernels/kv_quant.py."""
+    return attention_impl if scales is None else with_kv_scales(attention_impl, *scales)
