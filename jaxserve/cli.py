@@ -109,7 +109,8 @@ def cmd_chat(args) -> int:
 def cmd_convert(args) -> int:
     from jaxserve.checkpoints import convert
 
-    out = convert(args.src, args.dst)
+    out = convert(args.src, args.dst, quantization=args.quantization, group_size=args.quantization_group_size,
+                  calibration_data=args.calibration_data)
     print(f"wrote {out}")
     return 0
 
@@ -135,6 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("convert", help="convert a GGUF file or HF directory to a jaxserve checkpoint")
     v.add_argument("src", help="GGUF file or HF directory ('embedded' for the default model)")
     v.add_argument("dst")
+    v.add_argument("--quantization", default="none", choices=("none", "int8", "int4", "fp8"),
+                   help="store the decoder projections quantized (fp8 runs a calibration pass first)")
+    v.add_argument("--quantization-group-size", type=int, default=32, help="int4: inputs per scale (32 or 128)")
+    v.add_argument("--calibration-data", default=None,
+                   help="fp8: text file to calibrate activation scales on (default: a built-in public-domain text)")
     v.set_defaults(func=cmd_convert)
 
     for module, fn in (("jaxserve.server.cli", "add_server_parsers"), ("jaxserve.bench.cli", "add_bench_parser"),
