@@ -10,6 +10,8 @@ import math
 import os
 from dataclasses import dataclass, field, fields
 
+from jaxserve.sched.speculation import SpeculativeConfig
+
 
 def _f(default, help: str, **kw):
     return field(default=default, metadata={"help": help, **kw})
@@ -83,6 +85,11 @@ class EngineConfig:
     async_scheduling: bool = _f(
         True, "schedule and dispatch step N+1 while the device runs step N (sampled tokens feed the next step on "
               "the device); --no-async-scheduling waits for each step's tokens before scheduling the next")
+    speculative_config: SpeculativeConfig | None = _f(
+        None, "speculative decoding, as JSON (a dict for LLM): {\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
+              "\"prompt_lookup_min\": 1, \"prompt_lookup_max\": 4}: guesses from the request's own tokens, verified "
+              "in decode-only steps when the measured step times say they pay (default: off)",
+        parse=SpeculativeConfig.parse)
     attention_impl: str = _f("auto", "attention implementation: auto, xla, reference, mosaic, triton, *_interpret")
     xla_optimization_level: int | None = _f(
         None, "XLA backend optimization level (tests use 0: half the compile time, slower steps)")
@@ -99,6 +106,7 @@ class EngineConfig:
                "warm what their first requests need, as `jaxserve generate` does)", choices=("all", "none"))
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "speculative_config", SpeculativeConfig.parse(self.speculative_config))
         if self.dtype not in ("auto", "float32", "bfloat16"):
             raise ValueError(f"dtype={self.dtype!r} must be one of auto, float32, bfloat16")
         if self.quantization not in ("none", "int8", "int4", "fp8"):

@@ -52,8 +52,8 @@ def add_engine_args(parser: argparse.ArgumentParser, *, skip: tuple[str, ...] = 
                                help=f"{help_text}; comma-separated")
         else:
             kw = {"choices": f.metadata["choices"]} if "choices" in f.metadata else {}
-            group.add_argument(_flag(f.name), type=tp, default=None, help=_with_default(help_text, f.default),
-                               **kw)
+            group.add_argument(_flag(f.name), type=f.metadata.get("parse", tp), default=None,
+                               help=_with_default(help_text, f.default), **kw)
 
 
 def engine_kwargs_from_args(args: argparse.Namespace) -> dict:

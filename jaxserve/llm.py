@@ -44,7 +44,7 @@ class LLM:
                       "long_prefill_token_threshold", "seed", "max_num_partial_prefills", "starvation_steps",
                       "scheduling_policy", "priority_weight_base", "max_waiting_requests", "kv_watermark",
                       "preemption_mode", "async_scheduling", "chunk_policy", "ttft_slo_ms", "tpot_slo_ms",
-                      "itl_budget_ms"}
+                      "itl_budget_ms", "speculative_config"}
         if set(overrides) - shape_free:
             raise ValueError(f"sharing a runner can only change {sorted(shape_free)}, "
                              f"not {sorted(set(overrides) - shape_free)}")

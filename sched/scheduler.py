@@ -220,7 +220,7 @@ class Scheduler:
         live = [r for r in self.running if not self._ends_with_pending(r)]
         decodes = [r for r in live if r.num_tokens_with_pending - r.num_computed_tokens == 1]
         prefills = [r for r in live if r.num_tokens_with_pending - r.num_computed_tokens > 1]
-        guesses = self._plan_drafts(decodes) if drafts and not prefills and not self.waiting else {}
+        guesses = self._plan_drafts(decodes) if drafts and not prefills and not self._may_admit() else {}
         for req in decodes + prefills:
             if req.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this step
@@ -245,9 +245,9 @@ class Scheduler:
     # ---- speculative decoding ---------------------------------------------------------------
     def wants_drafts(self) -> bool:
         """Whether the next step would speculate if allowed: speculation is on, the step would be
-        decode-only, and some decoding request can take guesses. The engine then runs that step
+        decode-only (no prompt mid-prefill, none to admit), and guesses would pay. The engine then runs that step
         without its one-step-ahead overlap (drafts need every token known on the host)."""
-        if self._planner is None or self.waiting or not self.running:
+        if self._planner is None or self._may_admit() or not self.running:
             return False
         if any(r.num_tokens_with_pending - r.num_computed_tokens > 1 for r in self.running):
             return False   # a prompt still prefilling: this step carries its chunk, not guesses
@@ -255,11 +255,17 @@ class Scheduler:
         k = self.config.speculation.num_speculative_tokens
         return self._planner.plan([(r, range(k if self._may_draft(r) else 0)) for r in self.running]) > 0
 
+    def _may_admit(self) -> bool:
+        """A request waits and a seat is free: the step may take in a prompt, which guesses would
+        only delay (with every seat taken, guesses are what the step can add)."""
+        return bool(self.waiting) and len(self.running) < self.config.max_num_seqs
+
     def _may_draft(self, req: Request) -> bool:
         # guesses must fit max_tokens and max_model_len: a verification appends up to k + 1 tokens
-        return (req.sampling.allows_drafts and req.num_output_tokens > 0
-                and req.max_tokens - req.num_output_tokens > 1
-                and self.config.max_model_len - req.num_tokens > 1)
+        # (counted with the tokens in flight, which are known by the time a guessing step is scheduled)
+        return (req.sampling.allows_drafts and req.num_outputs_with_pending > 0
+                and req.max_tokens - req.num_outputs_with_pending > 1
+                and self.config.max_model_len - req.num_tokens_with_pending > 1)
 
     def _plan_drafts(self, decodes: list[Request]) -> dict[str, list[int]]:
         """Guesses for this step's decodes: each one's n-gram proposal, cut to the planner's k."""
@@ -633,9 +639,9 @@ class Scheduler:
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block (they return to the free list), e.g. after the KV arena was
-        written by someone else. Only between workloads: returns False, changing nothing, while
-        requests are live (their blocks may be shared with the tree)."""
-        if self.has_unfinished_requests():
+        written by someone else. Only while no request holds blocks (waiting ones hold none):
+        returns False, changing nothing, otherwise (their blocks may be shared with the tree)."""
+        if self.kv.pool.num_in_use:
             return False
         if self.kv.cache is not None:
             self.kv.cache.evict(self.kv.pool.num_total)

@@ -16,7 +16,8 @@ measured at start-up (rows -> seconds) and each request's acceptance rate so far
 k = 0 (no speculation) wins when the batch is large enough that extra rows cost more than the
 accepted guesses save, or when the requests' guesses keep being rejected, so speculation turns
 itself off under load. Only decode-only steps speculate: a step that carries a prompt chunk (or
-admits a request) has prompt work to do that drafts would only delay.
+may admit a request: one waits and a seat is free) has prompt work to do that drafts would only
+delay.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 4            # longest one (tried first: a longer match predicts better)
     # acceptance rate assumed for a request with no history yet (its rate is then learned)
     prior_acceptance: float = 0.5
+    # True: guess only where the measured step times say it pays (DraftPlanner); False: verify
+    # every guess the lookup finds, within the compiled rows, whatever it costs (measurements, tests)
+    adaptive: bool = True
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -54,6 +58,8 @@ class SpeculativeConfig:
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi)) or not 1 <= lo <= hi:
             raise ValueError(f"speculative_config needs 1 <= prompt_lookup_min <= prompt_lookup_max, got "
                              f"{lo!r} and {hi!r}")
+        if not isinstance(self.adaptive, bool):
+            raise ValueError(f"speculative_config adaptive={self.adaptive!r} must be true or false")
         if not 0 < self.prior_acceptance < 1:
             raise ValueError(f"speculative_config prior_acceptance={self.prior_acceptance!r} must be in (0, 1)")
 

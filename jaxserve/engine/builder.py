@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 from jaxserve.checkpoints import Checkpoint, load_checkpoint
 from jaxserve.config import EngineConfig
-from jaxserve.engine.chunk_policy import ChunkPolicy, resolve_chunk_policy
+from jaxserve.engine.chunk_policy import DECODE_CONTEXT, ChunkPolicy, resolve_chunk_policy
 from jaxserve.engine.engine import Engine
 from jaxserve.engine.startup_timings import PhaseClock, StartupTimings
 from jaxserve.models.config import ModelConfig
@@ -73,8 +73,11 @@ def runner_shapes(config: EngineConfig, max_model_len: int) -> RunnerShapes:
     decode = config.decode_buckets or default_decode_buckets(config.max_num_seqs)
     prefill = config.prefill_buckets or default_prefill_buckets(tiles)
     # explicit decode_buckets alone also serve decode-only steps (what a test that pins them expects)
+    # speculation's guesses are extra decode rows: decode-only steps of up to twice the seats
+    # (its planner measures what they cost and stops guessing where they do not pay)
+    spec_rows = 2 * config.max_num_seqs if config.speculative_config is not None else config.max_num_seqs
     decode_only = config.decode_only_buckets or (
-        decode if config.decode_buckets else default_decode_only_buckets(config.max_num_seqs))
+        decode if config.decode_buckets else default_decode_only_buckets(spec_rows))
     for name, rows in (("decode_buckets", decode), ("decode_only_buckets", decode_only)):
         if rows[-1] < config.max_num_seqs:
             raise ValueError(f"{name}={rows} must reach max_num_seqs={config.max_num_seqs}")
@@ -177,11 +180,21 @@ def _calibrate(config: EngineConfig, runner: ModelRunner, checkpoint_identity: s
     if runner.host_pool is not None:
         runner.swap_cost = calibrator.measure_swap_cost()
     chunking = resolve_chunk_policy(config, calibrator)
+    if config.speculative_config is not None and config.speculative_config.adaptive:
+        runner.decode_step_seconds = measure_decode_step_seconds(calibrator)
     calibrator.save()
     if calibrator.measured or calibrator.reused:
         log.info("calibration: measured %s; from the cache %s", calibrator.measured or "nothing",
                  calibrator.reused or "nothing")
     return chunking
+
+
+def measure_decode_step_seconds(calibrator) -> tuple[tuple[int, float], ...]:
+    """Decode-only step time per compiled decode-only bucket: what speculation's extra rows cost
+    (sched/speculation.py)."""
+    shapes = calibrator.shapes
+    return tuple((r, calibrator.measure_decode_step_time(context=DECODE_CONTEXT, rows=r))
+                 for r in shapes.decode_only_buckets or shapes.decode_buckets)
 
 
 def _cache(kind, cache_dir: str | None, name: str):
@@ -217,6 +230,10 @@ def _scheduler(config: EngineConfig, runner: ModelRunner, max_model_len: int, ch
         preemption_mode=mode,
         num_host_blocks=host_blocks,
         swap_crossover_tokens=min(crossover, 1 << 30),
+        speculation=config.speculative_config,
+        max_decode_rows=(runner.shapes.decode_only_buckets or runner.shapes.decode_buckets)[-1],
+        decode_step_seconds=(runner.decode_step_seconds if config.speculative_config is not None
+                             and config.speculative_config.adaptive else ()),
     ))
 
 
@@ -229,6 +246,9 @@ def _engine_on_shared_runner(config: EngineConfig, other: Engine) -> Engine:
     # the runner is the same, so are its measurements (kept on it): resolve_chunk_policy reads
     # them, and measures only what the other engine's policy did not need
     chunking = resolve_chunk_policy(config, Calibrator(other.runner))
+    if (config.speculative_config is not None and config.speculative_config.adaptive
+            and not other.runner.decode_step_seconds):
+        other.runner.decode_step_seconds = measure_decode_step_seconds(Calibrator(other.runner))
     engine = Engine(
         scheduler=_scheduler(config, other.runner, other.max_model_len, chunking), runner=other.runner,
         tokenizer=other.tokenizer, vocab_size=other.vocab_size, max_model_len=other.max_model_len,

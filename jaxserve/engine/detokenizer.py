@@ -20,6 +20,7 @@ class IncrementalDetokenizer:
         self._read_offset = len(self._ids)
         self.text = ""
         self.stopped_by: str | None = None
+        self.num_consumed = 0   # tokens the last append() took (fewer than given after a stop string)
 
     def _decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=self._skip, clean_up_tokenization_spaces=False)
@@ -28,9 +29,12 @@ class IncrementalDetokenizer:
         """Add sampled tokens; returns the new text. Sets `stopped_by` when a stop string appears
         (the text is then cut at it)."""
         if self.stopped_by is not None:
+            self.num_consumed = 0
             return ""
         before = len(self.text)
+        self.num_consumed = 0   # of token_ids, up to and including the one that completed a stop string
         for t in token_ids:
+            self.num_consumed += 1
             self._ids.append(t)
             prefix = self._decode(self._ids[self._prefix_offset:self._read_offset])
             full = self._decode(self._ids[self._prefix_offset:])

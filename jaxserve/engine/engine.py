@@ -142,15 +142,18 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """Run one step. With async scheduling it returns the outputs of the step before."""
         self._timer.step_started()
+        if getattr(self.runner, "owner", self) is not self:
+            self._take_over_runner()
         with compile_counter.attributed_to(self._compilations):
-            if self.async_scheduling and not self._constrained_live():
+            speculate = self.scheduler.wants_drafts()
+            if self.async_scheduling and not speculate and not self._constrained_live():
                 outputs = self._step_one_ahead()
             else:
-                # a grammar's mask needs every token before it: no step is scheduled while one is
-                # in flight (the step that was, when a constrained request arrived, ends first)
+                # a grammar's mask needs every token before it, and so do speculative guesses: no
+                # step is scheduled while one is in flight (the step that was ends first)
                 behind, self._in_flight = self._in_flight, None
                 outputs = self._finish(behind)
-                outputs += self._finish(self._dispatch(self.scheduler.schedule()))
+                outputs += self._finish(self._dispatch(self.scheduler.schedule(drafts=speculate)))
         self._timer.step_ended(self.has_unfinished_requests())
         return outputs
 
@@ -166,6 +169,7 @@ class Engine:
         return self._finish(behind)
 
     def _dispatch(self, sched_out: SchedulerOutput) -> _InFlight | None:
+        self.runner.owner = self     # whose block ids the arena's contents now follow
         self.outputs.mark_scheduled((r.request_id for r in sched_out.requests), time.perf_counter())
         handle = self.runner.dispatch(sched_out)   # block operations run even with no request
         return _InFlight(sched_out, handle, time.perf_counter()) if sched_out.requests else None
@@ -208,6 +212,14 @@ class Engine:
             out.append(u)
         return out
 
+    def _take_over_runner(self) -> None:
+        """Another engine on the same runner (LLM.sharing_runner) ran steps since this one did:
+        they wrote arena blocks this engine's prefix cache still names, so it forgets them."""
+        if not self.scheduler.reset_prefix_cache():
+            raise RuntimeError("two engines sharing one runner cannot both have requests running; finish one "
+                               "engine's requests before stepping the other")
+        self.runner.owner = self
+
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix block (they return to the free pool)."""
         if self._in_flight is not None or not self.scheduler.reset_prefix_cache():
@@ -245,6 +257,9 @@ class Engine:
             step_time_scale=s.step_time_scale,
             host_ms_per_step=timing.host_ms_per_step,
             device_idle_fraction=timing.device_idle_fraction,
+            spec_num_draft_tokens=s.spec_num_draft_tokens,
+            spec_num_accepted_tokens=s.spec_num_accepted_tokens,
+            spec_num_verifications=s.spec_num_verifications,
         )
 
 

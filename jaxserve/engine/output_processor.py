@@ -112,6 +112,15 @@ class OutputProcessor:
         return ProcessedStep(outputs, hits)
 
     def _append(self, state: RequestState, sample: SampleState, token_ids, sampled_tokens, now: float) -> None:
+        # the runner's tokens of a multi-token step go past a stop the scheduler found among them
+        sampled_tokens = sampled_tokens[:len(token_ids)]
+        if sample.detok is not None:
+            sample.detok.append(token_ids)
+            # a stop string ends the output at the token that completed it; a step that produced
+            # several tokens (speculative decoding) drops those after it, as one-token steps would
+            # never have sampled them
+            token_ids = token_ids[:sample.detok.num_consumed]
+            sampled_tokens = sampled_tokens[:len(token_ids)]
         self.counters.generation_tokens += len(token_ids)
         state.metrics.token_times.extend([now] * len(token_ids))
         if state.metrics.first_token_time is None:
@@ -125,8 +134,6 @@ class OutputProcessor:
                     entry.setdefault(tid, Logprob(lp, rank))
                 sample.logprobs.append(entry)
                 sample.cumulative_logprob += s.logprob
-        if sample.detok is not None:
-            sample.detok.append(token_ids)
 
     def _output(self, state: RequestState, now: float) -> RequestOutput | None:
         done = state.finished

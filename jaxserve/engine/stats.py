@@ -31,6 +31,9 @@ class EngineStats:
     step_time_scale: float = 1.0       # measured / predicted time of steps with decodes and prompts (slo policy)
     host_ms_per_step: float = 0.0      # host time per step call outside waiting for the device
     device_idle_fraction: float = 0.0  # share of busy wall time with no step in flight (a lower bound)
+    spec_num_draft_tokens: int = 0     # speculative guesses verified
+    spec_num_accepted_tokens: int = 0  # of those, accepted
+    spec_num_verifications: int = 0    # request-steps that verified guesses
 
     @property
     def kv_usage(self) -> float:
@@ -42,8 +45,14 @@ class EngineStats:
     def prefix_hit_rate(self) -> float:
         return 0.0 if not self.prefix_cache_queries else self.prefix_cache_hits / self.prefix_cache_queries
 
+    @property
+    def spec_mean_accepted(self) -> float:
+        """Guesses accepted per verification (each verification also samples one token itself)."""
+        return 0.0 if not self.spec_num_verifications else self.spec_num_accepted_tokens / self.spec_num_verifications
+
     def as_dict(self) -> dict:
         d = asdict(self)
         d["kv_usage"] = self.kv_usage
         d["prefix_hit_rate"] = self.prefix_hit_rate
+        d["spec_mean_accepted"] = self.spec_mean_accepted
         return d

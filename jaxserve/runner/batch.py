@@ -4,6 +4,10 @@ Layout of the T = D + P * tile query rows of a (D, P) bucket:
   rows [0, D)          one decode (or one-token chunk) per row
   rows [D, D + P*tile) prefill chunks, each cut into tiles of `tile` rows; a tile is one slot of
                        the uniform-slot attention, with kv_len = its last row's position + 1
+A request verifying speculative guesses (ScheduledRequest.num_draft_tokens = k) takes k + 1
+decode rows, one per token, each attending to the context up to and including its own token
+(the step writes every row's K/V before attention), and every one of them samples; the runner
+keeps the guesses that each equal the token sampled the row before (model_runner.collect).
 Padding rows read the null block and write their K/V into it; their outputs are discarded.
 A placeholder token (one the previous step sampled, not yet known on the host) gets its row's
 `token_src` = the previous step's logits row; the step reads the id there from the previous
@@ -14,7 +18,7 @@ Everything here is numpy on the host; the arrays go to the device once per step.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -29,6 +33,9 @@ class PackedStep:
     arrays: dict[str, np.ndarray]           # the step's inputs
     sampling: dict[str, np.ndarray]         # the sampler's inputs, one row per logits row
     sample_rows: tuple[tuple[str, int], ...]  # (request_id, logits row) for requests that sample
+    # request id -> its guesses, for requests verifying some: their logits rows are sample_rows'
+    # row and the k after it
+    drafts: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 def num_tiles(n: int, tile: int) -> int:
@@ -36,8 +43,8 @@ def num_tiles(n: int, tile: int) -> int:
 
 
 def bucket_for(sched_out, shapes: RunnerShapes) -> tuple[int, int]:
-    d = sum(1 for r in sched_out.requests if len(r.token_ids) == 1)
-    p = sum(num_tiles(len(r.token_ids), shapes.prefill_tile) for r in sched_out.requests if len(r.token_ids) > 1)
+    d = sum(r.decode_rows for r in sched_out.requests)
+    p = sum(num_tiles(len(r.token_ids), shapes.prefill_tile) for r in sched_out.requests if not r.decode_rows)
     return shapes.pick(d, p)
 
 
@@ -64,6 +71,7 @@ def pack_step(sched_out, shapes: RunnerShapes, prev_rows: Mapping[str, int] | No
     logits_rows = np.zeros(R, np.int32)
     row_sampling: list = [None] * R
     sample_rows = []
+    drafts = {}
     d = 0
     p = 0
     r = 0
@@ -80,6 +88,22 @@ def pack_step(sched_out, shapes: RunnerShapes, prev_rows: Mapping[str, int] | No
             if prev_rows is None or req.request_id not in prev_rows or holes.sum() != 1 or not holes[-1]:
                 raise ValueError(f"request {req.request_id!r}: a placeholder token the previous step did not sample")
             ids = np.where(holes, 0, ids)
+        if req.num_draft_tokens:
+            # one decode row per token, each seeing the context through its own position
+            rows = np.arange(d, d + n)
+            input_ids[rows] = ids
+            positions[rows] = pos
+            slots[rows] = token_slots
+            dec_lens[rows] = pos + 1
+            dec_tables[rows, :len(table)] = table
+            for j in range(n):
+                logits_rows[r + j] = d + j
+                row_sampling[r + j] = (req.sampling, req.num_output_tokens + j, -1)
+            sample_rows.append((req.request_id, r))
+            drafts[req.request_id] = req.draft_token_ids
+            d += n
+            r += n
+            continue
         if n == 1:
             row = d
             input_ids[row] = ids[0]
@@ -120,7 +144,7 @@ def pack_step(sched_out, shapes: RunnerShapes, prev_rows: Mapping[str, int] | No
     )
     return PackedStep((D, P), arrays, sampling_arrays(row_sampling, R, history_len=shapes.max_model_len,
                                                       mask_words=mask_words),
-                      tuple(sample_rows))
+                      tuple(sample_rows), drafts)
 
 
 def batch_shapes(D: int, P: int, *, tile: int, table_width: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:

@@ -108,10 +108,10 @@ class Calibrator:
         return self._remember("prefill_tokens_per_s", measure)
 
     def measure_decode_step_time(self, context: int = 256, repeats: int = 2, rows: int | None = None) -> float:
-        """Seconds of a decode-only step of `rows` decodes (default: the largest decode bucket),
-        every row at `context` tokens. The rows share one block table of scratch blocks, so this
-        works however small the arena is."""
-        rows = rows or self.shapes.max_decode_rows
+        """Seconds of a decode-only step of `rows` decodes (default: a full batch, the largest
+        bucket of steps that also carry prompt tiles), every row at `context` tokens. The rows
+        share one block table of scratch blocks, so this works however small the arena is."""
+        rows = rows or self.shapes.decode_buckets[-1]
         context = max(1, min(context, self.shapes.max_model_len - 1, self._capacity()))
         return self._remember(f"decode_step_s(rows={rows},context={context})",
                               lambda: self._best_time(scratch_step(self._decode_rows(context, rows)), repeats))
@@ -191,8 +191,9 @@ class Calibrator:
         return scratch_request(request_id, num_tokens, num_computed, block_size=self.shapes.block_size)
 
     def _decode_rows(self, context: int, rows: int | None = None) -> list:
-        """A decode batch (default: a full one) at `context` tokens on shared scratch blocks."""
-        rows = rows or self.shapes.max_decode_rows
+        """A decode batch (default: a full one, which can also carry a chunk) at `context` tokens
+        on shared scratch blocks."""
+        rows = rows or self.shapes.decode_buckets[-1]
         return [self._scratch(f"calibrate-{i}", 1, context - 1) for i in range(rows)]
 
     def _best_time(self, step, repeats: int) -> float:

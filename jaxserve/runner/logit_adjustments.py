@@ -51,3 +51,9 @@ class AdjustedSamplingOptions(SamplingOptions):
 
     adjust: LogitAdjustments | None = None
     constraint: TokenConstraint | None = field(default=None, compare=False)
+
+    @property
+    def allows_drafts(self) -> bool:
+        # penalties count the tokens before each row and a grammar's mask follows its state, both
+        # of which a guess would change: such requests decode one token per step
+        return False

@@ -56,6 +56,7 @@ class StepHandle:
     sample_rows: tuple[tuple[str, int], ...] = ()   # (request id, logits row) of requests that sample
     sampler_out: dict | None = None                  # the sampler's device arrays
     want_logprobs: np.ndarray | None = None          # per logits row
+    drafts: dict[str, tuple[int, ...]] | None = None  # request id -> guesses it verifies (batch.PackedStep)
 
 
 class ModelRunner:
@@ -70,6 +71,8 @@ class ModelRunner:
         self.host_pool = HostSwapPool(arena, num_host_blocks) if num_host_blocks else None
         self.swap_cost: SwapCostModel | None = None
         self.calibration: dict[str, object] | None = None  # start-up timings (runner/calibration.py)
+        # (decode-only bucket, seconds): what speculation's extra rows cost, measured when it is on
+        self.decode_step_seconds: tuple[tuple[int, float], ...] = ()
         self.attention_impl = attention_impl
         self._attention = select_attention(attention_impl)
         self._executable_cache = executable_cache
@@ -211,7 +214,9 @@ class ModelRunner:
         if step is None:
             raise RuntimeError(f"bucket {packed.bucket} was not compiled at start-up")
         self.kv_caches, logits = step(self.params, self.kv_caches, packed.arrays, self._prev_tokens)
-        self._prev_rows = dict(packed.sample_rows)
+        # a verification's last token is known only at collect(): no later step may read it as a
+        # placeholder (the scheduler schedules after its update), so it has no row here
+        self._prev_rows = {rid: row for rid, row in packed.sample_rows if rid not in packed.drafts}
         if not packed.sample_rows:
             return StepHandle()
         sampling = packed.sampling
@@ -223,7 +228,7 @@ class ModelRunner:
         # start the copies to the host now; collect() reads them a step later
         for key in ("tokens", "logprob", "top_ids", "top_logprobs") if wants.any() else ("tokens",):
             out[key].copy_to_host_async()
-        return StepHandle(packed.sample_rows, out, wants)
+        return StepHandle(packed.sample_rows, out, wants, packed.drafts)
 
     def is_ready(self, handle: StepHandle) -> bool:
         """Whether a dispatched step's sampled tokens are computed (collect would not wait)."""
@@ -238,14 +243,22 @@ class ModelRunner:
         lp = top_ids = top_lp = None
         if wants.any():
             lp, top_ids, top_lp = (np.asarray(out[k]) for k in ("logprob", "top_ids", "top_logprobs"))
-        sampled = {}
-        for request_id, row in handle.sample_rows:
+        def token(row: int) -> SampledToken:
             if wants[row]:
-                sampled[request_id] = [SampledToken(
-                    int(tokens[row]), float(lp[row]),
-                    tuple(zip(top_ids[row].tolist(), top_lp[row].tolist())))]
-            else:
-                sampled[request_id] = [SampledToken(int(tokens[row]))]
+                return SampledToken(int(tokens[row]), float(lp[row]),
+                                    tuple(zip(top_ids[row].tolist(), top_lp[row].tolist())))
+            return SampledToken(int(tokens[row]))
+
+        sampled = {}
+        drafts = handle.drafts or {}
+        for request_id, row in handle.sample_rows:
+            guesses = drafts.get(request_id, ())
+            # row j sampled the token after guess j - 1: guess j is kept while it equals the token
+            # row j sampled, so each kept token is exactly what one-token steps would have sampled
+            kept = 0
+            while kept < len(guesses) and int(tokens[row + kept]) == guesses[kept]:
+                kept += 1
+            sampled[request_id] = [token(row + j) for j in range(kept + 1)]
         return ModelRunnerOutput(sampled)
 
     def copy_blocks(self, pairs) -> None:

@@ -67,6 +67,27 @@ def make_tiny_model(path: str | os.PathLike, arch: str = "llama", *, seed: int =
     return str(path)
 
 
+def make_tiny_repeating_model(path: str | os.PathLike, *, seed: int = 0, residual_scale: float = 0.3,
+                              logit_scale: float = 4.0) -> str:
+    """A tiny random Llama whose outputs often repeat, as text that quotes its context does, so
+    speculative guesses are sometimes right and sometimes wrong: tied embeddings read the input
+    token back out, and attention and MLP outputs scaled by `residual_scale` only sometimes move
+    the prediction away from it. The final norm's weight scaled by `logit_scale` keeps greedy
+    choices away from near-ties (float rounding differs between batch shapes)."""
+    import torch
+    import transformers
+
+    make_tiny_model(path, "llama", seed=seed, tie_word_embeddings=True)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.mul_(residual_scale)
+            layer.mlp.down_proj.weight.mul_(residual_scale)
+        model.model.norm.weight.mul_(logit_scale)
+    model.save_pretrained(path, safe_serialization=True)
+    return str(path)
+
+
 def hf_greedy(path: str, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     """Greedy continuation by HF transformers on PyTorch (fp32); EOS is banned until
     max_new_tokens (min_new_tokens), like SamplingParams(min_tokens=max_tokens)."""
