@@ -63,9 +63,13 @@ def dequantize_weight(p: dict, dtype: Any) -> jax.Array:
 
 def quantized_matmul(x: jax.Array, p: dict, dtype: Any, precision=None) -> jax.Array:
     """x [T, in] -> [T, out] in `dtype` (bias not included)."""
+    dims = (((x.ndim - 1,), (0,)), ((), ()))
+    if "kernel" in p:
+        # a float projection in a partly quantized model (a GGUF whose other block types were kept
+        # as float): nn.Dense's arithmetic
+        return jax.lax.dot_general(x.astype(dtype), p["kernel"].astype(dtype), dims, precision=precision)
     q, scale = p["qweight"], p["scale"]
     kind = quant_kind(q)
-    dims = (((x.ndim - 1,), (0,)), ((), ()))
     if kind == "fp8":
         act = p["act_scale"].astype(jnp.float32)
         xq = jnp.clip(x.astype(jnp.float32) / act, -E4M3_MAX, E4M3_MAX).astype(jnp.float8_e4m3fn)
@@ -81,7 +85,8 @@ def quantized_matmul(x: jax.Array, p: dict, dtype: Any, precision=None) -> jax.A
 
 
 def is_quantized(params: dict) -> bool:
-    """Whether a params pytree holds any quantized projection (decides the module choice)."""
+    """Whether a params pytree holds any quantized projection (decides the module choice: then
+    every projection is a QuantDense, which also runs a float `kernel` left beside them)."""
     return any(getattr(path[-1], "key", None) == "qweight"
                for path, _ in jax.tree_util.tree_flatten_with_path(params)[0])
 

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from jaxserve.checkpoints import Checkpoint
-from jaxserve.checkpoints.quantized import QuantizedTensor, is_quantized
+from jaxserve.checkpoints.quantized import QuantizedTensor
 from jaxserve.quant.fp8 import quantize_fp8
 from jaxserve.quant.int4 import quantize_int4
 from jaxserve.quant.int8 import quantize_int8
@@ -48,7 +48,7 @@ def quantize_tensor(w: np.ndarray, spec: QuantSpec, act_absmax: float | None = N
     if spec.mode == "int4":
         # a width the group does not divide (SmolLM2's 576 = 4.5 x 128) takes the largest group
         # dividing both (576: 64): finer groups, never a partial one
-        return quantize_int4(w, math.gcd(w.shape[1], spec.group_size))
+        return quantize_int4(w, math.gcd(w.shape[1], spec.group_size), symmetric=spec.symmetric)
     if spec.mode == "fp8":
         return quantize_fp8(w, act_absmax)
     raise ValueError(f"quantization={spec.mode!r} quantizes nothing")
@@ -63,14 +63,20 @@ def quantize_checkpoint(ckpt: Checkpoint, spec: QuantSpec, *,
     "<layer>.<INPUT_OF value>" (quant/calibration.py); None = uncalibrated (act_scale 1)."""
     if not spec.enabled:
         return ckpt
-    if is_quantized(ckpt.tensors):
-        raise ValueError(f"{ckpt.source!r} is already quantized; quantize its float source instead")
+    kinds = {t.kind for t in ckpt.tensors.values() if isinstance(t, QuantizedTensor)}
+    if kinds - {spec.mode}:
+        raise ValueError(f"{ckpt.source!r} is already quantized ({sorted(kinds)}); quantize its float source "
+                         f"instead of serving it as {spec.mode}")
+    if not any(LINEAR.match(n) and not isinstance(t, QuantizedTensor) for n, t in ckpt.tensors.items()):
+        return ckpt                  # every projection already in this form (a converted checkpoint)
     if spec.mode == "fp8" and spec.calibrated and act_absmax is None:
         raise ValueError("fp8 with calibration needs act_absmax (jaxserve.quant.calibration)")
     tensors: dict[str, object] = {}
     for name, w in ckpt.tensors.items():
         m = LINEAR.match(name)
-        if m is None:
+        # a GGUF's natively loaded blocks stay; its other weights (float, or block types read as
+        # float) are quantized like any float weight
+        if m is None or isinstance(w, QuantizedTensor):
             tensors[name] = w
             continue
         act = None

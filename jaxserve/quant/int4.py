@@ -29,7 +29,7 @@ def unpack_nibbles(packed: np.ndarray, group: int) -> np.ndarray:
     return np.concatenate([p & 15, p >> 4], axis=2).reshape(out, half * 2)
 
 
-def quantize_int4(w: np.ndarray, group: int, *, symmetric: bool = True) -> QuantizedTensor:
+def quantize_int4(w: np.ndarray, group: int, *, symmetric: bool = False) -> QuantizedTensor:
     """w float [out, in] -> int4 with one scale (and offset unless symmetric) per `group` inputs."""
     w = np.asarray(w, np.float32)
     out, n = w.shape

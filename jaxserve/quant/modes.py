@@ -3,13 +3,14 @@
 Every mode starts from the same checkpoint load and goes through the engine's own preparation
 (quant/prepare.py), so what is measured is what the engine would serve:
     float32           the checkpoint in float32 (the reference)
-    int8, int4, int4_g128, fp8, fp8_uncalibrated   weight modes
+    int8, int4, int4_g128, int4_symmetric, fp8, fp8_uncalibrated   weight modes
     kv_fp8, kv_int8   float32 weights, quantized KV cache
     int4_gguf_native  a GGUF's own Q4_0/Q4_1 blocks (only for a GGUF source)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -25,6 +26,7 @@ MODES = {
     "int8": QuantRequest("int8"),
     "int4": QuantRequest("int4", 32),
     "int4_g128": QuantRequest("int4", 128),
+    "int4_symmetric": QuantRequest("int4", 32, int4_symmetric=True),
     "fp8": QuantRequest("fp8"),
     "fp8_uncalibrated": QuantRequest("fp8", calibrated=False),
     "kv_fp8": QuantRequest(kv_cache_dtype="fp8_e4m3"),
@@ -47,8 +49,7 @@ def mode_params(mode: str, ckpt: Checkpoint, model_config: ModelConfig, *, sourc
     """Params of `mode` from the float checkpoint `ckpt` (a native mode reloads `source`)."""
     request = MODES[mode]
     if calibration_data:
-        request = QuantRequest(request.quantization, request.group_size, request.kv_cache_dtype,
-                               calibration_data, request.calibrated)
+        request = dataclasses.replace(request, calibration_data=calibration_data)
     if mode == "int4_gguf_native":
         ckpt = load_checkpoint(source, native_quantization="int4")
     prepared = prepare(ckpt, request, model_config, jnp.float32, cache_dir)

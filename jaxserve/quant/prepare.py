@@ -1,8 +1,9 @@
 """What the builder asks of quantization: the checkpoint to serve and the KV cache's scales.
 
 `prepare(ckpt, request, model_config, dtype, cache_dir)`:
-- quantization int8 / int4: the checkpoint's decoder projections quantized (already quantized
-  checkpoints, a converted one or a GGUF's native blocks, are served as they are);
+- quantization int8 / int4: the checkpoint's decoder projections quantized (what is already in
+  that form, a converted checkpoint's or a GGUF's native blocks, is kept; a checkpoint quantized
+  in another form is refused);
 - fp8: the same after a calibration pass over real text for the activation scales;
 - kv_cache_dtype fp8_e4m3 / int8: per-layer per-head K/V scales from the same pass (on the model
   that will be served, quantized weights included), returned as the params' `kv_scales`.
@@ -38,6 +39,7 @@ class QuantRequest:
     kv_cache_dtype: str = "auto"
     calibration_data: str | None = None     # a text file; None: the built-in default
     calibrated: bool = True                 # fp8: False measures what skipping calibration costs
+    int4_symmetric: bool = False            # int4: absmax / 7, no per-group minimum
 
 
 @dataclass(frozen=True)
@@ -55,16 +57,14 @@ def quant_request(config) -> QuantRequest:
 
 def prepare(ckpt: Checkpoint, request: QuantRequest, model_config: ModelConfig, dtype,
             cache_dir: str | None = None) -> Prepared:
-    spec = QuantSpec(request.quantization, request.group_size, request.calibrated)
+    spec = QuantSpec(request.quantization, request.group_size, request.calibrated, request.int4_symmetric)
     text = None
-    if spec.enabled and not is_quantized(ckpt.tensors):
+    if spec.enabled:
         act = None
-        if spec.mode == "fp8" and spec.calibrated:
+        if spec.mode == "fp8" and spec.calibrated and not is_quantized(ckpt.tensors):
             text = read_text(request.calibration_data)
             act = _calibration(ckpt, model_config, dtype, text, cache_dir).act_absmax
         ckpt = quantize_checkpoint(ckpt, spec, act_absmax=act, calibration_id=text and text_id(text))
-    elif spec.enabled:
-        _check_served_form(ckpt, spec)
     if request.kv_cache_dtype == "auto":
         return Prepared(ckpt, None, None)
     kv_dtype, qmax = KV_DTYPES[request.kv_cache_dtype]
@@ -73,13 +73,6 @@ def prepare(ckpt: Checkpoint, request: QuantRequest, model_config: ModelConfig, 
     scales = {"k": np.maximum(cal.k_absmax / qmax, 1e-8).astype(np.float32),
               "v": np.maximum(cal.v_absmax / qmax, 1e-8).astype(np.float32)}
     return Prepared(ckpt, scales, kv_dtype)
-
-
-def _check_served_form(ckpt: Checkpoint, spec: QuantSpec) -> None:
-    kinds = {t.kind for t in ckpt.tensors.values() if hasattr(t, "kind")}
-    if spec.mode not in kinds:
-        raise ValueError(f"{ckpt.source!r} is already quantized ({sorted(kinds)}); it cannot be served as "
-                         f"quantization={spec.mode!r} (pass quantization='none' to serve it as it is)")
 
 
 def _calibration(ckpt: Checkpoint, model_config: ModelConfig, dtype, text: str,

@@ -33,7 +33,7 @@ FORMS = {
     "int8_group32": lambda w: quantize_int8(w, 32),
     "int4_g32": lambda w: quantize_int4(w, 32),
     "int4_g128": lambda w: quantize_int4(w, 128),
-    "int4_g32_offset": lambda w: quantize_int4(w, 32, symmetric=False),
+    "int4_g32_symmetric": lambda w: quantize_int4(w, 32, symmetric=True),
     "fp8_calibrated": lambda w: quantize_fp8(w, float(np.abs(X).max())),
     "fp8_uncalibrated": lambda w: quantize_fp8(w, None),
 }
@@ -86,7 +86,7 @@ def test_nibbles_pack_and_unpack_in_llama_cpp_order(group):
     assert packed[0, 1] == q[0, 1] | (q[0, 1 + group // 2] << 4)
 
 
-@pytest.mark.parametrize("form", ["int8", "int8_group32", "int4_g32", "int4_g128", "int4_g32_offset"])
+@pytest.mark.parametrize("form", ["int8", "int8_group32", "int4_g32", "int4_g128", "int4_g32_symmetric"])
 def test_rounding_error_is_at_most_half_a_step(form):
     t = FORMS[form](W)
     err = np.abs(dequantize(t) - W).reshape(OUT, -1, t.group)

@@ -44,7 +44,8 @@ def _logits(config: ModelConfig, params) -> np.ndarray:
 
 
 @pytest.mark.parametrize("name", ["llama_untied", "qwen2_bias", "qwen3_qk_norm", "llama_attention_bias"])
-@pytest.mark.parametrize("spec", [QuantSpec("int8"), QuantSpec("int4", 32)], ids=["int8", "int4"])
+@pytest.mark.parametrize("spec", [QuantSpec("int8"), QuantSpec("int4", 32), QuantSpec("int4", 32, symmetric=True)],
+                         ids=["int8", "int4", "int4_symmetric"])
 def test_quantized_model_equals_its_dequantized_float_model(name, spec):
     config = CONFIGS[name]
     tensors = _hf_tensors(config)
@@ -74,7 +75,7 @@ def test_quantized_params_hold_int_weights_and_float_embedding():
     q = quantize_checkpoint(_ckpt(_hf_tensors(config)), QuantSpec("int4", 32))
     params = params_from_hf(config, q.tensors, jnp.float32)
     qkv = params["layers_0"]["self_attn"]["qkv_proj"]
-    assert set(qkv) == {"qweight", "scale"} and qkv["qweight"].dtype == jnp.uint8
+    assert set(qkv) == {"qweight", "scale", "offset"} and qkv["qweight"].dtype == jnp.uint8
     assert qkv["qweight"].shape == (config.hidden_size // 2, (4 + 2 * 2) * config.head_dim)
     assert params["embed_tokens"]["embedding"].dtype == jnp.float32
     assert params["lm_head"]["kernel"].dtype == jnp.float32
@@ -85,9 +86,9 @@ def test_identity_covers_the_quantization():
     src = _ckpt(tensors)
     ids = {m: quantize_checkpoint(src, s).identity
            for m, s in {"int8": QuantSpec("int8"), "int4": QuantSpec("int4", 32),
-                        "int4_128": QuantSpec("int4", 128)}.items()}
+                        "int4_128": QuantSpec("int4", 128), "int4_sym": QuantSpec("int4", 32, symmetric=True)}.items()}
     assert src.identity not in ids.values()
-    assert len(set(ids.values())) == 3
+    assert len(set(ids.values())) == 4
     assert quantize_checkpoint(src, QuantSpec("int8")).identity == ids["int8"]       # stable
     other = dataclasses.replace(src, identity="sha256:" + "1" * 64)
     assert quantize_checkpoint(other, QuantSpec("int8")).identity != ids["int8"]
