@@ -21,7 +21,9 @@ FORMATS = ("gguf", "hf", "jaxserve")
 @dataclass(frozen=True, slots=True)
 class Checkpoint:
     config: dict[str, Any]                 # HF config.json-style dict (ModelConfig.from_hf_config reads it)
-    tensors: Mapping[str, np.ndarray]      # HF name -> array in HF layout; float dtypes as stored, GGUF quants as float32
+    # HF name -> array in HF layout; float dtypes as stored, GGUF quants as float32, except that a
+    # quantized checkpoint holds QuantizedTensors (quantized.py) for its decoder projections
+    tensors: Mapping[str, np.ndarray]
     tokenizer: "PreTrainedTokenizerFast | None"  # chat_template set when the source has one; None when
                                                  # the source has no tokenizer (no files, no GGUF vocab)
     identity: str                          # "sha256:<hex>" of the source files (a converted checkpoint keeps its source's)
