@@ -91,7 +91,12 @@ def add_parser(sub: Any) -> None:
                    help="share of requests that must meet the SLO for a rate to count towards goodput")
     s.add_argument("--search-probes", type=_usage(_probes), default=6, help="most rates one search runs per target")
     t = p.add_argument_group("what is measured")
-    t.add_argument("--target", default="127.0.0.1:50051", help="host:port of the server")
+    t.add_argument("--target", action="append", default=None, metavar="[NAME=]HOST:PORT",
+                   help="a server (default 127.0.0.1:50051); repeatable: the targets take turns on the same "
+                        "requests, named NAME in the results (e.g. two routers with different policies)")
+    t.add_argument("--salt-per-target", action="store_true",
+                   help="each target's requests carry cache_salt=NAME, so targets in front of the same replicas "
+                        "never serve each other's prompts from the prefix cache")
     t.add_argument("--api-key", default=None, help="bearer token, if the server wants one")
     t.add_argument("--in-process", action="store_true",
                    help="measure the serving engine in this process instead of a server")
@@ -125,20 +130,72 @@ def _rate_config(args: argparse.Namespace, rate: float) -> dict[str, Any]:
             "max_concurrency": args.max_concurrency}
 
 
-def grpc_target(args: argparse.Namespace, stream: StreamFn, identity: str) -> Target:
+def parse_targets(texts: list[str] | None) -> list[tuple[str, str]]:
+    """`[NAME=]HOST:PORT` flags -> (name, address); one unnamed target keeps the name jaxserve-grpc."""
+    texts = texts or ["127.0.0.1:50051"]
+    out = []
+    for text in texts:
+        name, sep, address = text.rpartition("=")
+        if not sep:
+            name = "jaxserve-grpc" if len(texts) == 1 else address
+        if not address or ":" not in address:
+            raise SystemExit(f"jaxserve bench serve: --target {text!r} must be [NAME=]HOST:PORT")
+        out.append((name, address))
+    if len({n for n, _ in out}) != len(out):
+        raise SystemExit(f"jaxserve bench serve: two --target flags share a name: {texts}")
+    return out
+
+
+def prefix_counters(address: str, api_key: str | None) -> tuple[float, int] | None:
+    """(prompt tokens the server's prefix cache served, prompt tokens) since it started, from
+    GetServerInfo (a router sums its replicas); None when the server does not say."""
+    try:
+        from jaxserve.client import GenerationClient
+
+        with GenerationClient(address, api_key=api_key, timeout=10) as c:
+            info = c.server_info()
+    except Exception:   # noqa: BLE001 - a measurement beside the run, never a reason to fail it
+        return None
+    return info.prefix_hit_rate * info.prompt_tokens_total, info.prompt_tokens_total
+
+
+def prefix_hit_rate_between(before, after) -> float | None:
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
+def salted(stream: StreamFn, salt: str) -> StreamFn:
+    """The stream with cache_salt=salt on every request."""
+    async def salted_stream(prompt_token_ids, params):
+        async for item in stream(prompt_token_ids, {**params, "cache_salt": salt}):
+            yield item
+
+    return salted_stream
+
+
+def grpc_target(args: argparse.Namespace, stream: StreamFn, identity: str, name: str = "jaxserve-grpc",
+                address: str | None = None) -> Target:
+    address = address or parse_targets(args.target)[0][1]
+
     def run(wl: Workload, rate: float) -> TargetRun:
-        log(f"sending {len(wl.requests)} requests to {args.target} at rate {rate}")
+        log(f"sending {len(wl.requests)} requests to {name} ({address}) at rate {rate}")
         failed: dict[str, str] = {}
+        before = prefix_counters(address, args.api_key)
         records, outputs, duration = asyncio.run(run_load(stream, wl.requests, args.max_concurrency,
                                                           not args.no_progress, failures=failed))
+        hit_rate = prefix_hit_rate_between(before, prefix_counters(address, args.api_key))
+        if hit_rate is not None:
+            log(f"{name}: the server's prefix-cache hit rate over the run {hit_rate:.1%}")
         if not records:
             return TargetRun(None, failed)
-        return TargetRun(BackendRun("jaxserve-grpc", "jaxserve-grpc", records, duration, identity,
-                                    config={"target": args.target, **_rate_config(args, rate)},
+        return TargetRun(BackendRun(name, "jaxserve-grpc", records, duration, identity,
+                                    config={"target": address, **_rate_config(args, rate),
+                                            "server_prefix_hit_rate": hit_rate},
                                     output_token_ids=outputs, notes=["token times stamped by the client on arrival"]),
                          failed)
 
-    return Target("jaxserve-grpc", run)
+    return Target(name, run)
 
 
 def engine_target(session: Session, variant: EngineVariant, backend: Backend) -> Target:
@@ -192,10 +249,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit("jaxserve bench serve: --request-rate search:LOW:HIGH needs --slo ttft=S,tpot=MS")
     in_process = args.in_process or bool(args.engine_variant)
     if not in_process:
-        try:
-            stream, identity = client_stream(args.target, args.api_key)
-        except ClientMissing as e:
-            raise SystemExit(str(e)) from e
+        streams = []
+        for name, address in parse_targets(args.target):
+            try:
+                stream, identity = client_stream(address, args.api_key)
+            except ClientMissing as e:
+                raise SystemExit(str(e)) from e
+            streams.append((name, address, salted(stream, name) if args.salt_per_target else stream, identity))
     variants = args.engine_variant or [EngineVariant("default")]
     try:
         check_unique(variants)
@@ -214,7 +274,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             targets = [engine_target(session, v, b) for v, b in built
                        if b in owned_ok or getattr(b, "base", None) in owned_ok]
         else:
-            targets = [grpc_target(args, stream, identity)]
+            targets = [grpc_target(args, stream, identity, name, address) for name, address, stream, identity in streams]
         if not targets:
             raise SystemExit(f"no engine variant could be built: {session.skipped}")
         result = sweep(targets, plan, workload_at, args.slo, args.attainment, args.search_probes,

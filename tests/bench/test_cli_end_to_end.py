@@ -246,3 +246,31 @@ def test_serve_drives_the_client_stream_at_each_rate(tiny_model_dir, tmp_path, m
     assert [r["label"] for r in data["runs"]] == ["jaxserve-grpc@400.0", "jaxserve-grpc@inf"]
     assert all(r["checkpoint_identity"] == "sha256:server" for r in data["runs"])
     assert all(r["metrics"]["completed"] == 4 for r in data["runs"])
+
+
+def test_serve_runs_named_targets_in_turn_each_with_its_own_salt(tiny_model_dir, tmp_path, monkeypatch):
+    """Two routers in front of the same replicas compared in one run (docs/benchmarks.md, Router):
+    each target gets the same requests, under its name, salted with it."""
+    import asyncio
+    import time
+
+    import jaxserve.client
+
+    seen: dict[str, set] = {}
+
+    def bench_stream(target, api_key):
+        async def stream(prompt_token_ids, params):
+            seen.setdefault(target, set()).add(params.get("cache_salt"))
+            for i in range(params["max_tokens"]):
+                await asyncio.sleep(0.0005)
+                yield [i], time.perf_counter()
+
+        return stream, "sha256:server"
+
+    monkeypatch.setattr(jaxserve.client, "bench_stream", bench_stream)
+    res = bench(tiny_model_dir, tmp_path, "serve", "--num-prompts", "3", "--input-len", "8:16", "--output-len", "2:3",
+                "--target", "ca=127.0.0.1:1", "--target", "rr=127.0.0.1:2", "--salt-per-target")
+    data = check_files(res, 2)
+    assert [r["label"] for r in data["runs"]] == ["ca@inf", "rr@inf"]
+    assert seen == {"127.0.0.1:1": {"ca"}, "127.0.0.1:2": {"rr"}}
+    assert all(r["metrics"]["completed"] == 3 for r in data["runs"])

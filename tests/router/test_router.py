@@ -204,19 +204,22 @@ def test_abort_through_the_router_ends_the_stream_with_abort(cache_aware, replic
 def test_killing_a_replica_loses_no_request_that_had_not_streamed_and_it_rejoins(
         round_robin, cache_aware, replicas, tiny_llama_dir, xla_cache_dir, tmp_path_factory):
     survivor, victim = replicas
-    n = 12                                  # 6 per replica: 4 seats stream, 2 wait silently
+    # 6 per replica: 4 seats stream, 2 wait silently; 100 tokens each, so none of the streaming
+    # ones ends in the few steps the held engines still take to admit the others
+    n = 12
     outcome: list[dict] = [dict(streamed=False) for _ in range(n)]
 
     def run(i):
         try:
             with GenerationClient(round_robin.target, timeout=300) as c:
-                for _ in c.stream([20 + i, 30 + i, 40 + i, 50 + i], max_tokens=4, **GREEDY):
+                for _ in c.stream([20 + i, 30 + i, 40 + i, 50 + i], max_tokens=100, **GREEDY):
                     outcome[i]["streamed"] = True
             outcome[i]["ok"] = True
         except grpc.RpcError as e:
             outcome[i]["error"] = e.code()
 
-    with survivor.steps_held(), victim.steps_held():
+    with survivor.steps_held():
+        victim._gate("hold")                # never released: the victim dies held
         threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
         for t in threads:
             t.start()
@@ -225,6 +228,10 @@ def test_killing_a_replica_loses_no_request_that_had_not_streamed_and_it_rejoins
                    "2 requests waiting on each replica")
         victim.proc.kill()                  # SIGKILL: no drain, its calls break
         victim.proc.wait(30)
+        try:
+            victim.proc.stdin.close()
+        except BrokenPipeError:
+            pass
         wait_until(lambda: sum("error" in o for o in outcome) == 4, "the victim's 4 streaming requests to fail")
         # the victim's 2 silent requests went to the survivor: 4 waiting there now
         wait_until(lambda: server_info(survivor.target).num_requests_waiting == 4, "the retried requests")
@@ -241,7 +248,8 @@ def test_killing_a_replica_loses_no_request_that_had_not_streamed_and_it_rejoins
     # a new replica on the victim's address rejoins, and gets requests again
     port = victim.port
     orig = server_process.free_port
-    server_process.free_port = lambda: port
+    ports = iter([port])                    # the gRPC port is the victim's; the metrics port is new
+    server_process.free_port = lambda: next(ports, None) or orig()
     try:
         reborn = ServerProcess(tiny_llama_dir, xla_cache_dir, tmp_path_factory.mktemp("reborn") / "c.log")
     finally:
