@@ -38,6 +38,10 @@ def add_common(p: argparse.ArgumentParser, default_backends: str) -> None:
     for name in _ENGINE_INT_FLAGS:
         e.add_argument("--" + name.replace("_", "-"), type=int, default=None)
     e.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
+    e.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help='speculative decoding, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\': the jaxserve '
+                        'backend then runs twice on one compiled runner, without ("jaxserve") and with it '
+                        '("jaxserve+spec")')
     e.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="any other EngineConfig field, value as a Python literal (repeatable)")
     e.add_argument("--jaxserve-api", choices=("auto", "generate", "engine"), default="auto",
@@ -60,7 +64,10 @@ def add_arrivals(p: argparse.ArgumentParser, rate_help: str = "requests/s (comma
 
 def add_dataset(p: argparse.ArgumentParser, num_prompts: int, input_len: str, output_len: str) -> None:
     g = p.add_argument_group("workload")
-    g.add_argument("--dataset", choices=("random", "sharegpt", "shared-prefix"), default="random")
+    g.add_argument("--dataset", choices=("random", "sharegpt", "shared-prefix", "edit"), default="random",
+                   help="edit: correct and write out a given text (repetitive output, as editing or summarising)")
+    g.add_argument("--temperature", type=float, default=0.0,
+                   help="sample every request at this temperature, seeded per request (0: greedy; jaxserve only)")
     g.add_argument("--num-prompts", type=int, default=num_prompts)
     g.add_argument("--input-len", default=input_len, help="random: LOW:HIGH, or N widened by --range-ratio")
     g.add_argument("--output-len", default=output_len, help="random: LOW:HIGH, or N widened by --range-ratio")

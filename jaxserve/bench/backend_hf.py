@@ -78,6 +78,8 @@ class HFStaticBackend:
             self._generate(list(requests)[: self.batch_size])
 
     def run(self, requests: Sequence[BenchRequest], options: RunOptions) -> BackendRun:
+        if any(r.temperature for r in requests):
+            raise UnsupportedBackend("hf (static batching) here decodes greedily; a sampled workload (--temperature) runs on jaxserve")
         if options.timed_arrivals or options.max_concurrency is not None:
             raise UnsupportedBackend("hf (static batching) sends every request at once: "
                                      "use --request-rate inf and no --max-concurrency, or hf-cb")

@@ -92,6 +92,8 @@ class HFContinuousBackend:
         return self._counter
 
     def run(self, requests: Sequence[BenchRequest], options: RunOptions) -> BackendRun:
+        if any(r.temperature for r in requests):
+            raise UnsupportedBackend("hf-cb here decodes greedily; a sampled workload (--temperature) runs on jaxserve")
         run_tag = self._next()
         by_tid = {f"{r.request_id}#{run_tag}": r for r in requests}
         start = time.perf_counter()

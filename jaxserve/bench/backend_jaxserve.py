@@ -41,6 +41,14 @@ def greedy_params(output_len: int) -> Any:
     return sampling_params(max_tokens=output_len, ignore_eos=True, temperature=0.0)
 
 
+def request_params(req: BenchRequest, index: int) -> Any:
+    """Greedy, or for a sampled workload the request's temperature with a seed of its own, so
+    two runs (with and without a feature) draw the same tokens where the feature keeps them."""
+    if not req.temperature:
+        return greedy_params(req.output_len)
+    return sampling_params(max_tokens=req.output_len, ignore_eos=True, temperature=req.temperature, seed=index)
+
+
 def _stats_dict(llm: Any) -> dict[str, Any]:
     stats = llm.stats()
     return dict(stats.as_dict()) if hasattr(stats, "as_dict") else dict(vars(stats))
@@ -91,7 +99,7 @@ class JaxServeBackend:
     def warmup(self, requests: Sequence[BenchRequest]) -> None:
         if requests:
             self.llm.generate([{"prompt_token_ids": list(r.prompt_token_ids)} for r in requests],
-                              [greedy_params(r.output_len) for r in requests], use_tqdm=False)
+                              [request_params(r, i) for i, r in enumerate(requests)], use_tqdm=False)
 
     def run(self, requests: Sequence[BenchRequest], options: RunOptions) -> BackendRun:
         # every run starts from a cold prefix cache, so a backend that runs the same prompts
@@ -113,7 +121,7 @@ class JaxServeBackend:
 
     def _run_generate(self, requests: Sequence[BenchRequest], options: RunOptions) -> BackendRun:
         prompts = [{"prompt_token_ids": list(r.prompt_token_ids)} for r in requests]
-        params = [greedy_params(r.output_len) for r in requests]
+        params = [request_params(r, i) for i, r in enumerate(requests)]
         t0 = time.perf_counter()
         outs = self.llm.generate(prompts, params, use_tqdm=options.progress)
         t1 = time.perf_counter()
@@ -127,6 +135,7 @@ class JaxServeBackend:
     def _run_engine(self, requests: Sequence[BenchRequest], options: RunOptions) -> BackendRun:
         eng = self.llm.engine
         by_id = {r.request_id: r for r in requests}
+        index = {r.request_id: i for i, r in enumerate(requests)}
         block_size = _engine_setting(self.llm, "block_size", 16)
         trace = KVTrace(block_size, _engine_setting(self.llm, "max_model_len", 1))
         start = time.perf_counter()
@@ -143,7 +152,8 @@ class JaxServeBackend:
                     # the engine's arrival is the request's due time, not when this loop got round to it
                     try:
                         eng.add_request(r.request_id, {"prompt_token_ids": list(r.prompt_token_ids)},
-                                        greedy_params(r.output_len), arrival_time=disp.sent_at[r.request_id])
+                                        request_params(r, index[r.request_id]),
+                                        arrival_time=disp.sent_at[r.request_id])
                     except Overloaded:
                         # turned away (max_waiting_requests), as a server answers RESOURCE_EXHAUSTED:
                         # the request gets no record (a goodput sweep counts it as a miss)

@@ -20,7 +20,7 @@ from jaxserve.bench.backend_base import BackendRun
 from jaxserve.bench.backends import parse_backends
 from jaxserve.bench.metrics import summarize
 from jaxserve.bench.session import Session, log
-from jaxserve.bench.workloads import LengthRange, Workload, random_workload
+from jaxserve.bench.workloads import LengthRange, Workload, edit_workload, random_workload, with_temperature
 
 
 def add_parser(sub: Any) -> None:
@@ -32,6 +32,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--num-iters", type=int, default=3)
     p.add_argument("--num-iters-warmup", type=int, default=1)
+    p.add_argument("--dataset", choices=("random", "edit"), default="random",
+                   help="edit: correct and write out a given text (repetitive output); --input-len is then the text's")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sample at this temperature, seeded per request (0: greedy; jaxserve only)")
     set_command(p, run)
 
 
@@ -56,6 +60,38 @@ def sweep_point(batch_size: int, iteration_latencies: list[float], run: BackendR
     }
 
 
+def _sweep_backend(session: Session, backend: Any, label: str, args: argparse.Namespace, sizes: list[int],
+                   pool: Workload, offsets: dict[int, int], runs: list) -> list[dict[str, Any]]:
+    """Every batch size through one backend; appends its runs and returns its sweep points."""
+    points = []
+    for b in sizes:
+        if hasattr(backend, "batch_size"):
+            backend.batch_size = b  # static batching: the whole batch is one generate call
+        merged, lats = None, []
+        for it in range(-args.num_iters_warmup, args.num_iters):
+            first = offsets[b] + (it + args.num_iters_warmup) * b
+            reqs = [replace(r, request_id=f"lat-b{b}-it{it}-{i}")
+                    for i, r in enumerate(pool.requests[first:first + b])]
+            log(f"{backend.label}: batch {b}, iteration {it}")
+            r = session.run(backend, reqs, session.options(), {"batch_size": b})
+            if r is None or it < 0:
+                continue
+            lats.append(r.duration_s)
+            if merged is None:
+                merged = r
+            else:
+                merged.records += r.records
+                merged.output_token_ids.update(r.output_token_ids)
+        if merged is None:
+            break
+        merged.duration_s = float(sum(lats))
+        merged.label = f"{label}[batch={b}]"
+        merged.config["iteration_latencies_s"] = lats
+        runs.append(merged)
+        points.append(sweep_point(b, lats, merged, args.output_len))
+    return points
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     session = Session(args, "latency")
     sizes = _batch_sizes(args.batch_size)
@@ -64,44 +100,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     fixed = LengthRange(args.input_len, args.input_len), LengthRange(args.output_len, args.output_len)
     # every (batch size, iteration) gets its own prompts, so no run is answered from a prefix cache
     per_size = args.num_iters_warmup + args.num_iters
-    pool = random_workload(session.tokenizer, sum(sizes) * per_size, *fixed, seed=args.seed)
+    if args.dataset == "edit":
+        pool = edit_workload(session.tokenizer, sum(sizes) * per_size, fixed[1], seed=args.seed)
+    else:
+        pool = random_workload(session.tokenizer, sum(sizes) * per_size, *fixed, seed=args.seed)
+    pool = with_temperature(pool, args.temperature)
     offsets = {b: sum(sizes[:j]) * per_size for j, b in enumerate(sizes)}
     runs, sweep = [], {}
     session.sized_for(pool)
     for name in parse_backends(args.backend):
-        backend = session.build(name)
-        if backend is None:
-            continue
+        backends = session.build_with_speculation(name)
         try:
-            points = []
-            for b in sizes:
-                if hasattr(backend, "batch_size"):
-                    backend.batch_size = b  # static batching: the whole batch is one generate call
-                merged, lats = None, []
-                for it in range(-args.num_iters_warmup, args.num_iters):
-                    first = offsets[b] + (it + args.num_iters_warmup) * b
-                    reqs = [replace(r, request_id=f"lat-b{b}-it{it}-{i}")
-                            for i, r in enumerate(pool.requests[first:first + b])]
-                    log(f"{backend.label}: batch {b}, iteration {it}")
-                    r = session.run(backend, reqs, session.options(), {"batch_size": b})
-                    if r is None or it < 0:
-                        continue
-                    lats.append(r.duration_s)
-                    if merged is None:
-                        merged = r
-                    else:
-                        merged.records += r.records
-                        merged.output_token_ids.update(r.output_token_ids)
-                if merged is None:
-                    break
-                merged.duration_s = float(sum(lats))
-                merged.label = f"{name}[batch={b}]"
-                merged.config["iteration_latencies_s"] = lats
-                runs.append(merged)
-                points.append(sweep_point(b, lats, merged, args.output_len))
-            sweep[name] = points
+            for backend in backends:
+                # the backend's name, or with speculation "jaxserve" and "jaxserve+spec"
+                label = backend.label if len(backends) > 1 else name
+                sweep[label] = _sweep_backend(session, backend, label, args, sizes, pool, offsets, runs)
         finally:
-            backend.close()
+            for backend in backends:
+                backend.close()
 
     def throughput_vs_batch(result: dict[str, Any], path: str) -> str:
         series = {k: ([p["batch_size"] for p in v], [p["output_tok_s"] for p in v]) for k, v in sweep.items()}

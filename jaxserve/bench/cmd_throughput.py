@@ -20,7 +20,8 @@ from jaxserve.bench.backends import parse_backends
 from jaxserve.bench.repeats import format_repeat_summary, repeat_summary, run_interleaved
 from jaxserve.bench.session import Session, log
 from jaxserve.bench.workloads import (
-    LengthRange, Workload, random_workload, shared_prefix_workload, sharegpt_workload, warmup_requests, with_arrivals,
+    LengthRange, Workload, edit_workload, random_workload, shared_prefix_workload, sharegpt_workload, warmup_requests,
+    with_arrivals, with_temperature,
 )
 
 
@@ -40,9 +41,17 @@ def build_workload(session: Session, seed: int | None = None) -> Workload:
     a = session.args
     tok = session.tokenizer
     seed = a.seed if seed is None else seed
+    return with_temperature(_greedy_workload(session, seed), a.temperature)
+
+
+def _greedy_workload(session: Session, seed: int) -> Workload:
+    a = session.args
+    tok = session.tokenizer
     if a.dataset == "random":
         return random_workload(tok, a.num_prompts, LengthRange.parse(a.input_len, a.range_ratio),
                                LengthRange.parse(a.output_len, a.range_ratio), seed=seed)
+    if a.dataset == "edit":
+        return edit_workload(tok, a.num_prompts, seed=seed)
     if a.dataset == "sharegpt":
         if not a.dataset_path:
             raise SystemExit("--dataset sharegpt needs --dataset-path FILE.json (a local ShareGPT file)")
@@ -75,6 +84,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rates = parse_rates(args.request_rate)
     if args.repeats < 1:
         raise SystemExit(f"--repeats must be >= 1, got {args.repeats}")
+    if args.repeats > 1 and args.speculative_config:
+        raise SystemExit("--repeats does not take --speculative-config yet (run without --repeats)")
     if args.repeats > 1 and len(rates) > 1:
         raise SystemExit("--repeats takes a single --request-rate (run a rate sweep again to repeat it)")
     workloads = rate_workloads(session, rates)
@@ -92,20 +103,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return session.finish(base, runs, extra={"repeats": summary}, plots=chosen)
     runs = []
     for name in names:
-        backend = session.build(name)
-        if backend is None:
-            continue
+        backends = session.build_with_speculation(name)
         try:
-            if not session.warm(backend, warmup):
-                continue
-            for rate, workload in zip(rates, workloads):
-                log(f"running {backend.label} at request rate {rate}")
-                r = session.run(backend, workload.requests,
-                                session.options(not math.isinf(rate), args.max_concurrency), _run_config(args, rate))
-                if r is not None:
-                    if len(rates) > 1:
-                        r.label = f"{r.label}@{'inf' if math.isinf(rate) else rate}"
-                    runs.append(r)
+            for backend in backends:
+                if not session.warm(backend, warmup):
+                    continue
+                for rate, workload in zip(rates, workloads):
+                    log(f"running {backend.label} at request rate {rate}")
+                    r = session.run(backend, workload.requests,
+                                    session.options(not math.isinf(rate), args.max_concurrency),
+                                    _run_config(args, rate))
+                    if r is not None:
+                        if len(rates) > 1:
+                            r.label = f"{r.label}@{'inf' if math.isinf(rate) else rate}"
+                        runs.append(r)
         finally:
-            backend.close()
+            for backend in backends:
+                backend.close()
     return session.finish(base, runs, plots=chosen)

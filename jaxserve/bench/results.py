@@ -79,8 +79,9 @@ def build_result(subcommand: str, config: dict[str, Any], environment: dict[str,
     out_runs = []
     for i, run in enumerate(runs):
         d = run_to_json(run)
-        # compare with the earliest run of another backend that served the same request ids
-        ref = next((r for r in runs[:i] if r.backend != run.backend
+        # compare with the earliest run of another backend (or another engine variant on the same
+        # runner, e.g. without speculation) that served the same request ids
+        ref = next((r for r in runs[:i] if (r.backend != run.backend or "shares_runner_of" in r.config)
                     and set(r.output_token_ids) & set(run.output_token_ids)), None)
         if ref is not None:
             d["agreement"] = {"reference": ref.label, **agreement(ref.output_token_ids, run.output_token_ids, stop_ids)}

@@ -79,6 +79,23 @@ class Session:
             self.skipped.append({"backend": label or name, "reason": str(e)})
             return None
 
+    def build_with_speculation(self, name: str) -> list[Backend]:
+        """The backends `name` stands for, in the order to run them (close them all after): itself,
+        or with --speculative-config, jaxserve twice on one compiled runner: without speculation
+        ("jaxserve", a fresh engine over the runner) and with it ("jaxserve+spec", which owns the
+        runner, built with speculation's decode buckets)."""
+        spec = getattr(self.args, "speculative_config", None)
+        if name != "jaxserve" or not spec:
+            backend = self.build(name)
+            return [] if backend is None else [backend]
+        from jaxserve.bench.engine_variants import EngineVariant, SharedRunnerBackend
+
+        with_spec = self.build(name, "jaxserve+spec", {"speculative_config": spec})
+        if with_spec is None:
+            return []
+        return [SharedRunnerBackend(with_spec, EngineVariant("jaxserve", {"speculative_config": None}), "jaxserve"),
+                with_spec]
+
     def sized_for(self, *workloads: Workload) -> None:
         """Backends that preallocate (hf-cb) size their caches for the longest sequence of these."""
         self.max_seq_len = max(w.summary()["max_seq_len"] for w in workloads)

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from jaxserve.bench.arrivals import arrival_offsets
-from jaxserve.bench.corpus import corpus_text
+from jaxserve.bench.corpus import PARAGRAPHS, corpus_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +37,7 @@ class BenchRequest:
     arrival_offset: float = 0.0        # seconds after the start of the run (or of after_group)
     group: str = ""                    # label reported with the request's timings
     after_group: str | None = None     # offset counts from when this group all has a first token
+    temperature: float = 0.0           # 0: greedy (every backend); > 0: sampled, seeded by the request's index
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -133,6 +134,58 @@ def random_workload(
     return Workload("random", reqs, {
         "num_prompts": num_prompts, "input_len": str(input_len), "output_len": str(output_len), "seed": seed,
     })
+
+
+EDIT_INSTRUCTION = "Correct the spelling mistakes in the text below and write out the whole corrected text:\n\n"
+
+
+def _with_typos(text: str, rng: np.random.Generator, share: float = 0.08) -> str:
+    """Swap two neighbouring letters in about `share` of the longer words."""
+    words = text.split(" ")
+    for i, w in enumerate(words):
+        if len(w) > 4 and w.isalpha() and rng.random() < share:
+            j = int(rng.integers(1, len(w) - 2))
+            words[i] = w[:j] + w[j + 1] + w[j] + w[j + 2:]
+    return " ".join(words)
+
+
+def chat_prompt(tokenizer: Any, content: str) -> list[int]:
+    """The user message in the model's chat template (an instruct model's prompt), or the plain
+    text for a tokenizer without one."""
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
+                                            tokenize=True)
+        return list(getattr(ids, "input_ids", ids))
+    return encode(tokenizer, content)
+
+
+def edit_workload(tokenizer: Any, num_prompts: int, output_len: LengthRange | None = None, seed: int = 0,
+                  paragraphs: int = 2) -> Workload:
+    """A repetitive workload, as editing or summarising a given text is: each prompt asks the
+    model to correct the typos of a few corpus paragraphs and write the text out again, so most of
+    the answer copies the prompt. Output length: the text's own token count (or `output_len`)."""
+    if num_prompts < 1:
+        raise ValueError(f"num_prompts must be >= 1, got {num_prompts}")
+    rng = np.random.default_rng(seed)
+    reqs = []
+    for i in range(num_prompts):
+        picks = rng.choice(len(PARAGRAPHS), size=min(paragraphs, len(PARAGRAPHS)), replace=False)
+        text = "\n\n".join(PARAGRAPHS[int(k)] for k in picks)
+        prompt = chat_prompt(tokenizer, EDIT_INSTRUCTION + _with_typos(text, rng))
+        n_out = output_len.sample(rng, 1)[0] if output_len is not None else len(encode(tokenizer, text))
+        reqs.append(BenchRequest(f"edit-{i}", tuple(prompt), int(n_out)))
+    return Workload("edit", tuple(reqs), {"num_prompts": num_prompts, "paragraphs": paragraphs, "seed": seed,
+                                          "output_len": str(output_len) if output_len else "the text's length"})
+
+
+def with_temperature(workload: Workload, temperature: float) -> Workload:
+    """The same requests, sampled at `temperature` (0: greedy)."""
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if not temperature:
+        return workload
+    return Workload(workload.name, tuple(replace(r, temperature=temperature) for r in workload.requests),
+                    {**workload.params, "temperature": temperature})
 
 
 def shared_prefix_workload(

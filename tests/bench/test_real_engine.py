@@ -23,3 +23,26 @@ def test_jaxserve_and_hf_give_identical_greedy_tokens_and_the_engine_stays_clean
     kv = jx["kv_usage"]
     assert 0 < kv["utilization_mean"] <= 1 and kv["peak_used_blocks"] <= kv["reserve_max_model_len_blocks"]
     assert all(len(r["token_times"]) == r["output_len"] for r in jx["requests"])
+
+
+def test_speculative_config_runs_jaxserve_with_and_without_it_on_one_runner(tiny_model_dir, tmp_path):
+    res = cli.main([
+        "bench", "throughput", "--model", tiny_model_dir, "--output-dir", str(tmp_path), "--no-progress",
+        "--backend", "jaxserve,hf", "--dataset", "edit", "--num-prompts", "3", "--temperature", "0.8",
+        "--max-model-len", "1024", "--max-num-seqs", "4", "--num-kv-blocks", "256", "--max-num-batched-tokens", "64",
+        "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3, "adaptive": false}',
+        "--jaxserve-api", "engine", "--no-plots",
+    ])
+    with open(res["files"][0]) as f:
+        data = json.load(f)
+    assert [r["label"] for r in data["runs"]] == ["jaxserve", "jaxserve+spec"]
+    plain, spec = data["runs"]
+    # greedy only: the sampled workload skips it, saying why
+    assert [s["backend"].split("[")[0] for s in data["extra"]["skipped"]] == ["hf"]
+    # seeded sampling: the same tokens with and without speculation
+    assert spec["agreement"]["compared"] == 3 and spec["agreement"]["identical"] == 3
+    assert spec["engine_stats"]["spec_num_verifications"] > 0 and plain["engine_stats"]["spec_num_verifications"] == 0
+    for run in data["runs"]:
+        stats = run["engine_stats"]
+        assert stats["num_compilations_after_warmup"] == 0
+        assert stats["num_kv_blocks_free"] + stats["num_kv_blocks_cached"] == stats["num_kv_blocks_total"]

@@ -1,14 +1,16 @@
 """Workloads and arrival times are reproducible and have the documented shapes."""
 
+import itertools
 import json
 
 import numpy as np
 import pytest
 
 from jaxserve.bench.arrivals import arrival_offsets
+from jaxserve.bench.corpus import PARAGRAPHS
 from jaxserve.bench.workloads import (
-    LengthRange, TokenSource, interference_workload, random_workload, shared_prefix_workload, sharegpt_workload,
-    warmup_requests, with_arrivals,
+    EDIT_INSTRUCTION, BenchRequest, LengthRange, TokenSource, Workload, edit_workload, interference_workload, random_workload,
+    shared_prefix_workload, sharegpt_workload, warmup_requests, with_arrivals, with_temperature,
 )
 
 
@@ -125,3 +127,29 @@ def test_burstiness_changes_the_spread_not_the_mean():
 def test_bad_rates_are_rejected(rate, burst):
     with pytest.raises(ValueError):
         arrival_offsets(3, rate, burst)
+
+
+def test_edit_workload_asks_to_rewrite_real_text_with_typos_and_expects_its_length(tiny_tokenizer):
+    a = edit_workload(tiny_tokenizer, 4, seed=1)
+    assert a == edit_workload(tiny_tokenizer, 4, seed=1) and a != edit_workload(tiny_tokenizer, 4, seed=2)
+    for r in a.requests:
+        prompt = tiny_tokenizer.decode(list(r.prompt_token_ids))
+        assert EDIT_INSTRUCTION.strip() in prompt
+        body = prompt.split(EDIT_INSTRUCTION.strip(), 1)[1]
+        # every paragraph's words are in the prompt, some of them with two letters swapped
+        used = [p for p in PARAGRAPHS if p.split()[0] in body and p.split()[-1] in body]
+        assert used and sum(w not in body for p in used for w in p.split()) > 0
+        lengths = {len(tiny_tokenizer.encode("\n\n".join(pair), add_special_tokens=False))
+                   for pair in itertools.permutations(used, 2)}
+        assert r.output_len in lengths          # the corrected text is as long as the original
+    fixed = edit_workload(tiny_tokenizer, 2, LengthRange(7, 7), seed=1)
+    assert [r.output_len for r in fixed.requests] == [7, 7]
+
+
+def test_with_temperature_samples_the_same_requests():
+    w = Workload("w", (BenchRequest("a", (1, 2), 3),), {})
+    assert with_temperature(w, 0.0) is w
+    hot = with_temperature(w, 0.8)
+    assert hot.requests[0].temperature == 0.8 and hot.requests[0].prompt_token_ids == (1, 2)
+    with pytest.raises(ValueError):
+        with_temperature(w, -1.0)
