@@ -86,3 +86,18 @@ def test_quantized_kv_cache_has_four_times_the_float32_blocks_and_the_dense_toke
     assert got == _direct_greedy(tiny_llama_dir, QuantRequest(kv_cache_dtype=kv), [tok.encode(p) for p in PROMPTS])
     assert q.stats().num_compilations_after_warmup == 0
     assert q.engine.runner.arena_spec.dtype == {"fp8_e4m3": "float8_e4m3fn", "int8": "int8"}[kv]
+
+
+def test_beam_search_runs_on_quantized_weights(quantized_llm):
+    from jaxserve.beam_search import BeamSearchParams
+
+    _, llm = quantized_llm
+    prompt = llm.get_tokenizer().encode(PROMPTS[0])
+    got = llm.beam_search([{"prompt_token_ids": prompt}], BeamSearchParams(3, 8, ignore_eos=True))[0]
+    greedy = llm.generate([{"prompt_token_ids": prompt}],
+                          SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=0),
+                          use_tqdm=False)[0].outputs[0]
+    assert len(got.sequences) == 3 and all(len(s.tokens) == 8 for s in got.sequences)
+    # the best beam is at least as likely as the greedy path (beam search's one promise)
+    assert got.sequences[0].cum_logprob >= greedy.cumulative_logprob - 1e-4
+    assert llm.stats().num_compilations_after_warmup == 0
