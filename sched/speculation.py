@@ -37,6 +37,7 @@ class SpeculativeConfig:
     "prompt_lookup_min": 1, "prompt_lookup_max": 4}."""
 
     method: str = "ngram"
+    model: str | None = None              # a draft model's path (method "draft_model", not supported yet)
     num_speculative_tokens: int = 4       # most draft tokens per request per step
     prompt_lookup_min: int = 1            # shortest suffix of the request's tokens looked up
     prompt_lookup_max: int = 4            # longest one (tried first: a longer match predicts better)
@@ -51,6 +52,8 @@ class SpeculativeConfig:
             hint = (" (a draft model is not supported yet: use method 'ngram')" if self.method in
                     ("draft_model", "draft", "eagle", "medusa", "mtp") else "")
             raise ValueError(f"speculative_config method={self.method!r} must be one of {METHODS}{hint}")
+        if self.model is not None:
+            raise ValueError(f"speculative_config method={self.method!r} takes no model (got model={self.model!r})")
         k = self.num_speculative_tokens
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 16:
             raise ValueError(f"speculative_config num_speculative_tokens={k!r} must be an int in [1, 16]")

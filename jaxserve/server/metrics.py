@@ -50,6 +50,8 @@ class _EngineCollector:
             ("jaxserve_prompt_tokens", "prompt tokens accepted", s.prompt_tokens_total),
             ("jaxserve_generation_tokens", "tokens generated", s.generation_tokens_total),
             ("jaxserve_preemptions", "requests preempted", s.num_preemptions),
+            ("jaxserve_spec_draft_tokens", "speculative guesses verified", s.spec_num_draft_tokens),
+            ("jaxserve_spec_accepted_tokens", "speculative guesses accepted", s.spec_num_accepted_tokens),
         ):
             yield CounterMetricFamily(name, doc, value=value)
         finished = CounterMetricFamily("jaxserve_request_success", "finished requests by finish reason",

@@ -200,3 +200,21 @@ def test_aborts_mid_speculation_leak_no_block(spec_llm):
     while engine.has_unfinished_requests():
         engine.step()
     assert_no_leaks(spec_llm)
+
+
+def test_the_cli_flag_and_llm_kwarg_take_the_same_speculative_config():
+    import argparse
+
+    from jaxserve.config import EngineConfig
+    from jaxserve.engine_args import add_engine_args, engine_config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    args = parser.parse_args(["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'])
+    from_cli = engine_config_from_args(args).speculative_config
+    assert from_cli == EngineConfig(speculative_config={"method": "ngram", "num_speculative_tokens": 3}).speculative_config
+    assert from_cli.num_speculative_tokens == 3 and from_cli.adaptive
+    with pytest.raises(SystemExit):   # argparse reports the bad value with the parser's usage
+        parser.parse_args(["--speculative-config", '{"method": "draft_model"}'])
+    with pytest.raises(ValueError, match="not supported yet"):
+        EngineConfig(speculative_config={"method": "draft_model", "model": "/x"})

@@ -182,6 +182,7 @@ def test_metrics_endpoint_shows_the_histograms_after_traffic(server, client):
     assert samples["jaxserve_generation_tokens_total"] >= 8
     assert samples['jaxserve_request_success_total{finished_reason="length"}'] >= 1
     assert samples["jaxserve_compilations_after_warmup"] == 0
+    assert samples["jaxserve_spec_draft_tokens_total"] == samples["jaxserve_spec_accepted_tokens_total"] == 0
     for gauge in ("num_requests_running", "num_requests_waiting", "kv_cache_usage", "prefix_cache_hit_rate"):
         assert f"jaxserve_{gauge}" in samples
 
