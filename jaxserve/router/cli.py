@@ -95,6 +95,9 @@ def cmd_router(args: argparse.Namespace) -> int:
     if (args.engine_arg or args.replica_cpus) and not args.replicas:
         raise ValueError("--engine-arg and --replica-cpus are for local replicas: give --replicas N")
     cpus = [parse_cpus(c) for c in args.replica_cpus]
+    if cpus and len(cpus) not in (1, args.replicas):
+        raise ValueError(f"--replica-cpus was given {len(cpus)} times for {args.replicas} replicas: "
+                         f"give it once or {args.replicas} times")
     # every bad flag is reported before anything starts (stand-in addresses for the children)
     config_from_args(args, [ReplicaAddress("127.0.0.1", 1 + i) for i in range(args.replicas)])
     _ensure_info_handler()

@@ -11,6 +11,7 @@ for nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Callable
@@ -100,7 +101,7 @@ class Replica:
     async def close(self) -> None:
         if self._watch is not None:
             self._watch.cancel()
-            with _suppress_cancel():
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._watch
         await self.channel.close()
 
@@ -127,10 +128,3 @@ class Replica:
                 self.set_health(UNREACHABLE)
             await asyncio.sleep(self.config.retry_s)
 
-
-class _suppress_cancel:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, value, tb):
-        return kind is asyncio.CancelledError

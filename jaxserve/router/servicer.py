@@ -84,7 +84,7 @@ class RouterServicer(pb_grpc.GenerationServicer):
             chosen.index.insert(salt, ids)
         return chosen, matched
 
-    async def _prompt_ids(self, request: pb.GenerateRequest, context) -> tuple[pb.GenerateRequest, list[int]]:
+    async def _prompt_ids(self, request: pb.GenerateRequest) -> tuple[pb.GenerateRequest, list[int]]:
         """(the request to forward, the ids to route by; empty when unknown)."""
         which = request.WhichOneof("input")
         if which == "token_ids":
@@ -123,7 +123,7 @@ class RouterServicer(pb_grpc.GenerationServicer):
 
     async def _generate(self, request: pb.GenerateRequest, context):
         arrival = self.clock()
-        fwd, ids = await self._prompt_ids(request, context)
+        fwd, ids = await self._prompt_ids(request)
         salt = request.cache_salt if request.HasField("cache_salt") else None
         request_id = request.request_id or uuid.uuid4().hex
         if request_id in self.live:

@@ -1,0 +1,31 @@
+"""`jaxserve router` refuses bad flags with a message that names them, before it starts anything."""
+
+import pytest
+
+from jaxserve.cli import main
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["router"], "no replicas"),
+    (["router", "--replica", "foo"], "--replica 'foo' must be HOST:PORT"),
+    (["router", "--replica", "127.0.0.1:99999"], "must be HOST:PORT with a port in [1, 65535]"),
+    (["router", "--replica", "a:1", "--replica", "a:1"], "a replica is given twice"),
+    (["router", "--replicas", "2", "--replica-cpus", "x"], "--replica-cpus 'x'"),
+    (["router", "--replicas", "2", "--replica-cpus", "0", "--replica-cpus", "1", "--replica-cpus", "0"],
+     "--replica-cpus was given 3 times for 2 replicas"),
+    (["router", "--replica", "a:1", "--engine-arg=--max-num-seqs=8"], "give --replicas N"),
+    (["router", "--replica", "a:1", "--balance-rel", "0.5"], "balance_rel=0.5 must be >= 1"),
+    (["router", "--replicas", "-1"], "--replicas -1 must be >= 0"),
+])
+def test_bad_flags_are_refused_with_their_names(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cpu_sets_parse():
+    from jaxserve.router.children import parse_cpus
+
+    assert parse_cpus("0") == {0}
+    assert parse_cpus("0-2,5") == {0, 1, 2, 5}
+    with pytest.raises(ValueError, match="names no CPU|must be CPU ids"):
+        parse_cpus("")
