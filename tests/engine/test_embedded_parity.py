@@ -56,3 +56,34 @@ def test_greedy_generations_match_hf_transformers_on_the_embedded_model(llm, hf_
     s = llm.stats()
     assert s.num_compilations_after_warmup == 0
     assert s.num_requests_running == 0 and s.num_kv_blocks_free + s.num_kv_blocks_cached == s.num_kv_blocks_total
+
+
+REPETITIVE = [
+    "Repeat this sentence three times: The quick brown fox jumps over the lazy dog.",
+    "Correct the spelling and write the text out again: Twice a day the sea climbs the baech and twice a day "
+    "it leaves agian. The pull of the moon raises a bulge of wtaer on the side of the earth that faces it.",
+]
+
+
+def test_speculative_decoding_keeps_greedy_generations_identical_to_hf(llm, hf_model):
+    """n-gram speculation on a runner whose 8 decode rows hold two requests with 3 guesses each:
+    on prompts whose answers copy their text (guesses accepted) and on ones whose answers don't."""
+    import torch
+
+    tok = llm.get_tokenizer()
+    spec = LLM.sharing_runner(llm, speculative_config={"method": "ngram", "num_speculative_tokens": 3,
+                                                        "adaptive": False})
+    greedy = SamplingParams(max_tokens=48, min_tokens=48, temperature=0.0)
+    questions = REPETITIVE + QUESTIONS[:2]
+    for pair in (questions[:2], questions[2:]):
+        outs = spec.chat([[{"role": "user", "content": q}] for q in pair], greedy, use_tqdm=False)
+        for q, out in zip(pair, outs):
+            ids = torch.tensor([out.prompt_token_ids])
+            with torch.no_grad():
+                ref = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=48,
+                                        min_new_tokens=48, do_sample=False, pad_token_id=tok.pad_token_id or 0)
+            assert out.outputs[0].token_ids == ref[0, ids.shape[1]:].tolist(), q
+    s = spec.stats()
+    assert s.spec_num_accepted_tokens > 0 and s.spec_mean_accepted > 0.5   # the copying answers were guessed
+    assert s.num_compilations_after_warmup == 0
+    assert s.num_requests_running == 0 and s.num_kv_blocks_free + s.num_kv_blocks_cached == s.num_kv_blocks_total
