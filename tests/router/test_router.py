@@ -244,6 +244,8 @@ def test_killing_a_replica_loses_no_request_that_had_not_streamed_and_it_rejoins
     assert round_robin.health() == "SERVING"
     info = server_info(round_robin.target)
     assert [r.health for r in info.replicas] == ["SERVING", "UNREACHABLE"]
+    # what the router believed the dead replica cached is forgotten; the survivor's is kept
+    assert info.replicas[1].indexed_tokens == 0 and info.replicas[0].indexed_tokens > 0
 
     # a new replica on the victim's address rejoins, and gets requests again
     port = victim.port
