@@ -21,7 +21,8 @@ START_GUARD_S = 120
 
 
 class RouterProcess:
-    def __init__(self, replicas: list[str], log_path, *extra: str):
+    def __init__(self, replicas: list[str], log_path, *extra: str, tls_root_cert: bytes | None = None):
+        self.tls_root_cert = tls_root_cert
         self.port = free_port()
         self.metrics_port = free_port()
         self.target = f"127.0.0.1:{self.port}"
@@ -34,12 +35,17 @@ class RouterProcess:
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def health(self) -> str | None:
-        with grpc.insecure_channel(self.target) as ch:
+        with self.channel() as ch:
             try:
                 r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
             except grpc.RpcError:
                 return None
         return health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
+
+    def channel(self) -> grpc.Channel:
+        if self.tls_root_cert is None:
+            return grpc.insecure_channel(self.target)
+        return grpc.secure_channel(self.target, grpc.ssl_channel_credentials(self.tls_root_cert))
 
     def wait_serving(self) -> None:
         deadline = time.monotonic() + START_GUARD_S

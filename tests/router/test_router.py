@@ -95,6 +95,24 @@ def test_health_model_info_errors_and_server_info_look_like_an_engine(cache_awar
     assert info.prompt_tokens_total == sum(r.info.prompt_tokens_total for r in info.replicas)
 
 
+def test_api_key_and_tls_on_the_router_as_on_an_engine(replicas, tmp_path_factory):
+    d = tmp_path_factory.mktemp("router-tls")
+    cert, key = server_process.self_signed_cert(str(d))
+    root = open(cert, "rb").read()
+    r = RouterProcess([s.target for s in replicas], d / "router.log", "--policy", "round_robin",
+                      "--api-key", "router-key", "--tls-cert", cert, "--tls-key", key, tls_root_cert=root)
+    try:
+        r.wait_serving()                     # health is open without the key
+        with GenerationClient(r.target, tls_root_cert=root, timeout=60) as c:
+            with pytest.raises(grpc.RpcError) as e:
+                c.generate([5, 6, 7], max_tokens=2)
+            assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with GenerationClient(r.target, api_key="router-key", tls_root_cert=root, timeout=60) as c:
+            assert c.generate([5, 6, 7], max_tokens=2, **GREEDY).completion_tokens == 2
+    finally:
+        assert r.stop() == 0, r.log()
+
+
 def _shared_prefix_workload(seed_base: int):
     """4 groups x 4 prompts: a 32-token system prompt (8 blocks of 4) and an 8-token question.
     Rounds alternate the group order (0 1 2 3, then 1 0 3 2), so round robin over two replicas
