@@ -2,7 +2,8 @@
 router, for a one-command set-up.
 
 Each child gets its own free loopback port and, where `--replica-cpus` gives one, its own CPU set
-(os.sched_setaffinity in the child before it execs, so jax's thread pools see only those cores).
+(os.sched_setaffinity in the child before it execs, so jax's thread pools see only those cores),
+and where `--replica-devices` gives them, its own accelerators (CUDA_VISIBLE_DEVICES).
 Children run with the working directory outside any checkout: a folder named `sched` on sys.path
 would shadow the standard library's. The router stops them with SIGTERM (their own graceful drain)
 when it stops, and kills what is left after their grace period.
@@ -52,27 +53,43 @@ class Child:
     log_path: str
 
 
+def per_replica(values: list, n: int, flag: str) -> list:
+    """A flag given once (for every replica) or once per replica -> one value per replica
+    (None each when not given)."""
+    if not values:
+        return [None] * n
+    if len(values) not in (1, n):
+        raise ValueError(f"{flag} was given {len(values)} times for {n} replicas: give it once or {n} times")
+    return list(values) * n if len(values) == 1 else list(values)
+
+
 def start_children(n: int, serve_args: list[str], *, host: str = "127.0.0.1",
-                   cpus: list[frozenset[int]] | None = None, log_dir: str | None = None) -> list[Child]:
+                   cpus: list[frozenset[int]] | None = None, devices: list[str] | None = None,
+                   log_dir: str | None = None) -> list[Child]:
     """N `jaxserve serve` processes with `serve_args` (engine flags, --model), each on its port.
-    `cpus`: one CPU set per child, or one for all, or None. Their output goes to log files."""
+    `cpus`: one CPU set per child, or one for all, or None; `devices`: likewise, the accelerators
+    each child sees (CUDA_VISIBLE_DEVICES). Their output goes to log files."""
     if n < 1:
         raise ValueError(f"--replicas {n} must be >= 1")
-    if cpus and len(cpus) not in (1, n):
-        raise ValueError(f"--replica-cpus was given {len(cpus)} times for {n} replicas: give it once or {n} times")
+    cpu_sets = per_replica(cpus or [], n, "--replica-cpus")
+    device_sets = per_replica(devices or [], n, "--replica-devices")
     log_dir = log_dir or tempfile.mkdtemp(prefix="jaxserve-router-")
     children = []
     for i in range(n):
         port = free_port(host)
-        mine = (cpus[i] if len(cpus) == n else cpus[0]) if cpus else None
+        mine = cpu_sets[i]
+        env = dict(os.environ)
+        if device_sets[i] is not None:
+            env["CUDA_VISIBLE_DEVICES"] = device_sets[i]
         cmd = [sys.executable, "-c", SERVE, "serve", "--host", host, "--port", str(port), *serve_args]
         path = os.path.join(log_dir, f"replica-{i}.log")
         out = open(path, "wb")
         proc = subprocess.Popen(cmd, cwd=tempfile.gettempdir(), stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, preexec_fn=_pin(mine))
+                                stdin=subprocess.DEVNULL, preexec_fn=_pin(mine), env=env)
         out.close()
-        log.info("replica %d: pid %d on %s:%d%s, log %s", i, proc.pid, host, port,
-                 f", cpus {sorted(mine)}" if mine else "", path)
+        log.info("replica %d: pid %d on %s:%d%s%s, log %s", i, proc.pid, host, port,
+                 f", cpus {sorted(mine)}" if mine else "",
+                 f", devices {device_sets[i]}" if device_sets[i] is not None else "", path)
         children.append(Child(port, mine, proc, path))
     return children
 

@@ -31,6 +31,9 @@ def add_router_parser(subparsers) -> None:
                    help="an argument for each local replica, verbatim (repeatable; --engine-arg=--max-num-seqs=8)")
     r.add_argument("--replica-cpus", action="append", default=[], metavar="CPUS",
                    help="the CPU set of the local replicas (0, 0-1, 0,2): once for all, or once per replica")
+    r.add_argument("--replica-devices", action="append", default=[], metavar="IDS",
+                   help="the accelerators each local replica sees (CUDA_VISIBLE_DEVICES, e.g. 0 or 0,1): "
+                        "once for all, or once per replica")
     r.add_argument("--replica-api-key", default=None, help="bearer token the replicas want (default: --api-key)")
     r.add_argument("--replica-tls-root-cert", default=None, help="PEM root certificate to trust for the replicas")
     r.add_argument("--model", default=None,
@@ -83,7 +86,7 @@ def config_from_args(args: argparse.Namespace, extra_replicas=()):
 def cmd_router(args: argparse.Namespace) -> int:
     import asyncio
 
-    from jaxserve.router.children import parse_cpus, start_children, stop_children
+    from jaxserve.router.children import parse_cpus, per_replica, start_children, stop_children
     from jaxserve.router.replica import ReplicaAddress
     from jaxserve.router.server import run_router
     from jaxserve.router.tokenize import load_tokenizer
@@ -92,12 +95,12 @@ def cmd_router(args: argparse.Namespace) -> int:
         raise ValueError(f"--replicas {args.replicas} must be >= 0")
     if not args.replica and not args.replicas:
         raise ValueError("no replicas: give --replica HOST:PORT (repeatable) or --replicas N")
-    if (args.engine_arg or args.replica_cpus) and not args.replicas:
-        raise ValueError("--engine-arg and --replica-cpus are for local replicas: give --replicas N")
+    if (args.engine_arg or args.replica_cpus or args.replica_devices) and not args.replicas:
+        raise ValueError("--engine-arg, --replica-cpus and --replica-devices are for local replicas: "
+                         "give --replicas N")
     cpus = [parse_cpus(c) for c in args.replica_cpus]
-    if cpus and len(cpus) not in (1, args.replicas):
-        raise ValueError(f"--replica-cpus was given {len(cpus)} times for {args.replicas} replicas: "
-                         f"give it once or {args.replicas} times")
+    per_replica(cpus, max(1, args.replicas), "--replica-cpus")      # the counts, before anything loads
+    per_replica(args.replica_devices, max(1, args.replicas), "--replica-devices")
     # every bad flag is reported before anything starts (stand-in addresses for the children)
     config_from_args(args, [ReplicaAddress("127.0.0.1", 1 + i) for i in range(args.replicas)])
     _ensure_info_handler()
@@ -105,7 +108,7 @@ def cmd_router(args: argparse.Namespace) -> int:
     children = []
     if args.replicas:
         serve_args = (["--model", args.model] if args.model else []) + list(args.engine_arg)
-        children = start_children(args.replicas, serve_args, cpus=cpus)
+        children = start_children(args.replicas, serve_args, cpus=cpus, devices=args.replica_devices)
     try:
         config = config_from_args(args, [ReplicaAddress("127.0.0.1", c.port) for c in children])
         return asyncio.run(run_router(config, tokenizer))

@@ -15,11 +15,22 @@ from jaxserve.cli import main
      "--replica-cpus was given 3 times for 2 replicas"),
     (["router", "--replica", "a:1", "--engine-arg=--max-num-seqs=8"], "give --replicas N"),
     (["router", "--replica", "a:1", "--balance-rel", "0.5"], "balance_rel=0.5 must be >= 1"),
+    (["router", "--replica", "a:1", "--replica-devices", "0"], "give --replicas N"),
+    (["router", "--replicas", "3", "--replica-devices", "0", "--replica-devices", "1"],
+     "--replica-devices was given 2 times for 3 replicas"),
     (["router", "--replicas", "-1"], "--replicas -1 must be >= 0"),
 ])
 def test_bad_flags_are_refused_with_their_names(argv, message, capsys):
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_flag_once_is_for_every_replica_or_once_per_replica():
+    from jaxserve.router.children import per_replica
+
+    assert per_replica([], 2, "--x") == [None, None]
+    assert per_replica(["0"], 3, "--x") == ["0", "0", "0"]
+    assert per_replica(["0", "1"], 2, "--x") == ["0", "1"]
 
 
 def test_cpu_sets_parse():
