@@ -257,6 +257,8 @@ class Engine:
             step_time_scale=s.step_time_scale,
             host_ms_per_step=timing.host_ms_per_step,
             device_idle_fraction=timing.device_idle_fraction,
+            kv_cache_dtype=str(getattr(getattr(self.runner, "arena_spec", None), "dtype", "")),
+            kv_cache_bytes_per_block=getattr(getattr(self.runner, "arena_spec", None), "bytes_per_block", 0),
             spec_num_draft_tokens=s.spec_num_draft_tokens,
             spec_num_accepted_tokens=s.spec_num_accepted_tokens,
             spec_num_verifications=s.spec_num_verifications,

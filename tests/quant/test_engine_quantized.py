@@ -86,6 +86,9 @@ def test_quantized_kv_cache_has_four_times_the_float32_blocks_and_the_dense_toke
     assert got == _direct_greedy(tiny_llama_dir, QuantRequest(kv_cache_dtype=kv), [tok.encode(p) for p in PROMPTS])
     assert q.stats().num_compilations_after_warmup == 0
     assert q.engine.runner.arena_spec.dtype == {"fp8_e4m3": "float8_e4m3fn", "int8": "int8"}[kv]
+    # stats() names the arena's element type and what a block costs
+    assert q.stats().kv_cache_dtype == q.engine.runner.arena_spec.dtype and f32.stats().kv_cache_dtype == "float32"
+    assert 4 * q.stats().kv_cache_bytes_per_block == f32.stats().kv_cache_bytes_per_block
 
 
 def test_beam_search_runs_on_quantized_weights(quantized_llm):
