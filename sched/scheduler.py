@@ -90,8 +90,12 @@ class _Step:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, clock=time.perf_counter) -> None:
+    def __init__(self, config: SchedulerConfig, clock=time.perf_counter, draft_proposer=None) -> None:
+        """draft_proposer (speculation method draft_model): called within schedule() with
+        [(request, k)] once their blocks for k guesses are allocated; returns request id -> its
+        guesses (the draft model's run, engine/draft_proposer.py)."""
         self.config = config
+        self._draft_proposer = draft_proposer
         # the time requests' arrival_time and first_token_time are on (read only with objectives)
         self._clock = clock
         self.kv = KVCacheManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
@@ -112,9 +116,12 @@ class Scheduler:
         self._step_time = StepTimeScale()  # measured / predicted step time, learned (observe_step_time)
         self._planner = None
         if config.speculation is not None:
-            table = config.decode_step_seconds
+            if config.speculation.method == "draft_model" and draft_proposer is None:
+                raise ValueError("speculation method 'draft_model' needs a draft_proposer")
+            table, draft = config.decode_step_seconds, config.draft_step_seconds
             self._planner = DraftPlanner(config.speculation, config.max_decode_rows or config.max_num_seqs,
-                                         (lambda rows: lookup_seconds(table, rows)) if table else None)
+                                         (lambda rows: lookup_seconds(table, rows)) if table else None,
+                                         (lambda reqs: lookup_seconds(draft, reqs)) if draft else None)
         self.spec_num_draft_tokens = 0       # guesses verified
         self.spec_num_accepted_tokens = 0    # of those, accepted
         self.spec_num_verifications = 0      # request-steps that verified guesses
@@ -221,6 +228,7 @@ class Scheduler:
         decodes = [r for r in live if r.num_tokens_with_pending - r.num_computed_tokens == 1]
         prefills = [r for r in live if r.num_tokens_with_pending - r.num_computed_tokens > 1]
         guesses = self._plan_drafts(decodes) if drafts and not prefills and not self._may_admit() else {}
+        by_model: list[tuple[Request, int]] = []   # draft_model: guesses to ask for once blocks are there
         for req in decodes + prefills:
             if req.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this step
@@ -229,7 +237,11 @@ class Scheduler:
             draft = guesses.get(req.request_id)
             if draft and st.budget >= 1 + len(draft) and self.kv.allocate_slots(req, 1 + len(draft), st.copies):
                 # blocks for the guesses come only from what is free: never preempt for a guess
-                self._add_scheduled(req, 1 + len(draft), st, draft=draft)
+                if self._draft_proposer is not None:
+                    by_model.append((req, len(draft)))
+                    st.budget -= 1 + len(draft)
+                else:
+                    self._add_scheduled(req, 1 + len(draft), st, draft=draft)
                 continue
             n = self._num_new_tokens(req, req.num_computed_tokens, st)
             if n == 0:
@@ -241,6 +253,18 @@ class Scheduler:
                     break
             if req.status is RequestStatus.RUNNING:
                 self._add_scheduled(req, n, st)
+        if by_model:
+            self._schedule_model_drafts(by_model, st)
+
+    def _schedule_model_drafts(self, by_model: list[tuple[Request, int]], st: _Step) -> None:
+        """The draft model writes its K/V at the guesses' positions, so it runs once their blocks
+        are allocated; a request preempted since (by a later one's allocation) is dropped."""
+        live = [(r, k) for r, k in by_model if r.status is RequestStatus.RUNNING]
+        st.budget += sum(1 + k for r, k in by_model)
+        proposed = self._draft_proposer(live) if live else {}
+        for req, k in live:
+            draft = list(proposed.get(req.request_id, ()))[:k]
+            self._add_scheduled(req, 1 + len(draft), st, draft=draft)
 
     # ---- speculative decoding ---------------------------------------------------------------
     def wants_drafts(self) -> bool:
@@ -277,6 +301,10 @@ class Scheduler:
                 continue
             room = min(spec.num_speculative_tokens, req.max_tokens - req.num_output_tokens - 1,
                        self.config.max_model_len - req.num_tokens - 1)
+            if self._draft_proposer is not None:
+                # the draft model always has k guesses; which they are is asked once blocks are there
+                proposals.append((req, [PLACEHOLDER_TOKEN] * room))
+                continue
             proposals.append((req, propose_ngram(req.all_token_ids, room, spec.prompt_lookup_min,
                                                  spec.prompt_lookup_max)))
         k = self._planner.plan(proposals)

@@ -62,6 +62,8 @@ class SchedulerConfig:
     max_decode_rows: int = 0  # decode rows (decodes + drafts) a step holds; 0 = max_num_seqs
     # (decode rows bucket, seconds of a decode-only step): what extra rows cost; () = rows are free
     decode_step_seconds: tuple[tuple[int, float], ...] = ()
+    # (requests bucket, seconds of one decode step of the draft model): method draft_model
+    draft_step_seconds: tuple[tuple[int, float], ...] = ()
 
     def prefill_cap_beside(self, num_decodes: int) -> int:
         """Most prompt tokens of one request in a step that carries num_decodes > 0 decodes (0 = no cap)."""

@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 
 from jaxserve.sched.request import Request
 
-METHODS = ("ngram",)
+METHODS = ("ngram", "draft_model")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +37,7 @@ class SpeculativeConfig:
     "prompt_lookup_min": 1, "prompt_lookup_max": 4}."""
 
     method: str = "ngram"
-    model: str | None = None              # a draft model's path (method "draft_model", not supported yet)
+    model: str | None = None              # method "draft_model": the draft's checkpoint (same tokenizer)
     num_speculative_tokens: int = 4       # most draft tokens per request per step
     prompt_lookup_min: int = 1            # shortest suffix of the request's tokens looked up
     prompt_lookup_max: int = 4            # longest one (tried first: a longer match predicts better)
@@ -49,11 +49,11 @@ class SpeculativeConfig:
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
-            hint = (" (a draft model is not supported yet: use method 'ngram')" if self.method in
-                    ("draft_model", "draft", "eagle", "medusa", "mtp") else "")
-            raise ValueError(f"speculative_config method={self.method!r} must be one of {METHODS}{hint}")
-        if self.model is not None:
-            raise ValueError(f"speculative_config method={self.method!r} takes no model (got model={self.model!r})")
+            raise ValueError(f"speculative_config method={self.method!r} must be one of {METHODS}")
+        if self.method == "draft_model" and not (isinstance(self.model, str) and self.model):
+            raise ValueError("speculative_config method='draft_model' needs \"model\": the draft's checkpoint path")
+        if self.method == "ngram" and self.model is not None:
+            raise ValueError(f"speculative_config method='ngram' takes no model (got model={self.model!r})")
         k = self.num_speculative_tokens
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 16:
             raise ValueError(f"speculative_config num_speculative_tokens={k!r} must be an int in [1, 16]")
@@ -95,12 +95,16 @@ class DraftPlanner:
     """Per step: how many drafts each decoding request gets (0 = this step does not speculate)."""
 
     def __init__(self, config: SpeculativeConfig, max_rows: int,
-                 step_seconds: Callable[[int], float] | None = None) -> None:
+                 step_seconds: Callable[[int], float] | None = None,
+                 draft_seconds: Callable[[int], float] | None = None) -> None:
         """max_rows: most decode rows a step holds (the largest compiled decode-only bucket).
-        step_seconds(rows): a decode-only step's time; None: rows are taken as free (tests)."""
+        step_seconds(rows): a decode-only step's time; None: rows are taken as free (tests).
+        draft_seconds(requests): one decode step of the draft model (method draft_model), which
+        runs k of them before a verification."""
         self.config = config
         self.max_rows = max_rows
         self.step_seconds = step_seconds
+        self.draft_seconds = draft_seconds
 
     def acceptance(self, req: Request) -> float:
         """The request's acceptance rate: accepted / offered guesses, with the prior as one
@@ -121,6 +125,8 @@ class DraftPlanner:
                 break
             tokens = sum(expected_tokens(self.acceptance(r), min(k, len(p))) for r, p in proposals)
             seconds = self.step_seconds(rows) if self.step_seconds is not None else 1.0
+            if k and self.step_seconds is not None and self.draft_seconds is not None:
+                seconds += k * self.draft_seconds(sum(1 for _, p in proposals if p))
             rate = tokens / seconds
             if best_rate is None or rate > best_rate * 1.02:   # a longer step must win clearly
                 best_k, best_rate = k, rate

@@ -23,6 +23,8 @@ import jax.numpy as jnp
 from jaxserve.checkpoints import Checkpoint, load_checkpoint
 from jaxserve.config import EngineConfig
 from jaxserve.engine.chunk_policy import DECODE_CONTEXT, ChunkPolicy, resolve_chunk_policy
+from jaxserve.engine.draft_model import build_draft_runner
+from jaxserve.engine.draft_proposer import DraftModelProposer
 from jaxserve.engine.engine import Engine
 from jaxserve.engine.startup_timings import PhaseClock, StartupTimings
 from jaxserve.models.config import ModelConfig
@@ -144,14 +146,19 @@ def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, 
 
     with clock.phase("calibration"):
         chunking = _calibrate(config, runner, ckpt.identity, cache_dir)
+    draft = None
+    if config.speculative_config is not None and config.speculative_config.method == "draft_model":
+        with clock.phase("draft_model"):
+            draft = build_draft_runner(config, runner, cache_dir, dtype, progress=progress)
     eos = set(model_config.eos_token_ids)
     if ckpt.tokenizer is not None and ckpt.tokenizer.eos_token_id is not None:
         eos.add(ckpt.tokenizer.eos_token_id)
     engine = Engine(
-        scheduler=_scheduler(config, runner, max_model_len, chunking), runner=runner, tokenizer=ckpt.tokenizer,
+        scheduler=_scheduler(config, runner, max_model_len, chunking, draft), runner=runner,
+        tokenizer=ckpt.tokenizer,
         vocab_size=model_config.vocab_size, max_model_len=max_model_len, eos_token_ids=eos, seed=config.seed,
         checkpoint_identity=ckpt.identity, model_name=os.path.basename(ckpt.source.rstrip("/")),
-        chunk_policy=chunking, async_scheduling=config.async_scheduling,
+        chunk_policy=chunking, async_scheduling=config.async_scheduling, draft_runner=draft,
     )
     engine.startup_timings = clock.timings()
     log.info("%s", engine.startup_timings.describe())
@@ -201,7 +208,8 @@ def _cache(kind, cache_dir: str | None, name: str):
     return kind(os.path.join(cache_dir, name)) if cache_dir else None
 
 
-def _scheduler(config: EngineConfig, runner: ModelRunner, max_model_len: int, chunking: ChunkPolicy) -> Scheduler:
+def _scheduler(config: EngineConfig, runner: ModelRunner, max_model_len: int, chunking: ChunkPolicy,
+               draft: ModelRunner | None = None) -> Scheduler:
     arena_blocks = runner.arena_spec.num_blocks
     usable = arena_blocks if config.usable_kv_blocks is None else min(arena_blocks, config.usable_kv_blocks + 1)
     host_blocks = runner.host_pool.num_blocks if runner.host_pool is not None else 0
@@ -234,7 +242,8 @@ def _scheduler(config: EngineConfig, runner: ModelRunner, max_model_len: int, ch
         max_decode_rows=(runner.shapes.decode_only_buckets or runner.shapes.decode_buckets)[-1],
         decode_step_seconds=(runner.decode_step_seconds if config.speculative_config is not None
                              and config.speculative_config.adaptive else ()),
-    ))
+        draft_step_seconds=draft.decode_step_seconds if draft is not None else (),
+    ), draft_proposer=DraftModelProposer(draft) if draft is not None else None)
 
 
 def _engine_on_shared_runner(config: EngineConfig, other: Engine) -> Engine:
@@ -249,8 +258,15 @@ def _engine_on_shared_runner(config: EngineConfig, other: Engine) -> Engine:
     if (config.speculative_config is not None and config.speculative_config.adaptive
             and not other.runner.decode_step_seconds):
         other.runner.decode_step_seconds = measure_decode_step_seconds(Calibrator(other.runner))
+    draft = None
+    if config.speculative_config is not None and config.speculative_config.method == "draft_model":
+        draft = other.draft_runner
+        if draft is None:
+            raise ValueError("a draft model is loaded with the runner: share the runner of an engine built with "
+                             "the same speculative_config")
     engine = Engine(
-        scheduler=_scheduler(config, other.runner, other.max_model_len, chunking), runner=other.runner,
+        scheduler=_scheduler(config, other.runner, other.max_model_len, chunking, draft), runner=other.runner,
+        draft_runner=draft,
         tokenizer=other.tokenizer, vocab_size=other.vocab_size, max_model_len=other.max_model_len,
         eos_token_ids=other.eos_token_ids, seed=config.seed, checkpoint_identity=other.checkpoint_identity,
         model_name=other.model_name, chunk_policy=chunking, async_scheduling=config.async_scheduling,

@@ -55,8 +55,11 @@ class _InFlight:
 class Engine:
     def __init__(self, *, scheduler: Scheduler, runner, tokenizer, vocab_size: int, max_model_len: int,
                  eos_token_ids: Iterable[int], seed: int = 0, checkpoint_identity: str = "",
-                 model_name: str = "", chunk_policy=None, async_scheduling: bool = True):
+                 model_name: str = "", chunk_policy=None, async_scheduling: bool = True, draft_runner=None):
         self.scheduler = scheduler
+        # speculative decoding's draft model (engine/draft_proposer.py): every step runs on it too,
+        # and without lookahead (a placeholder would name a token its own sampler never saw)
+        self.draft_runner = draft_runner
         self.chunk_policy = chunk_policy      # how the prefill chunk size was chosen (engine/chunk_policy.py)
         self.runner = runner
         self.tokenizer = tokenizer
@@ -65,7 +68,7 @@ class Engine:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.checkpoint_identity = checkpoint_identity
         self.model_name = model_name
-        self.async_scheduling = async_scheduling
+        self.async_scheduling = async_scheduling and draft_runner is None
         self.input_processor = InputProcessor(tokenizer=tokenizer, vocab_size=vocab_size,
                                               limits=scheduler.limits, eos_token_ids=self.eos_token_ids)
         self.outputs = OutputProcessor()
@@ -172,6 +175,8 @@ class Engine:
         self.runner.owner = self     # whose block ids the arena's contents now follow
         self.outputs.mark_scheduled((r.request_id for r in sched_out.requests), time.perf_counter())
         handle = self.runner.dispatch(sched_out)   # block operations run even with no request
+        if self.draft_runner is not None:
+            self.draft_runner.dispatch(sched_out)   # its K/V follow the target's; its tokens are not needed
         return _InFlight(sched_out, handle, time.perf_counter()) if sched_out.requests else None
 
     def _finish(self, step: _InFlight | None) -> list[RequestOutput]:

@@ -23,6 +23,7 @@ class StartupTimings:
     executables: float = 0.0    # loading (or compiling) the steps and samplers, and the block-copy helpers
     warm_up: float = 0.0        # first runs of the steps, so that no request pays one
     calibration: float = 0.0    # timing measurements (and the steps they load), or reading them from the cache
+    draft_model: float = 0.0    # speculative decoding's draft model: loading, compiling, warming, timing it
     total: float = 0.0          # wall clock of the whole build, from its first phase to the engine
 
     PREFIX = "start-up"

@@ -37,6 +37,24 @@ def plain_llm(spec_llm):
     return LLM.sharing_runner(spec_llm, speculative_config=None)
 
 
+@pytest.fixture(scope="module")
+def draft_dir(tmp_path_factory):
+    # the target's weights with its attention and MLP scaled down further: a cruder model whose
+    # greedy guesses agree with the target's tokens about 60% of the time
+    return make_tiny_repeating_model(tmp_path_factory.mktemp("tiny-draft"), seed=0, residual_scale=0.2)
+
+
+@pytest.fixture(scope="module")
+def draft_llm(model_dir, draft_dir):
+    return LLM(model_dir, **TINY_ENGINE, speculative_config={"method": "draft_model", "model": draft_dir,
+                                                             "num_speculative_tokens": 3, "adaptive": False})
+
+
+@pytest.fixture(params=["ngram", "draft_model"])
+def speculating(request, spec_llm, draft_llm):
+    return spec_llm if request.param == "ngram" else draft_llm
+
+
 def ids(outs):
     return [o.outputs[0].token_ids for o in outs]
 
@@ -53,7 +71,8 @@ def assert_no_leaks(llm):
     assert s.num_compilations_after_warmup == 0
 
 
-def test_greedy_outputs_equal_decoding_without_speculation_and_hf(spec_llm, plain_llm, model_dir):
+def test_greedy_outputs_equal_decoding_without_speculation_and_hf(speculating, plain_llm, model_dir):
+    spec_llm = speculating
     greedy = SamplingParams(max_tokens=40, min_tokens=40, temperature=0.0)
     before = spec_counts(spec_llm)
     got = ids(spec_llm.generate([{"prompt_token_ids": p} for p in PROMPTS], greedy, use_tqdm=False))
@@ -67,7 +86,8 @@ def test_greedy_outputs_equal_decoding_without_speculation_and_hf(spec_llm, plai
     assert_no_leaks(spec_llm)
 
 
-def test_seeded_sampling_gives_the_same_tokens_with_and_without_speculation(spec_llm, plain_llm):
+def test_seeded_sampling_gives_the_same_tokens_with_and_without_speculation(speculating, plain_llm):
+    spec_llm = speculating
     # a verification row samples with the key of the output index it produces, as a one-token step would
     params = [SamplingParams(max_tokens=24, temperature=t, top_k=k, top_p=p, seed=10 + i, ignore_eos=True)
               for i, (t, k, p) in enumerate([(1.0, 0, 1.0), (0.7, 5, 1.0), (1.0, 0, 0.8), (1.3, 3, 0.9)])]
@@ -94,9 +114,10 @@ def _filtered_probs(logits: np.ndarray, temperature: float, top_k: int, top_p: f
     return q / q.sum()
 
 
-def test_sampled_outputs_follow_the_target_distribution(spec_llm, model_dir):
+def test_sampled_outputs_follow_the_target_distribution(speculating, model_dir):
     """Chi-square of 3-token continuations (1,500 seeds) against their exact probabilities,
     computed from HF's logits on the same weights."""
+    spec_llm = speculating
     # a prompt ending in the model's own repetitive continuation: guesses are often right, not always
     prompt = PROMPTS[0] + hf_greedy(model_dir, PROMPTS[0], 12)
     temperature, top_k, top_p, n = 4.0, 3, 0.95, 1500   # the model's logits are scaled 4x
@@ -147,7 +168,8 @@ def test_sampled_outputs_follow_the_target_distribution(spec_llm, model_dir):
     assert_no_leaks(spec_llm)
 
 
-def test_stop_strings_logprobs_and_n_are_as_without_speculation(spec_llm, plain_llm):
+def test_stop_strings_logprobs_and_n_are_as_without_speculation(speculating, plain_llm):
+    spec_llm = speculating
     tok = spec_llm.get_tokenizer()
     text = tok.decode(hf_greedy_ids := ids(plain_llm.generate([{"prompt_token_ids": PROMPTS[2]}],
                                                               SamplingParams(max_tokens=30, temperature=0.0,
@@ -174,7 +196,8 @@ def test_stop_strings_logprobs_and_n_are_as_without_speculation(spec_llm, plain_
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
-def test_preemption_mid_speculation_changes_no_token(spec_llm, plain_llm, mode):
+def test_preemption_mid_speculation_changes_no_token(speculating, plain_llm, mode):
+    spec_llm = speculating
     greedy = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
     prompts = [{"prompt_token_ids": p} for p in PROMPTS]
     want = ids(plain_llm.generate(prompts, greedy, use_tqdm=False))
@@ -186,7 +209,8 @@ def test_preemption_mid_speculation_changes_no_token(spec_llm, plain_llm, mode):
     assert_no_leaks(cramped)
 
 
-def test_aborts_mid_speculation_leak_no_block(spec_llm):
+def test_aborts_mid_speculation_leak_no_block(speculating):
+    spec_llm = speculating
     engine = spec_llm.engine
     greedy = SamplingParams(max_tokens=80, temperature=0.0, ignore_eos=True)
     rids = [engine.add_request(None, {"prompt_token_ids": p}, greedy) for p in PROMPTS]
@@ -216,5 +240,22 @@ def test_the_cli_flag_and_llm_kwarg_take_the_same_speculative_config():
     assert from_cli.num_speculative_tokens == 3 and from_cli.adaptive
     with pytest.raises(SystemExit):   # argparse reports the bad value with the parser's usage
         parser.parse_args(["--speculative-config", '{"method": "draft_model"}'])
-    with pytest.raises(ValueError, match="not supported yet"):
-        EngineConfig(speculative_config={"method": "draft_model", "model": "/x"})
+    with pytest.raises(ValueError, match="draft's checkpoint path"):
+        EngineConfig(speculative_config={"method": "draft_model"})
+    assert EngineConfig(speculative_config={"method": "draft_model", "model": "/x"}).speculative_config.model == "/x"
+
+
+def test_a_draft_model_with_another_vocabulary_is_refused(spec_llm, tmp_path):
+    from jaxserve.config import EngineConfig
+    from jaxserve.engine.draft_model import build_draft_runner
+    from jaxserve.testing.tiny_models import make_tiny_model
+
+    other = make_tiny_model(tmp_path / "other-vocab", vocab_size=256)
+    config = EngineConfig(speculative_config={"method": "draft_model", "model": other})
+    with pytest.raises(ValueError, match="vocabulary of 256 tokens, the target 320"):
+        build_draft_runner(config, spec_llm.engine.runner, None, "float32")
+
+
+def test_a_draft_model_engine_runs_every_step_without_lookahead(draft_llm):
+    assert draft_llm.engine.draft_runner is not None and not draft_llm.engine.async_scheduling
+    assert draft_llm.engine.draft_runner.arena_spec.num_blocks == draft_llm.engine.runner.arena_spec.num_blocks

@@ -15,7 +15,8 @@ from jaxserve.engine.startup_timings import PhaseClock, StartupTimings
 from jaxserve.runner import compile_counter
 from tests.conftest import TINY_ENGINE
 
-PHASES = ("weights", "tokenizer", "identity", "params", "kv_arena", "executables", "warm_up", "calibration")
+PHASES = ("weights", "tokenizer", "identity", "params", "kv_arena", "executables", "warm_up", "calibration",
+          "draft_model")
 
 
 def test_the_timings_name_every_phase_and_read_back_from_their_log_line():

@@ -175,3 +175,39 @@ def test_requests_with_logit_adjustments_never_get_guesses():
                        sampling=AdjustedSamplingOptions(adjust=LogitAdjustments(presence_penalty=0.5)))
     drive(sched, [req], runner=FakeRunner(64, 4, short_memory_token), speculate=True)
     assert sched.spec_num_verifications == 0
+
+
+# ---- a draft model's guesses ------------------------------------------------------------------
+@pytest.mark.parametrize("one_step_ahead", [False, True], ids=["sync", "one-step-ahead"])
+def test_draft_model_guesses_are_asked_for_once_their_blocks_exist_and_outputs_hold(one_step_ahead):
+    """A stand-in draft model: the fake model's own continuation, every third guess wrong."""
+    calls = []
+
+    def propose(batch):
+        calls.append(len(batch))
+        out = {}
+        for req, k in batch:
+            # the draft writes its K/V at the guesses' positions: the blocks must be there
+            assert len(req.block_ids) * 4 >= req.num_computed_tokens + 1 + k
+            tokens, guesses = req.all_token_ids, []
+            for j in range(k):
+                t = short_memory_token(tokens)
+                t = t if (len(tokens) + j) % 3 else (t + 1) % 12 + 2
+                guesses.append(t)
+                tokens = tokens + [t]
+            out[req.request_id] = guesses
+        return out
+
+    spec = SpeculativeConfig(method="draft_model", model="draft", num_speculative_tokens=3)
+    sched = Scheduler(_config(speculation=spec, num_blocks=40), draft_proposer=propose)
+    reqs = [make_request(f"r{i}", 6, 40, ignore_eos=True, seed=i) for i in range(4)]
+    drive(sched, reqs, runner=FakeRunner(40, 4, short_memory_token), speculate=True, one_step_ahead=one_step_ahead)
+    assert_outputs_match_reference(reqs, 96, short_memory_token)
+    assert calls and 0 < sched.spec_num_accepted_tokens < sched.spec_num_draft_tokens
+
+
+def test_a_draft_model_config_needs_a_model_and_a_proposer():
+    with pytest.raises(ValueError, match="model"):
+        SpeculativeConfig(method="draft_model")
+    with pytest.raises(ValueError, match="draft_proposer"):
+        Scheduler(_config(speculation=SpeculativeConfig(method="draft_model", model="m")))
