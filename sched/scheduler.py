@@ -122,6 +122,9 @@ class Scheduler:
             self._planner = DraftPlanner(config.speculation, config.max_decode_rows or config.max_num_seqs,
                                          (lambda rows: lookup_seconds(table, rows)) if table else None,
                                          (lambda reqs: lookup_seconds(draft, reqs)) if draft else None)
+        # the host's time per engine step (the engine reports it): what running a step without the
+        # one-step-ahead overlap costs, which a speculating step must make up for
+        self.host_seconds_per_step = 0.0
         self.spec_num_draft_tokens = 0       # guesses verified
         self.spec_num_accepted_tokens = 0    # of those, accepted
         self.spec_num_verifications = 0      # request-steps that verified guesses
@@ -277,7 +280,8 @@ class Scheduler:
             return False   # a prompt still prefilling: this step carries its chunk, not guesses
         # would a full set of guesses pay for this batch, at the requests' acceptance so far?
         k = self.config.speculation.num_speculative_tokens
-        return self._planner.plan([(r, range(k if self._may_draft(r) else 0)) for r in self.running]) > 0
+        return self._planner.plan([(r, range(k if self._may_draft(r) else 0)) for r in self.running],
+                                  self.host_seconds_per_step) > 0
 
     def _may_admit(self) -> bool:
         """A request waits and a seat is free: the step may take in a prompt, which guesses would
@@ -307,7 +311,10 @@ class Scheduler:
                 continue
             proposals.append((req, propose_ngram(req.all_token_ids, room, spec.prompt_lookup_min,
                                                  spec.prompt_lookup_max)))
-        k = self._planner.plan(proposals)
+        for req, p in proposals:
+            if not p and not req.num_pending_output_tokens and self._may_draft(req):
+                record_verification(req, 1, 0)   # a lookup that finds nothing counts as a wrong guess
+        k = self._planner.plan(proposals, self.host_seconds_per_step)
         return {r.request_id: list(p[:k]) for r, p in proposals if k and p}
 
     def _schedule_waiting(self, st: _Step) -> None:

@@ -112,9 +112,11 @@ class DraftPlanner:
         prior = self.config.prior_acceptance
         return (req.spec_accepted + prior) / (req.spec_trials + 1.0)
 
-    def plan(self, proposals: Sequence[tuple[Request, Sequence[int]]]) -> int:
+    def plan(self, proposals: Sequence[tuple[Request, Sequence[int]]], sync_s: float = 0.0) -> int:
         """proposals: each decoding request of the step with the drafts available to it. Returns k,
-        the most drafts any request verifies this step (each takes min(k, what it has))."""
+        the most drafts any request verifies this step (each takes min(k, what it has)). sync_s:
+        what a step run without lookahead adds (the host's work, no longer hidden behind the
+        device's): a speculating step pays it, a plain one does not."""
         b = len(proposals)
         if not b or not any(p for _, p in proposals):
             return 0
@@ -125,8 +127,10 @@ class DraftPlanner:
                 break
             tokens = sum(expected_tokens(self.acceptance(r), min(k, len(p))) for r, p in proposals)
             seconds = self.step_seconds(rows) if self.step_seconds is not None else 1.0
-            if k and self.step_seconds is not None and self.draft_seconds is not None:
-                seconds += k * self.draft_seconds(sum(1 for _, p in proposals if p))
+            if k and self.step_seconds is not None:
+                seconds += sync_s
+                if self.draft_seconds is not None:
+                    seconds += k * self.draft_seconds(sum(1 for _, p in proposals if p))
             rate = tokens / seconds
             if best_rate is None or rate > best_rate * 1.02:   # a longer step must win clearly
                 best_k, best_rate = k, rate

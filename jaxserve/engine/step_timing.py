@@ -32,6 +32,7 @@ class StepTimer:
         self._device_free_at = 0.0      # when the last collected step finished (as far as known)
         self._call_start = 0.0
         self._waited = 0.0
+        self.recent_host_s = 0.0        # host time of a step call outside waiting, a running average
 
     # ---- around one Engine.step call ----
     def step_started(self) -> None:
@@ -44,7 +45,9 @@ class StepTimer:
     def step_ended(self, still_busy: bool) -> None:
         now = time.perf_counter()
         self.steps += 1
-        self._host_s += (now - self._call_start) - self._waited
+        host = (now - self._call_start) - self._waited
+        self._host_s += host
+        self.recent_host_s = host if self.steps == 1 else 0.9 * self.recent_host_s + 0.1 * host
         if not still_busy and self._period_start is not None:
             self._busy_wall_s += now - self._period_start
             self._period_start = None
