@@ -8,9 +8,7 @@ N local `jaxserve serve` children (with `--model`, `--engine-arg` passed to each
 from __future__ import annotations
 
 import argparse
-import logging
 import os
-import sys
 
 from jaxserve.router.policy import POLICIES, CacheAwareConfig
 
@@ -103,7 +101,9 @@ def cmd_router(args: argparse.Namespace) -> int:
     per_replica(args.replica_devices, max(1, args.replicas), "--replica-devices")
     # every bad flag is reported before anything starts (stand-in addresses for the children)
     config_from_args(args, [ReplicaAddress("127.0.0.1", 1 + i) for i in range(args.replicas)])
-    _ensure_info_handler()
+    from jaxserve.server.cli import ensure_info_handler
+
+    ensure_info_handler("jaxserve.router")
     tokenizer = load_tokenizer(args.model)
     children = []
     if args.replicas:
@@ -116,11 +116,3 @@ def cmd_router(args: argparse.Namespace) -> int:
         stop_children(children, args.grace_period)
 
 
-def _ensure_info_handler() -> None:
-    lg = logging.getLogger("jaxserve.router")
-    if not any(isinstance(h, logging.StreamHandler) for h in lg.handlers):
-        h = logging.StreamHandler(sys.stderr)
-        h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        lg.addHandler(h)
-        lg.propagate = False
-    lg.setLevel(logging.INFO)

@@ -93,13 +93,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     engine_config = engine_config_from_args(args)
     config = server_config_from_args(args)
-    _ensure_info_handler()
+    ensure_info_handler()
     return asyncio.run(run_server(config, engine_config, progress=sys.stderr.isatty(), hard_exit_during_warmup=True))
 
 
-def _ensure_info_handler() -> None:
-    """The root logger may sit at WARNING; the server's own INFO lines ("ready") still show."""
-    lg = logging.getLogger("jaxserve.server")
+def ensure_info_handler(logger: str = "jaxserve.server") -> None:
+    """The root logger may sit at WARNING; a server's own INFO lines ("ready") still show."""
+    lg = logging.getLogger(logger)
     if not any(isinstance(h, logging.StreamHandler) for h in lg.handlers):
         h = logging.StreamHandler(sys.stderr)
         h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
