@@ -212,6 +212,18 @@ class KVCacheManager:
                 self.pool.free([own])
             nodes.append(node)
 
+    def hold(self, req: Request) -> tuple[list[int], list[Node]]:
+        """Take req's blocks and prefix-cache nodes from it without letting them go (a KV
+        transfer's sending side keeps them for the receiver); `free_held` lets them go later."""
+        held = (req.block_ids, self._nodes.pop(req.request_id, []))
+        req.block_ids = []
+        return held
+
+    def free_held(self, block_ids: list[int], nodes: list[Node]) -> None:
+        self.pool.free(block_ids)
+        if nodes and self.cache is not None:
+            self.cache.release(nodes)
+
     def free(self, req: Request) -> None:
         """Let go of all of req's blocks; its cached full blocks stay in the tree (evictable)."""
         self.pool.free(req.block_ids)

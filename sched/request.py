@@ -27,6 +27,7 @@ class RequestStatus(enum.Enum):
     RUNNING = "running"  # holds blocks and a seat
     PREEMPTED = "preempted"  # evicted by recompute: back in the waiting queue, no blocks
     SWAPPED = "swapped"  # evicted by swap: waiting, its blocks live in the host pool
+    WAITING_FOR_REMOTE_KVS = "waiting_for_remote_kvs"  # holds blocks its KV is being loaded into (kv_connector.py)
     FINISHED_STOPPED = "finished_stopped"  # EOS, a stop token, or a stop string (engine)
     FINISHED_LENGTH = "finished_length"  # max_tokens or max_model_len
     FINISHED_ABORTED = "finished_aborted"
@@ -66,6 +67,10 @@ class Request:
     arrival_time: float = field(default_factory=time.perf_counter)  # on the scheduler's clock
     cache_salt: str | None = None  # prefix-cache namespace; None = the public one
     sampling: SamplingOptions = GREEDY  # for the runner's sampler; the scheduler only carries it
+    # disaggregated prefill (kv_connector.py): where this request's prompt KV waits to be loaded
+    # (a RemoteKV), and whether its blocks are kept for a receiver when it ends (the sending side)
+    remote_kv: object | None = None
+    kv_send: bool = False
 
     # ---- state, mutated by the scheduler ----
     output_token_ids: list[int] = field(default_factory=list)
@@ -88,6 +93,9 @@ class Request:
     # speculative decoding (speculation.py): guesses accepted and judged, decayed counts
     spec_accepted: float = 0.0
     spec_trials: float = 0.0
+    # the KV load in flight (kv_connector.py): its generation and the tokens it brings
+    kv_load_generation: int = 0
+    kv_load_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str):

@@ -45,6 +45,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from jaxserve.sched.block_pool import BlockPool
 from jaxserve.sched.errors import Overloaded
 from jaxserve.sched.kv_cache_manager import KVCacheManager, SharedPrefix, cdiv
+from jaxserve.sched.kv_connector import KVConnectorScheduling
 from jaxserve.sched.limits import RequestLimits
 from jaxserve.sched.policy import FairShare, pick_victim
 from jaxserve.sched.request import FINISH_REASONS, Request, RequestStatus
@@ -89,7 +90,7 @@ class _Step:
         self.prefill_items = 0
 
 
-class Scheduler(SpeculativeScheduling):
+class Scheduler(SpeculativeScheduling, KVConnectorScheduling):
     def __init__(self, config: SchedulerConfig, clock=time.perf_counter, draft_proposer=None) -> None:
         """draft_proposer (speculation method draft_model): called within schedule() with
         [(request, k)] once their blocks for k guesses are allocated; returns request id -> its
@@ -128,6 +129,7 @@ class Scheduler(SpeculativeScheduling):
         self.spec_num_draft_tokens = 0       # guesses verified
         self.spec_num_accepted_tokens = 0    # of those, accepted
         self.spec_num_verifications = 0      # request-steps that verified guesses
+        self._kv_init()   # KV loaded from elsewhere (kv_connector.py); off until kv_connector is set
 
     # ---- the door -----------------------------------------------------------------------------
     def _validate(self, req: Request) -> None:
@@ -191,6 +193,7 @@ class Scheduler(SpeculativeScheduling):
         update(): how many tokens a verification yields is known only then."""
         self._step += 1
         st = _Step(self.config.max_num_batched_tokens)
+        self._kv_connector_step()
         self._schedule_running(st, drafts and self._planner is not None)
         # Admitting right after a preemption would only evict someone again next step.
         if not st.preempted:
@@ -270,6 +273,9 @@ class Scheduler(SpeculativeScheduling):
                 continue
             if req.num_pending_output_tokens:
                 j += 1  # preempted with a token still on its way: its ids are not all known yet
+                continue
+            if req.remote_kv is not None:
+                j += 1  # its KV comes from elsewhere once blocks allow (kv_connector.py)
                 continue
             starving = self._step - req.arrival_step >= c.starvation_steps
             swapped = req.status is RequestStatus.SWAPPED
@@ -587,9 +593,10 @@ class Scheduler(SpeculativeScheduling):
         rid = req.request_id
         if req.status is RequestStatus.RUNNING:
             self.running.remove(req)
-        else:
+        elif req.status is not RequestStatus.WAITING_FOR_REMOTE_KVS:
             self.waiting.remove(req)
-        self.kv.free(req)
+        if not self._kv_on_finish(req, reason):
+            self.kv.free(req)
         if req.host_block_ids:
             self.host_pool.free(req.host_block_ids)
             req.host_block_ids = []

@@ -1,0 +1,260 @@
+"""The KV connector seam: a request's KV computed elsewhere, loaded into this engine's blocks.
+
+The shape is vLLM's KV connector, sized to what jaxserve needs. Pure Python: the scheduler calls a
+`KVConnector` (the engine builds one: jaxserve/disagg/connector.py) and never sees how bytes move.
+
+Receiving side (a decode engine), each `schedule()`:
+  1. a waiting request with `remote_kv` gets its blocks (local prefix-cache hit first; only the
+     blocks past it are loaded), leaves the queue as WAITING_FOR_REMOTE_KVS and its load starts
+     (`start_load`): asynchronous, the step loop never waits for it.
+  2. `poll()`: loads that ended. A load is applied only while its (request id, generation) is still
+     live (`LiveLoads`): once a load is cancelled (deadline, abort) its blocks go back to the pool
+     and may belong to another request, so a late or duplicate arrival is dropped, never written.
+  3. a loaded request joins the running requests, while seats last, as one whose prompt is
+     computed but its last token: this step computes that token and samples the first output,
+     exactly as after a prefix-cache hit (so the outputs are the colocated engine's).
+  A load that failed or ran past its deadline is handled by policy: `recompute` (the request goes
+  back to the queue and prefills here) or `fail` (it ends; the engine reports it UNAVAILABLE).
+
+Sending side (a prefill engine): a request with `kv_send` that ends normally does not free its
+blocks: `hold()` takes them (with their prefix-cache nodes) under a lease, and the connector gives
+them back through `Scheduler.free_held_blocks` when the receiver acknowledges or the lease expires.
+Held blocks count as in use, so a prefill engine whose receivers are slow stops admitting rather
+than overwriting what was promised.
+
+A host-memory KV tier fits the same seam: its connector answers `start_load` from host arrays
+(runner/kv_transfer.py's scatter into the given blocks) and `hold` becomes "offload these blocks";
+`remote_kv` would then name a host-tier entry instead of a peer.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Protocol
+
+from jaxserve.sched.kv_cache_manager import cdiv
+from jaxserve.sched.request import Request, RequestStatus
+
+LOAD_FAILURE_POLICIES = ("recompute", "fail")
+
+
+class KVLoadFailed(RuntimeError):
+    """A request's remote KV could not be loaded and the policy is `fail` (UNAVAILABLE on the wire)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteKV:
+    """Where a request's prompt KV waits: a sending engine's lease on its blocks."""
+
+    peer: str            # host:port of the engine that holds the blocks
+    transfer_id: str     # the lease's name there
+    generation: int      # the lease's generation: a pull for another generation is refused there
+    num_tokens: int      # tokens whose K/V the sender computed (the prompt)
+
+
+@dataclass(frozen=True, slots=True)
+class KVLoad:
+    """One load the scheduler asks for: the sender's logical blocks [first_block, first_block +
+    len(dst_block_ids)) into this engine's `dst_block_ids` (remapped: never the sender's ids)."""
+
+    request_id: str
+    generation: int      # this engine's number for the load; results carry it back
+    remote: RemoteKV
+    first_block: int
+    dst_block_ids: tuple[int, ...]
+    num_tokens: int      # the request's computed tokens once the load is in
+
+
+@dataclass(frozen=True, slots=True)
+class KVLoadResult:
+    request_id: str
+    generation: int
+    ok: bool
+    reason: str = ""     # why it failed: "timeout", "unavailable", "not_found", "layout", ...
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class HeldBlocks:
+    """A finished request's blocks kept for a receiver (sending side)."""
+
+    request_id: str
+    block_ids: tuple[int, ...]
+    nodes: tuple = ()     # their prefix-cache nodes, released with them
+    num_tokens: int = 0   # tokens whose K/V the blocks hold
+
+
+class KVConnector(Protocol):
+    def start_load(self, load: KVLoad) -> None: ...
+    def poll(self) -> list[KVLoadResult]: ...
+    def cancel_load(self, request_id: str, generation: int) -> None: ...
+    def release_remote(self, remote: RemoteKV) -> None: ...   # the sender's blocks are not needed
+    def hold(self, held: HeldBlocks) -> None: ...
+
+
+class LiveLoads:
+    """The loads in flight by request id, each with its generation. `take` and `cancel` remove a
+    load only when the generation matches, so a result that arrives after its load was cancelled
+    (or a second result of the same load) finds nothing and is dropped."""
+
+    def __init__(self) -> None:
+        self._loads: dict[str, KVLoad] = {}
+        self.num_stale = 0   # results dropped by the generation check
+
+    def add(self, load: KVLoad) -> None:
+        if load.request_id in self._loads:
+            raise ValueError(f"request {load.request_id!r} already has a load in flight")
+        self._loads[load.request_id] = load
+
+    def get(self, request_id: str, generation: int) -> KVLoad | None:
+        load = self._loads.get(request_id)
+        return load if load is not None and load.generation == generation else None
+
+    def take(self, request_id: str, generation: int) -> KVLoad | None:
+        load = self.get(request_id, generation)
+        if load is None:
+            self.num_stale += 1
+            return None
+        del self._loads[request_id]
+        return load
+
+    def cancel(self, request_id: str, generation: int) -> KVLoad | None:
+        load = self.get(request_id, generation)
+        if load is not None:
+            del self._loads[request_id]
+        return load
+
+    def __iter__(self):
+        return iter(list(self._loads.values()))
+
+    def __len__(self) -> int:
+        return len(self._loads)
+
+
+class KVConnectorScheduling:
+    """The scheduler's part (a mixin of `Scheduler`, as speculative_scheduling.py is): it reads the
+    scheduler's queue, pool and config, and keeps the requests whose KV is on its way."""
+
+    kv_connector: KVConnector | None = None
+    kv_load_failure_policy: str = "recompute"
+
+    def _kv_init(self) -> None:
+        self._kv_generations = itertools.count(1)
+        self._kv_loading: dict[str, Request] = {}   # WAITING_FOR_REMOTE_KVS, holding blocks
+        self._kv_loaded: list[Request] = []          # loaded, waiting for a seat
+        self.kv_load_errors: list[tuple[str, str]] = []   # (request id, why): failed by policy "fail"
+        self.kv_loads_started = 0
+        self.kv_loads_done = 0
+        self.kv_load_fallbacks: dict[str, int] = {}  # reason -> requests recomputed or failed
+        self.kv_stale_results = 0
+
+    def kv_loading_requests(self) -> list[Request]:
+        """Requests holding blocks outside the queue and the running list: loading, or loaded
+        and waiting for a seat."""
+        return list(self._kv_loading.values()) + self._kv_loaded
+
+    @property
+    def num_kv_loading(self) -> int:
+        return len(self._kv_loading) + len(self._kv_loaded)
+
+    def only_waiting_for_kv(self) -> bool:
+        """Every live request is a load in flight: a step would have nothing to compute."""
+        return bool(self._kv_loading) and len(self._kv_loading) == len(self._requests)
+
+    def _kv_connector_step(self) -> None:
+        """Called at the top of schedule(): apply ended loads, seat loaded requests, start loads."""
+        if self.kv_connector is None:
+            return
+        for req in [r for r in self.waiting if r.remote_kv is not None and r.status is RequestStatus.WAITING]:
+            if not self._kv_start_load(req):
+                break   # no room: the queue's order holds, later ones wait too
+        # after starting: a connector that loads at once (a host-memory tier) seats them this step
+        for res in self.kv_connector.poll():
+            req = self._kv_loading.get(res.request_id)
+            if req is None or req.kv_load_generation != res.generation:
+                self.kv_stale_results += 1    # cancelled meanwhile: the blocks may be someone else's
+                continue
+            del self._kv_loading[res.request_id]
+            if res.ok:
+                req.num_computed_tokens = req.kv_load_tokens
+                self.kv_loads_done += 1
+                self._kv_loaded.append(req)
+            else:
+                self._kv_fallback(req, res.reason, res.detail)
+        while self._kv_loaded and len(self.running) < self.config.max_num_seqs:
+            req = self._kv_loaded.pop(0)
+            req.status = RequestStatus.RUNNING
+            req.remote_kv = None
+            self.running.append(req)
+
+    def _kv_start_load(self, req: Request) -> bool:
+        """Allocate req's blocks (a local prefix hit first) and start loading the rest."""
+        remote = req.remote_kv
+        # the last prompt token is computed here: its logits sample the first output
+        want = min(remote.num_tokens, req.num_prompt_tokens) - 1
+        prefix = self.kv.find_cached_prefix(req)
+        if want <= prefix.num_tokens:   # all of it is cached here already: nothing to load
+            req.remote_kv = None
+            self.kv_connector.release_remote(remote)
+            return True
+        busy = bool(self.running)
+        if busy and not self._fits_projection(req, prefix):
+            return False
+        copies: list[tuple[int, int]] = []
+        if not self.kv.allocate_slots(req, want - prefix.num_tokens, copies,
+                                      prefix, self.config.watermark_blocks if busy else 0):
+            return False
+        assert not copies, "a load starts at a block boundary: nothing to copy"
+        self.waiting.remove(req)
+        req.num_cached_tokens = min(prefix.num_tokens, req.num_prompt_tokens)
+        self.kv.record_lookup(req, prefix)
+        bs = self.config.block_size
+        first = prefix.num_tokens // bs
+        req.kv_load_generation = next(self._kv_generations)
+        req.kv_load_tokens = want
+        req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+        self._kv_loading[req.request_id] = req
+        self.kv_loads_started += 1
+        self.kv_connector.start_load(KVLoad(req.request_id, req.kv_load_generation, remote, first,
+                                            tuple(req.block_ids[first:cdiv(want, bs)]), want))
+        return True
+
+    def _kv_fallback(self, req: Request, reason: str, detail: str = "") -> None:
+        """A load failed: free its blocks; prefill here (recompute) or end the request (fail)."""
+        self.kv_load_fallbacks[reason] = self.kv_load_fallbacks.get(reason, 0) + 1
+        self.kv.free(req)
+        req.num_computed_tokens = 0
+        req.remote_kv = None
+        if self.kv_load_failure_policy == "fail" or reason == "layout":   # a mismatch is never hidden
+            req.status = RequestStatus.WAITING   # _finish takes it out of the queue
+            self.waiting.push(req, req.queue_key)
+            self.kv_load_errors.append((req.request_id, f"KV load failed ({reason}): {detail}".rstrip(": ")))
+            self._finish(req, "abort", None)
+            return
+        req.status = RequestStatus.WAITING
+        self.waiting.push(req, req.queue_key)
+
+    def _kv_on_finish(self, req: Request, reason: str) -> bool:
+        """Called by _finish before it frees req's blocks. Returns True when the blocks were taken
+        (held for a receiver), so _finish must not free them."""
+        if req in self._kv_loaded:   # loaded, not seated yet
+            self._kv_loaded.remove(req)
+            self.kv.free(req)
+            return True
+        if req.status is RequestStatus.WAITING_FOR_REMOTE_KVS:
+            # an abort while loading: the load is cancelled first, so its late arrival is dropped
+            del self._kv_loading[req.request_id]
+            self.kv_connector.cancel_load(req.request_id, req.kv_load_generation)
+            self.kv.free(req)
+            return True
+        if req.kv_send and reason != "abort" and self.kv_connector is not None:
+            block_ids, nodes = self.kv.hold(req)
+            self.kv_connector.hold(HeldBlocks(req.request_id, tuple(block_ids), tuple(nodes),
+                                              min(req.num_computed_tokens, req.num_tokens)))
+            return True
+        return False
+
+    def free_held_blocks(self, held: HeldBlocks) -> None:
+        """The receiver is done with blocks `hold()` took (or their lease expired)."""
+        self.kv.free_held(list(held.block_ids), list(held.nodes))
