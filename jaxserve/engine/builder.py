@@ -135,7 +135,8 @@ def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, 
         runner = ModelRunner(model_config, params, arena, shapes, attention_impl=config.attention_impl,
                              xla_optimization_level=config.xla_optimization_level,
                              num_host_blocks=config.swap_space // arena.bytes_per_block,
-                             executable_cache=_cache(ExecutableCache, cache_dir, "executables"))
+                             executable_cache=_cache(ExecutableCache, cache_dir, "executables"),
+                             coupled_with_draft=_uses_draft_model(config))
         jax.block_until_ready(runner.kv_caches)
     with clock.phase("executables"):
         runner.warm_helpers()
@@ -147,7 +148,7 @@ def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, 
     with clock.phase("calibration"):
         chunking = _calibrate(config, runner, ckpt.identity, cache_dir)
     draft = None
-    if config.speculative_config is not None and config.speculative_config.method == "draft_model":
+    if _uses_draft_model(config):
         with clock.phase("draft_model"):
             draft = build_draft_runner(config, runner, cache_dir, dtype, progress=progress)
     eos = set(model_config.eos_token_ids)
@@ -246,6 +247,13 @@ def _scheduler(config: EngineConfig, runner: ModelRunner, max_model_len: int, ch
     ), draft_proposer=DraftModelProposer(draft) if draft is not None else None)
 
 
+def _uses_draft_model(config: EngineConfig) -> bool:
+    """Whether a draft model runs beside the target: then the target's sampled rows are coupled
+    with the draft's (runner/sampler.py), so its sampler takes the draft's outputs."""
+    spec = config.speculative_config
+    return spec is not None and spec.method == "draft_model"
+
+
 def _engine_on_shared_runner(config: EngineConfig, other: Engine) -> Engine:
     """The new engine will overwrite arena blocks that `other`'s prefix cache still names, so
     that cache is emptied first (its KV would no longer be what its keys say)."""
@@ -259,7 +267,7 @@ def _engine_on_shared_runner(config: EngineConfig, other: Engine) -> Engine:
             and not other.runner.decode_step_seconds):
         other.runner.decode_step_seconds = measure_decode_step_seconds(Calibrator(other.runner))
     draft = None
-    if config.speculative_config is not None and config.speculative_config.method == "draft_model":
+    if _uses_draft_model(config):
         draft = other.draft_runner
         if draft is None:
             raise ValueError("a draft model is loaded with the runner: share the runner of an engine built with "

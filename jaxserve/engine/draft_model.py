@@ -42,7 +42,8 @@ def build_draft_runner(config, target: ModelRunner, cache_dir: str | None, dtype
     host_blocks = target.host_pool.num_blocks if target.host_pool is not None else 0
     runner = ModelRunner(model_config, params, arena, target.shapes, attention_impl=target.attention_impl,
                          xla_optimization_level=config.xla_optimization_level, num_host_blocks=host_blocks,
-                         executable_cache=ExecutableCache(f"{cache_dir}/executables") if cache_dir else None)
+                         executable_cache=ExecutableCache(f"{cache_dir}/executables") if cache_dir else None,
+                         sampler_probs=True)   # the distributions its guesses are drawn from
     runner.warm_helpers()
     if config.warm_up == "all":
         warm_up(runner, progress=progress)

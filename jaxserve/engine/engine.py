@@ -24,6 +24,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from jaxserve.engine.detokenizer import IncrementalDetokenizer
+from jaxserve.engine.draft_proposer import draft_sampling
 from jaxserve.engine.input_processor import EngineRequest, InputProcessor
 from jaxserve.engine.output_processor import OutputProcessor
 from jaxserve.engine.request_state import RequestState, SampleState
@@ -176,9 +177,11 @@ class Engine:
     def _dispatch(self, sched_out: SchedulerOutput) -> _InFlight | None:
         self.runner.owner = self     # whose block ids the arena's contents now follow
         self.outputs.mark_scheduled((r.request_id for r in sched_out.requests), time.perf_counter())
-        handle = self.runner.dispatch(sched_out)   # block operations run even with no request
+        draft = None
         if self.draft_runner is not None:
-            self.draft_runner.dispatch(sched_out)   # its K/V follow the target's; its tokens are not needed
+            # its K/V follow the target's; the target's sampled rows are coupled with its draws
+            draft = self.draft_runner.dispatch(draft_sampling(sched_out)).sampler_out
+        handle = self.runner.dispatch(sched_out, draft)   # block operations run even with no request
         return _InFlight(sched_out, handle, time.perf_counter()) if sched_out.requests else None
 
     def _finish(self, step: _InFlight | None) -> list[RequestOutput]:

@@ -62,7 +62,11 @@ class StepHandle:
 class ModelRunner:
     def __init__(self, model_config: ModelConfig, params, arena: ArenaSpec, shapes: RunnerShapes,
                  attention_impl: str = "auto", xla_optimization_level: int | None = None,
-                 num_host_blocks: int = 0, executable_cache: ExecutableCache | None = None):
+                 num_host_blocks: int = 0, executable_cache: ExecutableCache | None = None,
+                 sampler_probs: bool = False, coupled_with_draft: bool = False):
+        """sampler_probs: the sampler also returns each row's distribution (a draft model's runner).
+        coupled_with_draft: sampled rows are coupled with a draft model's rows of the same step
+        (runner/sampler.py), which dispatch(draft_sample=...) hands over."""
         self.model_config = model_config
         self.params = params
         self.arena_spec = arena
@@ -84,6 +88,13 @@ class ModelRunner:
         self._prev_tokens = jnp.zeros((self.max_sample_rows,), jnp.int32)
         self._prev_rows: dict[str, int] = {}   # request id -> its row in _prev_tokens
         self._neutral: dict[int, dict] = {}    # logits rows -> neutral adjustment arrays on the device
+        self.sampler_probs = sampler_probs
+        self.coupled_with_draft = coupled_with_draft
+        # what a coupled sampler reads in a step no draft model ran (an engine sharing this runner
+        # without speculation): no row is coupled
+        self._no_draft_sample = (dict(probs=jnp.zeros((self.max_sample_rows, model_config.vocab_size), jnp.float32),
+                                      padded_tokens=jnp.full((self.max_sample_rows,), -1, jnp.int32))
+                                 if coupled_with_draft else None)
         self.mask_words = mask_words(model_config.vocab_size)   # a structured-output token mask's width
         self.compiler_options = ({} if xla_optimization_level is None
                                  else {"xla_backend_optimization_level": xla_optimization_level})
@@ -105,8 +116,13 @@ class ModelRunner:
         specs = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in
                  sampling_arrays([None] * rows, rows, history_len=self.shapes.max_model_len,
                                  mask_words=self.mask_words).items()}
-        prev = jax.ShapeDtypeStruct((self.max_sample_rows,), jnp.int32)
-        return jax.jit(functools.partial(sample, pad_to=self.max_sample_rows)).lower(logits, specs, prev)
+        if self.coupled_with_draft:
+            specs["draft_probs"] = jax.ShapeDtypeStruct((self.max_sample_rows, self.model_config.vocab_size),
+                                                        jnp.float32)
+            specs["draft_tokens"] = jax.ShapeDtypeStruct((self.max_sample_rows,), jnp.int32)
+        prev = self._input((self.max_sample_rows,), jnp.int32)
+        return jax.jit(functools.partial(sample, pad_to=self.max_sample_rows, probs_out=self.sampler_probs)).lower(
+            logits, specs, prev)
 
     def _neutral_adjustments(self, rows: int) -> dict:
         """The wide logit-adjustment arrays of a step where no row adjusts, kept on the device so
@@ -179,6 +195,7 @@ class ModelRunner:
             "model": self.model_config, "arena": self.arena_spec, "shapes": self.shapes,
             "params": jax.tree.map(lambda x: [list(x.shape), str(x.dtype)], self.params),
             "attention_impl": self.attention_impl, "compiler_options": self.compiler_options,
+            "sampler": {"probs_out": self.sampler_probs, "coupled_with_draft": self.coupled_with_draft},
             "source": fingerprint.traced_source(), "software": fingerprint.software(),
             "machine": fingerprint.machine(),
         }
@@ -196,9 +213,10 @@ class ModelRunner:
         """Run one step and wait for its sampled tokens."""
         return self.collect(self.dispatch(sched_out))
 
-    def dispatch(self, sched_out) -> StepHandle:
+    def dispatch(self, sched_out, draft_sample: dict | None = None) -> StepHandle:
         """Start one step on the device and return without waiting for it. Placeholders in its
-        token ids are read from the previous dispatched step's sampled tokens."""
+        token ids are read from the previous dispatched step's sampled tokens. draft_sample: a draft
+        model's sampler outputs for the same step (`StepHandle.sampler_out`), when coupled."""
         # Block operations first, in the scheduler's order: swap-outs may free blocks that
         # swap-ins and copies of the same step reuse.
         if sched_out.swap_out:
@@ -222,6 +240,9 @@ class ModelRunner:
         sampling = packed.sampling
         if not (sampling["adjust"].any() or sampling["masked"].any()):
             sampling = {**sampling, **self._neutral_adjustments(logits.shape[0])}
+        if self.coupled_with_draft:
+            draft = draft_sample or self._no_draft_sample
+            sampling = {**sampling, "draft_probs": draft["probs"], "draft_tokens": draft["padded_tokens"]}
         out = self._samplers[logits.shape[0]](logits, sampling, self._prev_tokens)
         self._prev_tokens = out["padded_tokens"]
         wants = packed.sampling["want_logprobs"]

@@ -11,6 +11,19 @@ tokens are the same whatever shares its batch. Their arrays are the widest: a ro
 neutral ones the runner keeps on the device (`neutral_adjustment_arrays`). A row with structured
 output carries its grammar's packed token mask ([R, ceil(V / 32)] int32, filled on the host from
 its llguidance matcher, runner/token_mask.py); disallowed tokens get -inf after the adjustments.
+
+Speculative decoding verifies guesses here too. A guess with no distribution of its own (an n-gram
+lookup, or a greedy request's draft) is a point mass: its row samples as usual and the runner keeps
+the guess while it equals the token the row before sampled, which is exactly rejection sampling of
+a point mass. With a draft model, every sampled row is coupled with the draft model's row of the
+same step (the draft runs the same rows first, `probs_out`): its token q-sampled there, g, is
+kept with probability min(1, p(g) / q(g)), otherwise the row draws from max(p - q, 0)
+renormalised (Leviathan et al.), where p is the target's distribution after temperature, top-k,
+top-p and min-p. The draft drew its guesses with the same keys from the same distributions, so a
+verification row's g is the guess it verifies; a rejected row's token is never g, so the runner's
+rule still holds. Every sampled token, guessed or not, comes from that one rule, on keys of its
+own output index: a seeded request's tokens do not depend on which steps speculated, or on what
+shares its batch.
 """
 
 from __future__ import annotations
@@ -160,11 +173,42 @@ def _filtered(scaled, top_k, top_p, min_p):
     return jnp.where(keep, scaled, -jnp.inf)
 
 
-def sample(logits: jax.Array, a: dict, prev_tokens: jax.Array | None = None, *, pad_to: int) -> dict[str, jax.Array]:
+def _keys(a, stream: int | None = None):
+    """Each row's key: fold_in(PRNGKey(seed), output index), or an independent stream of it."""
+    keys = jax.vmap(lambda s, t: jax.random.fold_in(jax.random.PRNGKey(s), t))(a["seed"], a["step"])
+    return keys if stream is None else jax.vmap(lambda k: jax.random.fold_in(k, stream))(keys)
+
+
+def _coupled_with_draft(drawn, probs, a):
+    """Rows a draft model sampled too (draft_tokens >= 0): keep its token g with probability
+    min(1, p(g) / q(g)), else draw from max(p - q, 0) renormalised; other rows keep `drawn`.
+    probs: p, [R, V]; a["draft_probs"], a["draft_tokens"]: the draft's q and g, [M, V] and [M]."""
+    num_rows, vocab = probs.shape
+    q = a["draft_probs"][:num_rows]
+    g = a["draft_tokens"][:num_rows]
+    guess = jnp.maximum(g, 0)
+    p_g = jnp.take_along_axis(probs, guess[:, None], axis=-1)[:, 0]
+    q_g = jnp.take_along_axis(q, guess[:, None], axis=-1)[:, 0]
+    u = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(_keys(a, 1))
+    accept = u * q_g < p_g                                 # u < p/q without dividing by a zero q
+    residual = jnp.maximum(probs - q, 0.0)
+    # p == q leaves no residual (and then g is always kept): fall back to p without g
+    residual = jnp.where(jnp.sum(residual, -1, keepdims=True) > 0, residual,
+                         jnp.where(jnp.arange(vocab)[None, :] == guess[:, None], 0.0, probs))
+    gumbel = jax.vmap(lambda k: jax.random.gumbel(k, (vocab,), jnp.float32))(_keys(a, 2))
+    resampled = jnp.argmax(jnp.log(residual) + gumbel, axis=-1).astype(jnp.int32)
+    return jnp.where(g >= 0, jnp.where(accept, guess, resampled), drawn)
+
+
+def sample(logits: jax.Array, a: dict, prev_tokens: jax.Array | None = None, *, pad_to: int,
+           probs_out: bool = False) -> dict[str, jax.Array]:
     """logits: [R, V] float32 -> sampled ids [R] and logprob information. `padded_tokens` holds
     the ids again in a fixed [pad_to] array: the next step reads its placeholders from it on the
     device, and one shape serves every bucket. prev_tokens: the previous step's `padded_tokens`,
-    where the penalties find a row's in-flight token."""
+    where the penalties find a row's in-flight token. probs_out: also return `probs`, each row's
+    distribution its token was drawn from ([pad_to, V]; one-hot for greedy rows): a draft model's
+    sampler. With `draft_probs` and `draft_tokens` in `a` (a draft model's outputs for the same
+    rows), sampled rows are coupled with the draft's (_coupled_with_draft)."""
     num_rows, vocab = logits.shape
     raw_logits = logits            # logprobs describe the model's distribution, before any mask
     if "adjust" in a:
@@ -177,16 +221,28 @@ def sample(logits: jax.Array, a: dict, prev_tokens: jax.Array | None = None, *, 
     greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     temperature = a["temperature"]
 
+    coupled = "draft_probs" in a
+    # the sampled rows' distributions, only where a draft model's guesses need them (a cond's
+    # outputs are computed whether or not they are used)
+    with_probs = probs_out or coupled
+    one_hot = jax.nn.one_hot(greedy, vocab, dtype=jnp.float32) if with_probs else None
+
     def draw(_):
         scaled = logits / jnp.where(temperature > 0, temperature, 1.0)[:, None]
         needs_filter = jnp.any((a["top_k"] > 0) | (a["top_p"] < 1.0) | (a["min_p"] > 0.0))
         scaled = jax.lax.cond(needs_filter, lambda s: _filtered(s, a["top_k"], a["top_p"], a["min_p"]),
                               lambda s: s, scaled)
-        keys = jax.vmap(lambda s, t: jax.random.fold_in(jax.random.PRNGKey(s), t))(a["seed"], a["step"])
-        gumbel = jax.vmap(lambda k: jax.random.gumbel(k, (vocab,), jnp.float32))(keys)
-        return jnp.argmax(scaled + gumbel, axis=-1).astype(jnp.int32)
+        gumbel = jax.vmap(lambda k: jax.random.gumbel(k, (vocab,), jnp.float32))(_keys(a))
+        drawn = jnp.argmax(scaled + gumbel, axis=-1).astype(jnp.int32)
+        if not with_probs:
+            return drawn, None
+        probs = jax.nn.softmax(scaled, axis=-1)
+        if coupled:
+            drawn = jax.lax.cond(jnp.any(a["draft_tokens"][:num_rows] >= 0),
+                                 lambda d: _coupled_with_draft(d, probs, a), lambda d: d, drawn)
+        return drawn, probs
 
-    drawn = jax.lax.cond(jnp.any(temperature > 0), draw, lambda _: greedy, None)
+    drawn, probs = jax.lax.cond(jnp.any(temperature > 0), draw, lambda _: (greedy, one_hot), None)
     tokens = jnp.where(temperature > 0, drawn, greedy)
 
     def logprob_info(_):
@@ -201,4 +257,8 @@ def sample(logits: jax.Array, a: dict, prev_tokens: jax.Array | None = None, *, 
 
     chosen, top_ids, top_lp = jax.lax.cond(jnp.any(a["want_logprobs"]), logprob_info, no_logprobs, None)
     padded = jnp.zeros((pad_to,), jnp.int32).at[:num_rows].set(tokens)
-    return dict(tokens=tokens, logprob=chosen, top_ids=top_ids, top_logprobs=top_lp, padded_tokens=padded)
+    out = dict(tokens=tokens, logprob=chosen, top_ids=top_ids, top_logprobs=top_lp, padded_tokens=padded)
+    if probs_out:
+        probs = jnp.where((temperature > 0)[:, None], probs, one_hot)
+        out["probs"] = jnp.zeros((pad_to, vocab), jnp.float32).at[:num_rows].set(probs)
+    return out

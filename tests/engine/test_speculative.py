@@ -55,6 +55,13 @@ def speculating(request, spec_llm, draft_llm):
     return spec_llm if request.param == "ngram" else draft_llm
 
 
+@pytest.fixture(scope="module")
+def draft_k1_llm(draft_llm):
+    """The same target and draft guessing one token at a time: other steps speculate."""
+    return LLM.sharing_runner(draft_llm, speculative_config={"method": "draft_model", "model": "unused",
+                                                             "num_speculative_tokens": 1, "adaptive": False})
+
+
 def ids(outs):
     return [o.outputs[0].token_ids for o in outs]
 
@@ -86,17 +93,31 @@ def test_greedy_outputs_equal_decoding_without_speculation_and_hf(speculating, p
     assert_no_leaks(spec_llm)
 
 
-def test_seeded_sampling_gives_the_same_tokens_with_and_without_speculation(speculating, plain_llm):
-    spec_llm = speculating
+SEEDED = [SamplingParams(max_tokens=24, temperature=t, top_k=k, top_p=p, seed=10 + i, ignore_eos=True)
+          for i, (t, k, p) in enumerate([(1.0, 0, 1.0), (0.7, 5, 1.0), (1.0, 0, 0.8), (1.3, 3, 0.9)])]
+
+
+def test_seeded_ngram_sampling_gives_the_same_tokens_with_and_without_speculation(spec_llm, plain_llm):
     # a verification row samples with the key of the output index it produces, as a one-token step would
-    params = [SamplingParams(max_tokens=24, temperature=t, top_k=k, top_p=p, seed=10 + i, ignore_eos=True)
-              for i, (t, k, p) in enumerate([(1.0, 0, 1.0), (0.7, 5, 1.0), (1.0, 0, 0.8), (1.3, 3, 0.9)])]
     prompts = [{"prompt_token_ids": p} for p in PROMPTS]
     before = spec_counts(spec_llm)
-    assert ids(spec_llm.generate(prompts, params, use_tqdm=False)) == ids(plain_llm.generate(prompts, params,
+    assert ids(spec_llm.generate(prompts, SEEDED, use_tqdm=False)) == ids(plain_llm.generate(prompts, SEEDED,
                                                                                              use_tqdm=False))
     assert spec_counts(spec_llm)[2] > before[2]
     assert_no_leaks(spec_llm)
+
+
+def test_seeded_draft_model_sampling_does_not_depend_on_which_steps_speculate(draft_llm, draft_k1_llm):
+    """With a draft model every sampled token comes from the coupling with the draft's draw at the
+    same output index, guessed or not: a seeded request's tokens are the same with 3 guesses per
+    verification, with 1, and alone instead of in a batch."""
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+    before = spec_counts(draft_llm)
+    batched = ids(draft_llm.generate(prompts, SEEDED, use_tqdm=False))
+    assert spec_counts(draft_llm)[2] > before[2]
+    assert ids(draft_k1_llm.generate(prompts, SEEDED, use_tqdm=False)) == batched
+    assert ids(draft_llm.generate(prompts[3:], SEEDED[3:], use_tqdm=False)) == batched[3:]
+    assert_no_leaks(draft_llm)
 
 
 def _filtered_probs(logits: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
@@ -168,8 +189,10 @@ def test_sampled_outputs_follow_the_target_distribution(speculating, model_dir):
     assert_no_leaks(spec_llm)
 
 
-def test_stop_strings_logprobs_and_n_are_as_without_speculation(speculating, plain_llm):
+def test_stop_strings_logprobs_and_n_are_as_without_speculation(speculating, plain_llm, draft_k1_llm):
     spec_llm = speculating
+    # a draft model's sampled tokens are the coupling's, the same however many guesses (the test above)
+    sampled_like = draft_k1_llm if spec_llm.engine.draft_runner is not None else plain_llm
     tok = spec_llm.get_tokenizer()
     text = tok.decode(hf_greedy_ids := ids(plain_llm.generate([{"prompt_token_ids": PROMPTS[2]}],
                                                               SamplingParams(max_tokens=30, temperature=0.0,
@@ -181,7 +204,8 @@ def test_stop_strings_logprobs_and_n_are_as_without_speculation(speculating, pla
               SamplingParams(max_tokens=20, temperature=0.8, seed=5, n=3, ignore_eos=True)]
     prompts = [{"prompt_token_ids": PROMPTS[2]}, {"prompt_token_ids": PROMPTS[0]}, {"prompt_token_ids": PROMPTS[3]}]
     got = spec_llm.generate(prompts, params, use_tqdm=False)
-    want = plain_llm.generate(prompts, params, use_tqdm=False)
+    want = plain_llm.generate(prompts[:2], params[:2], use_tqdm=False) + sampled_like.generate(
+        prompts[2:], params[2:], use_tqdm=False)
     assert hf_greedy_ids
     for g, w in zip(got, want):
         assert [c.token_ids for c in g.outputs] == [c.token_ids for c in w.outputs]
