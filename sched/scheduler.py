@@ -546,6 +546,8 @@ class Scheduler(SpeculativeScheduling, KVConnectorScheduling):
                 if k:
                     self._verified(req, sr, len(new) - 1)
                 new, stop = self._append_until_stop(req, new)
+                if not k:
+                    self._probe_acceptance(req, new[-1])
             if req.status is RequestStatus.RUNNING:
                 self.kv.cache_computed_blocks(req)
             if stop is not None:

@@ -14,6 +14,12 @@ from jaxserve.sched.scheduler_output import PLACEHOLDER_TOKEN, ScheduledRequest
 from jaxserve.sched.speculation import record_verification
 
 
+# a request that decodes without guesses is probed (speculative_scheduling._probe_acceptance)
+# once every this many tokens: often enough to notice a change within a few dozen tokens, rarely
+# enough that its lookups cost nothing at a large batch
+PROBE_EVERY = 4
+
+
 class SpeculativeScheduling:
     def _schedule_model_drafts(self, by_model: list[tuple[Request, int]], st) -> None:
         """The draft model writes its K/V at the guesses' positions, so it runs once their blocks
@@ -71,6 +77,17 @@ class SpeculativeScheduling:
                 record_verification(req, 1, 0)   # a lookup that finds nothing counts as a wrong guess
         k = self._planner.plan(proposals, self.host_seconds_per_step)
         return {r.request_id: list(p[:k]) for r, p in proposals if k and p}
+
+    def _probe_acceptance(self, req: Request, token: int) -> None:
+        """A request that took a token without guesses: every PROBE_EVERY tokens, would the n-gram
+        lookup have guessed it? A free trial (host only) that keeps its acceptance rate current,
+        so a request judged unrepetitive speculates again once its text starts repeating."""
+        spec = self.config.speculation
+        if (self._planner is None or self._draft_proposer is not None
+                or req.num_output_tokens % PROBE_EVERY or not req.sampling.allows_drafts):
+            return
+        guess = propose_ngram(req.all_token_ids[:-1], 1, spec.prompt_lookup_min, spec.prompt_lookup_max)
+        record_verification(req, 1, int(guess == [token]))
 
     def _verified(self, req: Request, sr: ScheduledRequest, accepted: int) -> None:
         """A verification kept `accepted` of its guesses: the K/V of the rejected ones hold the

@@ -113,6 +113,23 @@ def test_repetitive_outputs_are_guessed_and_every_output_equals_the_model_alone(
     assert decode_steps < sum(len(r.output_token_ids) for r in reqs) / 4
 
 
+@pytest.mark.parametrize("probe_every", [4, 10 ** 6], ids=["probed", "never-probed"])
+def test_a_request_judged_unrepetitive_speculates_again_once_its_text_repeats(monkeypatch, probe_every):
+    """Its acceptance rate starts low (as if its text had not repeated so far), so the planner gives
+    it no guesses; the lookups checked against its next tokens every few tokens raise the rate once
+    its outputs cycle, and guesses come back."""
+    from jaxserve.sched import speculative_scheduling
+
+    monkeypatch.setattr(speculative_scheduling, "PROBE_EVERY", probe_every)
+    # a step costs 40 ms plus 4 ms a row: guesses pay only at a good acceptance rate
+    sched = Scheduler(_config(max_num_seqs=1, decode_step_seconds=tuple((r, 0.04 + 0.004 * r) for r in (1, 16))))
+    req = make_request("r", 6, 80, ignore_eos=True, seed=3)
+    req.spec_trials = 20.0                                        # 20 wrong guesses so far
+    drive(sched, [req], runner=FakeRunner(64, 4, short_memory_token), speculate=True)
+    assert_outputs_match_reference([req], 96, short_memory_token)
+    assert (sched.spec_num_verifications > 0) == (probe_every == 4)
+
+
 def test_a_rejected_guess_rewinds_the_computed_tokens_and_its_kv_is_written_again():
     sched = Scheduler(_config(max_num_seqs=1))
     req = make_request("r", [3, 4, 3, 4, 3, 4, 3], 12, ignore_eos=True)
