@@ -104,6 +104,16 @@ class EngineConfig:
         "all", "first runs before requests: all (every step is loaded and run once before the engine takes a "
                "request, so none pays a step's slow first run) or none (steps load at first use; for callers that "
                "warm what their first requests need, as `jaxserve generate` does)", choices=("all", "none"))
+    role: str = _f("both", "disaggregated serving: prefill (compute prompts, hold their KV for decode engines under a "
+                           "lease), decode (load prompts' KV from prefill engines, stream the rest), or both (a "
+                           "colocated engine)", choices=("both", "prefill", "decode"))
+    kv_lease_s: float = _f(30.0, "prefill role: seconds a finished prompt's KV blocks are held for a decode engine "
+                                 "after its last heartbeat, then freed")
+    kv_load_timeout_s: float = _f(10.0, "decode role: seconds a KV load may take, on this engine's clock; then it is "
+                                        "cancelled and --kv-load-failure-policy applies")
+    kv_load_failure_policy: str = _f(
+        "recompute", "decode role: a KV load that failed or timed out is recomputed here (recompute) or ends the "
+                     "request with UNAVAILABLE (fail)", choices=("recompute", "fail"))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "speculative_config", SpeculativeConfig.parse(self.speculative_config))
@@ -131,7 +141,13 @@ class EngineConfig:
             raise ValueError(f"kv_watermark={self.kv_watermark} must be in [0, 1)")
         if self.priority_weight_base < 1:
             raise ValueError(f"priority_weight_base={self.priority_weight_base} must be >= 1")
-        for name, allowed in (("scheduling_policy", ("fcfs", "priority")),
+        for name in ("kv_lease_s", "kv_load_timeout_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"{name}={v!r} must be a finite number > 0")
+        for name, allowed in (("role", ("both", "prefill", "decode")),
+                              ("kv_load_failure_policy", ("recompute", "fail")),
+                              ("scheduling_policy", ("fcfs", "priority")),
                               ("preemption_mode", ("auto", "recompute", "swap")), ("warm_up", ("all", "none"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be one of {allowed}")

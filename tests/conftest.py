@@ -14,6 +14,13 @@ def tiny_llama_dir(tmp_path_factory):
     return make_tiny_model(tmp_path_factory.mktemp("tiny-llama"), "llama", seed=0)
 
 
+@pytest.fixture(scope="session")
+def xla_cache_dir(tmp_path_factory):
+    """One persistent compilation cache for every test that starts `jaxserve serve` processes of
+    the tiny model (router, disagg): the first start compiles, the others load."""
+    return str(tmp_path_factory.mktemp("xla-cache"))
+
+
 # Small shapes: 4 seats, a 32-token budget in tiles of 8, blocks of 4 tokens; few buckets.
 TINY_ENGINE = dict(max_num_seqs=4, max_model_len=128, block_size=4, prefill_tile=8, max_num_batched_tokens=32,
                    num_kv_blocks=96, swap_space=1 << 20, xla_optimization_level=0, compilation_cache_dir="",

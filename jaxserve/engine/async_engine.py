@@ -60,6 +60,7 @@ class _Add:
     request_id: str
     request: EngineRequest     # validated (and tokenized) at the door, off the step thread
     arrival_time: float
+    kv_transfer: Any = None    # disaggregated serving: "send" or a RemoteKV (Engine.add_processed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +158,8 @@ class AsyncEngine:
 
     # -- the asyncio side --------------------------------------------------------------------
     async def generate(self, prompt: Any, params: SamplingParams | None = None, *, request_id: str | None = None,
-                       priority: int = 0, arrival_time: float | None = None) -> AsyncIterator[RequestOutput]:
+                       priority: int = 0, arrival_time: float | None = None,
+                       kv_transfer: Any = None) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs. A bad request raises ValueError (NotImplementedError for what
         the engine lacks, the scheduler's Overloaded for a full waiting queue) from the first iteration.
         `arrival_time` (time.perf_counter(); default: now) starts the request's latency metrics."""
@@ -180,7 +182,7 @@ class AsyncEngine:
             door = self.engine.input_processor
             request = await self._off_step_thread(door.process, prompt, params, priority=priority)
             if self._error is None and not self._stopped:   # else the queue holds the error or the abort
-                self._commands.put(_Add(request_id, request, arrival_time))
+                self._commands.put(_Add(request_id, request, arrival_time, kv_transfer))
                 added = True
             while True:
                 item = await q.get()
@@ -287,6 +289,8 @@ class AsyncEngine:
                     outputs = engine.step()
                     if outputs:
                         self._post(self._deliver, outputs)
+                    for rid, err in engine.take_request_errors():
+                        self._post(self._deliver_one, rid, err)
                 self._publish_snapshot()
         except BaseException as e:   # noqa: BLE001 - any failure must fail the requests, not hang them
             self._die(e)
@@ -294,7 +298,8 @@ class AsyncEngine:
     def _apply(self, engine, cmd) -> None:
         if isinstance(cmd, _Add):
             try:
-                engine.add_processed(cmd.request_id, cmd.request, arrival_time=cmd.arrival_time)
+                engine.add_processed(cmd.request_id, cmd.request, arrival_time=cmd.arrival_time,
+                                     **({"kv_transfer": cmd.kv_transfer} if cmd.kv_transfer is not None else {}))
             except Exception as e:   # a bad request fails alone; the engine is fine
                 self._post(self._deliver_one, cmd.request_id, e)
         elif isinstance(cmd, _Abort):

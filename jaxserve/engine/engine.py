@@ -35,6 +35,7 @@ from jaxserve.runner import compile_counter
 from jaxserve.runner.logit_adjustments import AdjustedSamplingOptions, LogitAdjustments
 from jaxserve.runner.token_mask import TokenConstraint
 from jaxserve.sampling_params import SamplingParams
+from jaxserve.sched.kv_connector import KVLoadFailed
 from jaxserve.sched.request import Request
 from jaxserve.sched.sampling import SamplingOptions
 from jaxserve.sched.scheduler import Scheduler
@@ -81,6 +82,9 @@ class Engine:
         self._in_flight: _InFlight | None = None
         self._last_done = 0.0    # when the last collected step's tokens were in (perf_counter)
         self._constrained: set[str] = set()   # scheduler ids of live samples with structured output
+        # disaggregated prefill and decode (jaxserve/disagg/attach.py); None: colocated
+        self.kv_connector = None
+        self.role = "both"
 
     # -- the door ----------------------------------------------------------------------------
     def new_request_id(self) -> str:
@@ -94,9 +98,11 @@ class Engine:
             return self.add_processed(request_id, self.input_processor.process(prompt, params, priority=priority),
                                       arrival_time=arrival_time)
 
-    def add_processed(self, request_id: str | None, req: EngineRequest, *, arrival_time: float | None = None) -> str:
+    def add_processed(self, request_id: str | None, req: EngineRequest, *, arrival_time: float | None = None,
+                      kv_transfer=None) -> str:
         """Queue a request the input processor already validated (a server may run the door, and
-        its tokenization, off the step thread)."""
+        its tokenization, off the step thread). kv_transfer (disaggregated serving): "send" keeps
+        the prompt's KV for a decode engine when the request ends, a sched RemoteKV loads it."""
         request_id = self.new_request_id() if request_id is None else str(request_id)
         if request_id in self.outputs:
             raise ValueError(f"request_id {request_id!r} is already in use")
@@ -116,6 +122,8 @@ class Engine:
                 sampling=sampling_options(params, seed, banned, req.constraints[i] if req.constraints else None))
             if isinstance(sched_req.sampling, AdjustedSamplingOptions) and sched_req.sampling.adjust is not None:
                 sched_req.sampling.adjust.tokens.request = sched_req   # the penalties read its tokens
+            if kv_transfer is not None:
+                self._mark_kv_transfer(sched_req, kv_transfer, params.n)
             if req.constraints:
                 self._constrained.add(sid)
             if i == 0:
@@ -125,6 +133,30 @@ class Engine:
         self.outputs.add(RequestState(request_id, req.prompt, list(req.prompt_token_ids), params,
                                       RequestMetrics(arrival_time=now), samples))
         return request_id
+
+    def _mark_kv_transfer(self, sched_req: Request, kv_transfer, n: int) -> None:
+        side = "send" if kv_transfer == "send" else "load"
+        have = self.kv_connector is not None and (self.kv_connector.sender if side == "send"
+                                                  else self.kv_connector.receiver) is not None
+        if not have:
+            raise ValueError(f"kv_transfer {side}: this engine's role is {self.role!r} (a KV {side} needs "
+                             f"--role {'prefill' if side == 'send' else 'decode'})")
+        if n != 1:
+            raise ValueError(f"kv_transfer needs n=1, got n={n}")
+        if side == "send":
+            sched_req.kv_send = True
+        else:
+            sched_req.remote_kv = kv_transfer
+
+    def take_request_errors(self) -> list[tuple[str, Exception]]:
+        """Requests the engine ended with an error since the last call (a KV load that failed
+        under the `fail` policy): their ids and the error their streams should raise."""
+        errors = self.scheduler.kv_load_errors
+        if not errors:
+            return []
+        self.scheduler.kv_load_errors = []
+        self.outputs.remove([rid for rid, _ in errors], reason="abort")
+        return [(rid, KVLoadFailed(msg)) for rid, msg in errors]
 
     def _detokenizer(self, req: EngineRequest) -> IncrementalDetokenizer | None:
         if self.tokenizer is None:
@@ -145,6 +177,8 @@ class Engine:
 
     def step(self) -> list[RequestOutput]:
         """Run one step. With async scheduling it returns the outputs of the step before."""
+        if self.kv_connector is not None and self._in_flight is None and self.scheduler.only_waiting_for_kv():
+            self.kv_connector.wait(0.01)   # nothing to compute until a KV load ends: no busy loop
         self._timer.step_started()
         if getattr(self.runner, "owner", self) is not self:
             self._take_over_runner()

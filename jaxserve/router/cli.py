@@ -32,6 +32,13 @@ def add_router_parser(subparsers) -> None:
     r.add_argument("--replica-devices", action="append", default=[], metavar="IDS",
                    help="the accelerators each local replica sees (CUDA_VISIBLE_DEVICES, e.g. 0 or 0,1): "
                         "once for all, or once per replica")
+    r.add_argument("--prefill", action="append", default=[], metavar="HOST:PORT",
+                   help="a running `jaxserve serve --role prefill` (repeatable): prompts go there first and their "
+                        "KV moves to a --decode engine")
+    r.add_argument("--decode", action="append", default=[], metavar="HOST:PORT",
+                   help="a running `jaxserve serve --role decode` (repeatable; a replica that loads prompts' KV)")
+    r.add_argument("--prefill-threshold-tokens", type=int, default=0, metavar="N",
+                   help="with --prefill: prompts shorter than N tokens skip the prefill engines (decode-side prefill)")
     r.add_argument("--replica-api-key", default=None, help="bearer token the replicas want (default: --api-key)")
     r.add_argument("--replica-tls-root-cert", default=None, help="PEM root certificate to trust for the replicas")
     r.add_argument("--model", default=None,
@@ -71,7 +78,9 @@ def config_from_args(args: argparse.Namespace, extra_replicas=()):
         with open(args.replica_tls_root_cert, "rb") as f:
             root = f.read()
     return RouterConfig(
-        replicas=tuple(ReplicaAddress.parse(t) for t in args.replica) + tuple(extra_replicas),
+        replicas=tuple(ReplicaAddress.parse(t) for t in args.replica + args.decode) + tuple(extra_replicas),
+        prefill=tuple(ReplicaAddress.parse(t) for t in args.prefill),
+        prefill_threshold_tokens=args.prefill_threshold_tokens,
         host=args.host, port=args.port, policy=args.policy,
         cache_aware=CacheAwareConfig(args.balance_abs_tokens, args.balance_rel, args.min_match_ratio,
                                      args.request_cost_tokens),
@@ -91,7 +100,9 @@ def cmd_router(args: argparse.Namespace) -> int:
 
     if args.replicas < 0:
         raise ValueError(f"--replicas {args.replicas} must be >= 0")
-    if not args.replica and not args.replicas:
+    if args.prefill and not args.decode:
+        raise ValueError("--prefill needs at least one --decode HOST:PORT (the engines that load the KV)")
+    if not args.replica and not args.replicas and not args.decode:
         raise ValueError("no replicas: give --replica HOST:PORT (repeatable) or --replicas N")
     if (args.engine_arg or args.replica_cpus or args.replica_devices) and not args.replicas:
         raise ValueError("--engine-arg, --replica-cpus and --replica-devices are for local replicas: "

@@ -51,11 +51,17 @@ class RouterConfig:
     grace_period: float = 30.0
     max_message_bytes: int = 64 << 20
     replica_client: ReplicaClientConfig = field(default_factory=ReplicaClientConfig)
+    # disaggregated serving (router/disagg.py): the prefill engines; `replicas` are then the decode ones
+    prefill: tuple[ReplicaAddress, ...] = ()
+    prefill_threshold_tokens: int = 0     # shorter prompts skip the prefill engines
 
     def __post_init__(self) -> None:
         if not self.replicas:
-            raise ValueError("no replicas: give --replica HOST:PORT (repeatable) or --replicas N")
-        targets = [r.target for r in self.replicas]
+            raise ValueError("no replicas: give --replica HOST:PORT (repeatable) or --replicas N"
+                             + (" (--prefill needs at least one --decode)" if self.prefill else ""))
+        if self.prefill_threshold_tokens < 0:
+            raise ValueError(f"--prefill-threshold-tokens {self.prefill_threshold_tokens} must be >= 0")
+        targets = [r.target for r in self.replicas + self.prefill]
         if len(set(targets)) != len(targets):
             raise ValueError(f"a replica is given twice: {targets}")
         if self.policy not in POLICIES:
@@ -80,11 +86,15 @@ class Router:
                                  PrefixIndex(chunk_tokens=config.index_chunk_tokens, max_tokens=config.index_max_tokens),
                                  on_health=self._replica_health_changed)
                          for a in config.replicas]
-        self.state = RouterState(self.replicas)
+        self.prefill = [Replica(a, config.replica_client,
+                                PrefixIndex(chunk_tokens=config.index_chunk_tokens, max_tokens=config.index_max_tokens))
+                        for a in config.prefill]
+        self.state = RouterState(self.replicas, self.prefill)
         self.metrics = RouterMetrics(lambda: self.replicas)
         self.tokenizer = PromptTokenizer(tokenizer) if tokenizer is not None else None
         self.servicer = RouterServicer(self.state, make_policy(config.policy, config.cache_aware), self.tokenizer,
-                                       max_concurrent_streams=config.max_concurrent_streams, metrics=self.metrics)
+                                       max_concurrent_streams=config.max_concurrent_streams, metrics=self.metrics,
+                                       prefill_threshold_tokens=config.prefill_threshold_tokens)
         self.server: aio.Server | None = None
         self.port = 0
         self._serving: bool | None = None
@@ -130,10 +140,11 @@ class Router:
             from prometheus_client import start_http_server
             start_http_server(c.metrics_port, addr=c.host, registry=self.metrics.registry)
             log.info("metrics on http://%s:%d/metrics", c.host, c.metrics_port)
-        for r in self.replicas:
+        for r in self.replicas + self.prefill:
             r.start()
-        log.info("jaxserve router listening on %s:%d (%s), policy %s, replicas %s", c.host, self.port,
-                 "TLS" if c.tls_cert else "plaintext", c.policy, ", ".join(r.target for r in self.replicas))
+        log.info("jaxserve router listening on %s:%d (%s), policy %s, replicas %s%s", c.host, self.port,
+                 "TLS" if c.tls_cert else "plaintext", c.policy, ", ".join(r.target for r in self.replicas),
+                 f"; prefill engines {', '.join(r.target for r in self.prefill)}" if self.prefill else "")
         return self.port
 
     async def stop(self) -> None:
@@ -150,7 +161,7 @@ class Router:
                 break
         if self.server is not None:
             await self.server.stop(1.0)     # cancels what is left: their replica calls are cancelled
-        for r in self.replicas:
+        for r in self.replicas + self.prefill:
             await r.close()
         if self.tokenizer is not None:
             self.tokenizer.close()

@@ -29,6 +29,7 @@ from typing import Callable, Sequence
 import grpc
 from grpc import aio
 
+from jaxserve.router import disagg
 from jaxserve.router.metrics import RouterMetrics
 from jaxserve.router.policy import Policy
 from jaxserve.router.replica import Replica
@@ -48,8 +49,9 @@ _SUMMED = ("num_kv_blocks_total", "num_kv_blocks_free", "num_kv_blocks_cached", 
 class RouterState:
     """What the servicer, health and shutdown share."""
 
-    def __init__(self, replicas: Sequence[Replica]):
+    def __init__(self, replicas: Sequence[Replica], prefill: Sequence[Replica] = ()):
         self.replicas = list(replicas)
+        self.prefill = list(prefill)    # disaggregated serving: the prefill engines (router/disagg.py)
         self.draining = False
         self.active_streams = 0
         self.streams_changed = asyncio.Event()
@@ -57,24 +59,31 @@ class RouterState:
     def serving(self) -> list[Replica]:
         return [r for r in self.replicas if r.serving]
 
+    def all_replicas(self) -> list[Replica]:
+        return self.replicas + self.prefill
+
 
 class RouterServicer(pb_grpc.GenerationServicer):
     def __init__(self, state: RouterState, policy: Policy, tokenizer: PromptTokenizer | None, *,
                  max_concurrent_streams: int = 256, metrics: RouterMetrics | None = None,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, prefill_threshold_tokens: int = 0):
         self.state = state
         self.policy = policy
         self.tokenizer = tokenizer
         self.max_concurrent_streams = max_concurrent_streams
         self.metrics = metrics
         self.clock = clock
+        self.prefill_threshold_tokens = prefill_threshold_tokens
         self.live: dict[str, Replica] = {}     # request id -> the replica serving it now
         self._model_info: pb.ModelInfo | None = None
 
     # ---- routing ----
-    def choose(self, salt: str | None, ids: list[int], exclude: set[int]) -> tuple[Replica | None, int]:
-        """(the replica for this request, the prefix its index matched); None when none is left."""
-        candidates = [r for r in self.state.serving() if id(r) not in exclude]
+    def choose(self, salt: str | None, ids: list[int], exclude: set[int],
+               pool: Sequence[Replica] | None = None) -> tuple[Replica | None, int]:
+        """(the replica for this request, the prefix its index matched); None when none is left.
+        `pool`: choose among these (the prefill engines) instead of the serving replicas."""
+        pool = self.state.serving() if pool is None else [r for r in pool if r.serving]
+        candidates = [r for r in pool if id(r) not in exclude]
         if not candidates:
             return None, 0
         views = [r.view(salt, ids) for r in candidates]
@@ -132,6 +141,8 @@ class RouterServicer(pb_grpc.GenerationServicer):
             fwd = pb.GenerateRequest()
             fwd.CopyFrom(request)
         fwd.request_id = request_id
+        if self.state.prefill and disagg.wants_prefill_hop(fwd, ids, self.prefill_threshold_tokens):
+            await self._prefill_hop(fwd, ids, salt, request_id, context)
         tried: set[int] = set()
         streamed = False
         last_error: grpc.RpcError | None = None
@@ -183,6 +194,21 @@ class RouterServicer(pb_grpc.GenerationServicer):
             if self.metrics is not None:
                 self.metrics.e2e.observe(self.clock() - arrival)
 
+    async def _prefill_hop(self, fwd: pb.GenerateRequest, ids: list[int], salt: str | None, request_id: str,
+                           context) -> None:
+        """Disaggregated serving: the prompt's KV from a prefill engine, named in fwd.kv_transfer."""
+        replica, _ = self.choose(salt, ids, set(), pool=self.state.prefill)
+        if replica is None:
+            return
+        self.live[request_id] = replica      # an Abort meanwhile reaches it
+        try:
+            remote = await disagg.run_prefill(self, replica, fwd, context)
+        finally:
+            if self.live.get(request_id) is replica:
+                del self.live[request_id]
+        if remote is not None:
+            fwd.kv_transfer.load.CopyFrom(remote)
+
     # ---- the unary calls ----
     async def Abort(self, request: pb.AbortRequest, context) -> pb.AbortResponse:
         by_replica: dict[int, tuple[Replica, list[str]]] = {}
@@ -213,10 +239,11 @@ class RouterServicer(pb_grpc.GenerationServicer):
         return self._model_info
 
     async def GetServerInfo(self, request, context) -> pb.ServerInfo:
-        infos = await asyncio.gather(*(self._replica_info(r) for r in self.state.replicas))
+        replicas = self.state.all_replicas()
+        infos = await asyncio.gather(*(self._replica_info(r) for r in replicas))
         out = pb.ServerInfo(active_streams=self.state.active_streams, state=self.phase())
         weighted_hits = 0.0
-        for r, info in zip(self.state.replicas, infos):
+        for r, info in zip(replicas, infos):
             out.replicas.append(pb.ReplicaInfo(target=r.target, health=r.health, info=info,
                                                routed_requests=r.routed_requests, in_flight=r.in_flight,
                                                indexed_tokens=r.index.num_tokens))

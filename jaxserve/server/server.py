@@ -119,6 +119,10 @@ async def run_server(config: ServerConfig, engine_config: EngineConfig, *, progr
                      build_engine: Callable | None = None, hard_exit_during_warmup: bool = False) -> int:
     state = ServerState()
     metrics = ServerMetrics(lambda: state.aengine.snapshot if state.aengine is not None else None)
+    if getattr(engine_config, "role", "both") != "both":
+        from jaxserve.disagg.metrics import DisaggCollector
+
+        metrics.registry.register(DisaggCollector(lambda: state.aengine.engine if state.aengine is not None else None))
     max_message_bytes = config.max_message_bytes
     if max_message_bytes is None:
         max_message_bytes = message_bytes_limit(engine_config.max_model_len or DEFAULT_MAX_MODEL_LEN_BOUND)
@@ -154,7 +158,7 @@ async def run_server(config: ServerConfig, engine_config: EngineConfig, *, progr
         from jaxserve.engine.builder import build_engine as default_build
         build_engine = default_build
     t0 = time.perf_counter()
-    built = _build_in_thread(lambda: build_engine(engine_config, progress=progress))
+    built = _build_in_thread(lambda: _with_role(build_engine(engine_config, progress=progress), engine_config))
     stopper = asyncio.ensure_future(stop.wait())
     await asyncio.wait({built, stopper}, return_when=asyncio.FIRST_COMPLETED)
     if not built.done():      # a signal during warmup: nothing is in flight
@@ -183,6 +187,7 @@ async def run_server(config: ServerConfig, engine_config: EngineConfig, *, progr
     from jaxserve.engine.async_engine import AsyncEngine
     state.aengine = AsyncEngine(engine, on_dead=on_dead)
     state.aengine.start()
+    reaper = _lease_reaper(state.aengine, engine_config)
     state.phase = Phase.SERVING
     if grpc_front is not None:
         await grpc_front.set_health(SERVING)
@@ -193,8 +198,30 @@ async def run_server(config: ServerConfig, engine_config: EngineConfig, *, progr
              engine.checkpoint_identity[:12], time.perf_counter() - t0, f"; {timings.describe()}" if timings else "")
 
     await stopper
+    if reaper is not None:
+        reaper.cancel()
     await _drain(state, grpc_front, http, config.grace_period)
     return 0
+
+
+def _with_role(engine, engine_config: EngineConfig):
+    """A prefill or decode engine gets its KV connector (jaxserve/disagg/attach.py)."""
+    role = getattr(engine_config, "role", "both")
+    if role != "both":
+        from jaxserve.disagg.attach import attach_disagg
+
+        attach_disagg(engine, role, lease_s=engine_config.kv_lease_s, load_timeout_s=engine_config.kv_load_timeout_s,
+                      failure_policy=engine_config.kv_load_failure_policy)
+    return engine
+
+
+def _lease_reaper(aengine, engine_config: EngineConfig):
+    """A prefill engine frees expired leases even while idle."""
+    if getattr(engine_config, "role", "both") != "prefill":
+        return None
+    from jaxserve.disagg.service import reap_leases
+
+    return asyncio.ensure_future(reap_leases(aengine, min(1.0, engine_config.kv_lease_s / 4)))
 
 
 @dataclass

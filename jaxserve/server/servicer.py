@@ -25,6 +25,7 @@ from jaxserve.server.metrics import ServerMetrics
 from jaxserve.server.proto import generation_pb2 as pb
 from jaxserve.server.proto import generation_pb2_grpc as pb_grpc
 from jaxserve.server.sample_deltas import SampleDeltas
+from jaxserve.sched.kv_connector import KVLoadFailed, RemoteKV
 
 try:   # the scheduler's "waiting queue full"; older trees have no such error
     from jaxserve.sched.errors import Overloaded
@@ -105,13 +106,17 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         last = None
         refused = False       # never ran: its latency is not a request's latency
         sent = _SentPerSample(params.n)
+        kv_transfer = _kv_transfer(request)
         try:
             stream = aengine.generate(prompt, params, request_id=request.request_id or None,
-                                      priority=request.priority, arrival_time=arrival)
+                                      priority=request.priority, arrival_time=arrival,
+                                      **({"kv_transfer": kv_transfer} if kv_transfer is not None else {}))
             try:
                 async for out in stream:
                     last = out
                     for response in sent.responses(out):
+                        if kv_transfer == "send" and response.HasField("complete"):
+                            await self._attach_lease(aengine, out.request_id, response)
                         yield response
             finally:
                 await stream.aclose()   # on cancel: aborts the request before the next step
@@ -122,6 +127,8 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         except Overloaded as e:
             refused = True
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        except KVLoadFailed as e:   # the prompt's KV never came and the policy is "fail"
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         except EngineDeadError as e:
             await context.abort(grpc.StatusCode.INTERNAL, str(e))
         except EngineStoppedError as e:
@@ -138,6 +145,13 @@ class GenerationServicer(pb_grpc.GenerationServicer):
                 self.metrics.observe(last.metrics if last is not None else None, arrival_time=arrival,
                                      ended_at=time.perf_counter())
 
+    async def _attach_lease(self, aengine: AsyncEngine, request_id: str, response: pb.GenerateResponse) -> None:
+        from jaxserve.disagg.service import lease_of
+
+        lease = await aengine.call(lambda e: lease_of(e, request_id))
+        if lease is not None:     # none when the request was aborted: nothing was held
+            response.complete.kv_lease.CopyFrom(lease)
+
     async def _render_chat(self, aengine: AsyncEngine, request: pb.GenerateRequest) -> dict:
         salt = request.cache_salt if request.HasField("cache_salt") else None
         return await render_chat(aengine, convert.chat_messages(request.chat), field="chat.messages",
@@ -147,6 +161,23 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         aengine = await self._engine(context)
         await aengine.abort(list(request.request_ids))
         return pb.AbortResponse()
+
+    # ---- disaggregated prefill and decode: the sending side (jaxserve/disagg/service.py) ----
+    async def GetKVLayout(self, request, context) -> pb.KVLayout:
+        from jaxserve.disagg.service import get_kv_layout
+
+        return await get_kv_layout(await self._engine(context), context)
+
+    async def PullKV(self, request, context):
+        from jaxserve.disagg.service import pull_kv
+
+        async for msg in pull_kv(await self._engine(context), request, context):
+            yield msg
+
+    async def KVLeaseControl(self, request, context) -> pb.KVLeaseReply:
+        from jaxserve.disagg.service import kv_lease_control
+
+        return await kv_lease_control(await self._engine(context), request, context)
 
     async def GetModelInfo(self, request, context) -> pb.ModelInfo:
         aengine = self.state.aengine
@@ -166,6 +197,19 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         except (EngineDeadError, EngineStoppedError):
             stats = aengine.snapshot.stats
         return convert.server_info(stats, active_streams=self.state.active_streams, state=self.state.phase.value)
+
+
+def _kv_transfer(request: pb.GenerateRequest):
+    """"send", a RemoteKV to load, or None (a colocated request)."""
+    if not request.HasField("kv_transfer"):
+        return None
+    which = request.kv_transfer.WhichOneof("direction")
+    if which == "send":
+        return "send" if request.kv_transfer.send else None
+    if which == "load":
+        m = request.kv_transfer.load
+        return RemoteKV(m.peer, m.transfer_id, m.generation, m.num_tokens)
+    return None
 
 
 class _SentPerSample:

@@ -94,7 +94,7 @@ class ChoiceList(_message.Message):
     def __init__(self, choices: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "text", "token_ids", "chat", "sampling_params", "priority", "cache_salt")
+    __slots__ = ("request_id", "text", "token_ids", "chat", "sampling_params", "priority", "cache_salt", "kv_transfer")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -102,6 +102,7 @@ class GenerateRequest(_message.Message):
     SAMPLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
+    KV_TRANSFER_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     token_ids: TokenIds
@@ -109,7 +110,102 @@ class GenerateRequest(_message.Message):
     sampling_params: SamplingParams
     priority: int
     cache_salt: str
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[Chat, _Mapping]] = ..., sampling_params: _Optional[_Union[SamplingParams, _Mapping]] = ..., priority: _Optional[int] = ..., cache_salt: _Optional[str] = ...) -> None: ...
+    kv_transfer: KVTransfer
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[Chat, _Mapping]] = ..., sampling_params: _Optional[_Union[SamplingParams, _Mapping]] = ..., priority: _Optional[int] = ..., cache_salt: _Optional[str] = ..., kv_transfer: _Optional[_Union[KVTransfer, _Mapping]] = ...) -> None: ...
+
+class KVTransfer(_message.Message):
+    __slots__ = ("send", "load")
+    SEND_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    send: bool
+    load: RemoteKV
+    def __init__(self, send: _Optional[bool] = ..., load: _Optional[_Union[RemoteKV, _Mapping]] = ...) -> None: ...
+
+class RemoteKV(_message.Message):
+    __slots__ = ("peer", "transfer_id", "generation", "num_tokens")
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    peer: str
+    transfer_id: str
+    generation: int
+    num_tokens: int
+    def __init__(self, peer: _Optional[str] = ..., transfer_id: _Optional[str] = ..., generation: _Optional[int] = ..., num_tokens: _Optional[int] = ...) -> None: ...
+
+class KVLease(_message.Message):
+    __slots__ = ("transfer_id", "generation", "num_tokens", "lease_s")
+    TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_S_FIELD_NUMBER: _ClassVar[int]
+    transfer_id: str
+    generation: int
+    num_tokens: int
+    lease_s: float
+    def __init__(self, transfer_id: _Optional[str] = ..., generation: _Optional[int] = ..., num_tokens: _Optional[int] = ..., lease_s: _Optional[float] = ...) -> None: ...
+
+class GetKVLayoutRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class KVLayout(_message.Message):
+    __slots__ = ("block_size", "kv_dtype", "num_layers", "num_kv_heads", "head_dim", "checkpoint_identity", "role")
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    KV_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    NUM_KV_HEADS_FIELD_NUMBER: _ClassVar[int]
+    HEAD_DIM_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    block_size: int
+    kv_dtype: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    checkpoint_identity: str
+    role: str
+    def __init__(self, block_size: _Optional[int] = ..., kv_dtype: _Optional[str] = ..., num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., checkpoint_identity: _Optional[str] = ..., role: _Optional[str] = ...) -> None: ...
+
+class PullKVRequest(_message.Message):
+    __slots__ = ("transfer_id", "generation", "first_block", "num_blocks")
+    TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    FIRST_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    transfer_id: str
+    generation: int
+    first_block: int
+    num_blocks: int
+    def __init__(self, transfer_id: _Optional[str] = ..., generation: _Optional[int] = ..., first_block: _Optional[int] = ..., num_blocks: _Optional[int] = ...) -> None: ...
+
+class KVBlocks(_message.Message):
+    __slots__ = ("generation", "first_block", "num_blocks", "data")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    FIRST_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    first_block: int
+    num_blocks: int
+    data: bytes
+    def __init__(self, generation: _Optional[int] = ..., first_block: _Optional[int] = ..., num_blocks: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class KVLeaseRequest(_message.Message):
+    __slots__ = ("transfer_id", "generation", "release")
+    TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    transfer_id: str
+    generation: int
+    release: bool
+    def __init__(self, transfer_id: _Optional[str] = ..., generation: _Optional[int] = ..., release: _Optional[bool] = ...) -> None: ...
+
+class KVLeaseReply(_message.Message):
+    __slots__ = ("live",)
+    LIVE_FIELD_NUMBER: _ClassVar[int]
+    live: bool
+    def __init__(self, live: _Optional[bool] = ...) -> None: ...
 
 class Chunk(_message.Message):
     __slots__ = ("token_ids", "text", "index")
@@ -122,20 +218,22 @@ class Chunk(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., index: _Optional[int] = ...) -> None: ...
 
 class Complete(_message.Message):
-    __slots__ = ("finish_reason", "stop_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "index")
+    __slots__ = ("finish_reason", "stop_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "index", "kv_lease")
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     STOP_REASON_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
+    KV_LEASE_FIELD_NUMBER: _ClassVar[int]
     finish_reason: str
     stop_reason: str
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
     index: int
-    def __init__(self, finish_reason: _Optional[str] = ..., stop_reason: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., index: _Optional[int] = ...) -> None: ...
+    kv_lease: KVLease
+    def __init__(self, finish_reason: _Optional[str] = ..., stop_reason: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., index: _Optional[int] = ..., kv_lease: _Optional[_Union[KVLease, _Mapping]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("request_id", "chunk", "complete")

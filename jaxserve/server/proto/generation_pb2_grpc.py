@@ -54,6 +54,21 @@ class GenerationStub:
                 request_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.GetServerInfoRequest.SerializeToString,
                 response_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.ServerInfo.FromString,
                 _registered_method=True)
+        self.GetKVLayout = channel.unary_unary(
+                '/jaxserve.v1.Generation/GetKVLayout',
+                request_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.GetKVLayoutRequest.SerializeToString,
+                response_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.KVLayout.FromString,
+                _registered_method=True)
+        self.PullKV = channel.unary_stream(
+                '/jaxserve.v1.Generation/PullKV',
+                request_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.PullKVRequest.SerializeToString,
+                response_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.KVBlocks.FromString,
+                _registered_method=True)
+        self.KVLeaseControl = channel.unary_unary(
+                '/jaxserve.v1.Generation/KVLeaseControl',
+                request_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.KVLeaseRequest.SerializeToString,
+                response_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.KVLeaseReply.FromString,
+                _registered_method=True)
 
 
 class GenerationServicer:
@@ -86,6 +101,28 @@ class GenerationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetKVLayout(self, request, context):
+        """Disaggregated prefill and decode (docs/design.md): a decode engine pulls the KV blocks a
+        prefill engine holds under a lease, after checking the two engines' KV layouts match.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PullKV(self, request, context):
+        """Streams the blocks of a live lease; NOT_FOUND when the lease (that generation) is gone.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def KVLeaseControl(self, request, context):
+        """The receiver's heartbeat (extends the lease) or acknowledgement (releases its blocks).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GenerationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -108,6 +145,21 @@ def add_GenerationServicer_to_server(servicer, server):
                     servicer.GetServerInfo,
                     request_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.GetServerInfoRequest.FromString,
                     response_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.ServerInfo.SerializeToString,
+            ),
+            'GetKVLayout': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetKVLayout,
+                    request_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.GetKVLayoutRequest.FromString,
+                    response_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.KVLayout.SerializeToString,
+            ),
+            'PullKV': grpc.unary_stream_rpc_method_handler(
+                    servicer.PullKV,
+                    request_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.PullKVRequest.FromString,
+                    response_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.KVBlocks.SerializeToString,
+            ),
+            'KVLeaseControl': grpc.unary_unary_rpc_method_handler(
+                    servicer.KVLeaseControl,
+                    request_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.KVLeaseRequest.FromString,
+                    response_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.KVLeaseReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -218,6 +270,87 @@ class Generation:
             '/jaxserve.v1.Generation/GetServerInfo',
             jaxserve_dot_server_dot_proto_dot_generation__pb2.GetServerInfoRequest.SerializeToString,
             jaxserve_dot_server_dot_proto_dot_generation__pb2.ServerInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetKVLayout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/jaxserve.v1.Generation/GetKVLayout',
+            jaxserve_dot_server_dot_proto_dot_generation__pb2.GetKVLayoutRequest.SerializeToString,
+            jaxserve_dot_server_dot_proto_dot_generation__pb2.KVLayout.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PullKV(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/jaxserve.v1.Generation/PullKV',
+            jaxserve_dot_server_dot_proto_dot_generation__pb2.PullKVRequest.SerializeToString,
+            jaxserve_dot_server_dot_proto_dot_generation__pb2.KVBlocks.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def KVLeaseControl(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/jaxserve.v1.Generation/KVLeaseControl',
+            jaxserve_dot_server_dot_proto_dot_generation__pb2.KVLeaseRequest.SerializeToString,
+            jaxserve_dot_server_dot_proto_dot_generation__pb2.KVLeaseReply.FromString,
             options,
             channel_credentials,
             insecure,

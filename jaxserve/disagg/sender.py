@@ -1,0 +1,61 @@
+"""The sending side: blocks of finished prefills held under leases, gathered when a receiver
+pulls them. Runs on the engine's step thread only (the server hops there with AsyncEngine.call),
+so the scheduler's pool is never touched from two threads."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from jaxserve.disagg.lease import Lease, LeaseTable
+from jaxserve.sched.kv_connector import HeldBlocks
+
+
+class LeaseGone(LookupError):
+    """No live lease of that transfer id and generation (released, expired, or never granted)."""
+
+
+class KVSender:
+    def __init__(self, transfer, free_held: Callable[[HeldBlocks], None], lease_s: float,
+                 clock: Callable[[], float] = time.monotonic):
+        self.transfer = transfer          # runner/kv_transfer.py
+        self._free_held = free_held       # Scheduler.free_held_blocks
+        self.leases = LeaseTable(lease_s, clock)
+        self.bytes_sent = 0
+
+    def hold(self, held: HeldBlocks) -> Lease:
+        lease, old = self.leases.grant(held.request_id, held)
+        if old is not None:
+            self._free_held(old.held)
+        return lease
+
+    def lease_of(self, transfer_id: str) -> Lease | None:
+        return self.leases.current(transfer_id)
+
+    def gather(self, transfer_id: str, generation: int, first_block: int, num_blocks: int):
+        """Start copying blocks [first_block, first_block + num_blocks) of a live lease into a
+        contiguous device buffer (padded to its bucket). Raises LeaseGone."""
+        lease = self.leases.get(transfer_id, generation)
+        if lease is None:
+            raise LeaseGone(f"no live KV lease {transfer_id!r} generation {generation} (released or expired)")
+        ids = lease.held.block_ids
+        if first_block < 0 or num_blocks < 1 or first_block + num_blocks > len(ids):
+            raise ValueError(f"blocks [{first_block}, {first_block + num_blocks}) of a lease of {len(ids)} blocks")
+        self.leases.extend(transfer_id, generation)   # a pull is a sign of life too
+        return self.transfer.gather(ids[first_block:first_block + num_blocks])
+
+    def heartbeat(self, transfer_id: str, generation: int) -> bool:
+        return self.leases.extend(transfer_id, generation)
+
+    def release(self, transfer_id: str, generation: int) -> bool:
+        lease = self.leases.release(transfer_id, generation)
+        if lease is not None:
+            self._free_held(lease.held)
+        return lease is not None
+
+    def expire(self) -> int:
+        """Free the blocks of every lease past its time; returns how many expired."""
+        gone = self.leases.expire()
+        for lease in gone:
+            self._free_held(lease.held)
+        return len(gone)
