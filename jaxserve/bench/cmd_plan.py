@@ -10,6 +10,13 @@ both axes to [0, 1] and take the point farthest above the straight line from the
 the last. If L exceeds the knee batch, one engine runs past its knee: the plan says how many
 engines keep each at or under it, and whether the token rate (R x output tokens) fits the
 measured peak.
+
+The transfer rule (disaggregated prefill and decode, `--link-gbps`): a prompt of L tokens moves
+L x (KV bytes per token) from the prefill engine to the decode engine, where KV bytes per token =
+2 (K and V) x layers x KV heads x head size x bytes per element, from the model's config. At a
+link of B Gbit/s that takes L x bytes / (B / 8 x 1e9) s, plus the link's per-transfer latency.
+Disaggregation pays when that is a small share of the latency target (rule of thumb: under 5%);
+the plan gives the time and share per prompt length and the longest prompt under 5%.
 """
 
 from __future__ import annotations
@@ -29,6 +36,16 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--results", default=None, help="a `bench latency` result JSON with a batch-size sweep")
     p.add_argument("--backend", default="jaxserve", help="which backend's curve to use")
     p.add_argument("--output-len", type=float, default=None, help="mean output tokens per request (token-rate check)")
+    t = p.add_argument_group("KV transfer (disaggregated prefill and decode)")
+    t.add_argument("--link-gbps", type=float, default=None, help="link bandwidth between prefill and decode engines")
+    t.add_argument("--link-latency-ms", type=float, default=0.5, help="fixed cost of one transfer (handshake, RTTs)")
+    t.add_argument("--model-config", default=None,
+                   help="the model's HF config.json (or its directory), for KV bytes per token")
+    t.add_argument("--kv-bytes-per-element", type=float, default=2.0,
+                   help="2 for bfloat16, 4 for float32, 1 for an fp8/int8 KV cache")
+    t.add_argument("--kv-bytes-per-token", type=float, default=None, help="instead of --model-config")
+    t.add_argument("--latency-target-ms", type=float, default=1000.0, help="the TTFT target the transfer is part of")
+    t.add_argument("--prompt-lens", default="128,512,2048,8192,32768", help="prompt lengths to tabulate")
     set_command(p, run)
     return p
 
@@ -65,6 +82,59 @@ def plan(rate: float, duration: float, sweep: list[dict[str, Any]] | None = None
     return out
 
 
+PAYS_SHARE = 0.05      # the rule of thumb: the transfer under 5% of the latency target
+
+
+def kv_bytes_per_token(config: dict[str, Any], bytes_per_element: float) -> float:
+    """2 (K and V) x layers x KV heads x head size x bytes per element, from an HF config."""
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    kv_heads = config.get("num_key_value_heads") or heads
+    return 2 * config["num_hidden_layers"] * kv_heads * head_dim * bytes_per_element
+
+
+def transfer_plan(bytes_per_token: float, link_gbps: float, latency_target_s: float, prompt_lens: list[int],
+                  link_latency_s: float = 0.0) -> dict[str, Any]:
+    """Transfer time and its share of the latency target per prompt length, and a verdict."""
+    if not bytes_per_token > 0 or not link_gbps > 0 or not latency_target_s > 0 or link_latency_s < 0:
+        raise ValueError(f"need bytes per token, link Gbit/s and latency target > 0, got {bytes_per_token}, "
+                         f"{link_gbps}, {latency_target_s}")
+    bytes_per_s = link_gbps / 8 * 1e9
+    rows = []
+    for n in prompt_lens:
+        seconds = link_latency_s + n * bytes_per_token / bytes_per_s
+        share = seconds / latency_target_s
+        verdict = "pays" if share < PAYS_SHARE else ("marginal" if share < 4 * PAYS_SHARE else "does not pay")
+        rows.append({"prompt_len": n, "bytes": n * bytes_per_token, "transfer_s": seconds, "share": share,
+                     "verdict": verdict})
+    budget = PAYS_SHARE * latency_target_s - link_latency_s
+    longest = max(0, math.floor(budget * bytes_per_s / bytes_per_token)) if budget > 0 else 0
+    return {"kv_bytes_per_token": bytes_per_token, "link_gbps": link_gbps, "latency_target_s": latency_target_s,
+            "rows": rows, "longest_prompt_that_pays": longest}
+
+
+def _bytes_per_token(args: argparse.Namespace) -> float | None:
+    if args.kv_bytes_per_token is not None:
+        return args.kv_bytes_per_token
+    if args.model_config is None:
+        return None
+    import json
+    import os
+
+    path = os.path.join(args.model_config, "config.json") if os.path.isdir(args.model_config) else args.model_config
+    with open(path) as f:
+        return kv_bytes_per_token(json.load(f), args.kv_bytes_per_element)
+
+
+def _print_transfer(t: dict[str, Any]) -> None:
+    print(f"KV transfer: {t['kv_bytes_per_token']:.0f} bytes/token over {t['link_gbps']:g} Gbit/s, "
+          f"against a {t['latency_target_s'] * 1e3:g} ms target")
+    for r in t["rows"]:
+        print(f"  prompt {r['prompt_len']:>6}: {r['bytes'] / 2**20:9.2f} MiB in {r['transfer_s'] * 1e3:8.2f} ms = "
+              f"{100 * r['share']:6.2f}% of the target: {r['verdict']}")
+    print(f"  longest prompt under {100 * PAYS_SHARE:g}% of the target: {t['longest_prompt_that_pays']} tokens")
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     sweep = None
     if args.results:
@@ -85,4 +155,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               + (f" -> {p['engines_for_token_rate']} engine(s) at the knee's rate" if "engines_for_token_rate" in p else ""))
     if sweep is None:
         print("(give --results LATENCY_SWEEP.json to compare with a measured knee)")
+    if args.link_gbps is not None:
+        bpt = _bytes_per_token(args)
+        if bpt is None:
+            raise SystemExit("--link-gbps needs --model-config CONFIG.json or --kv-bytes-per-token")
+        lens = [int(x) for x in args.prompt_lens.split(",") if x]
+        p["kv_transfer"] = transfer_plan(bpt, args.link_gbps, args.latency_target_ms / 1e3, lens,
+                                         args.link_latency_ms / 1e3)
+        _print_transfer(p["kv_transfer"])
     return p

@@ -44,3 +44,29 @@ def test_the_jaxserve_cli_mounts_plan_and_exits_zero(capsys):
 
     assert main(["plan", "--rate", "1.5", "--duration", "2"]) == 0
     assert "3.0 requests in flight" in capsys.readouterr().out
+
+
+def test_the_transfer_rule_prices_kv_bytes_over_the_link():
+    from jaxserve.bench.cmd_plan import kv_bytes_per_token, transfer_plan
+
+    # SmolLM2-135M: 30 layers, 3 KV heads of 64 -> 2 x 30 x 3 x 64 x 2 bytes (bfloat16)
+    smol = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576}
+    assert kv_bytes_per_token(smol, 2) == 23040
+    t = transfer_plan(23040, 100.0, 1.0, [1000, 100_000])      # 100 Gbit/s = 12.5 GB/s
+    small, big = t["rows"]
+    assert small["transfer_s"] == 1000 * 23040 / 12.5e9 and small["verdict"] == "pays"
+    assert big["share"] == 100_000 * 23040 / 12.5e9 and big["verdict"] == "marginal"
+    assert t["longest_prompt_that_pays"] == int(0.05 * 12.5e9 // 23040)
+
+
+def test_plan_prints_the_transfer_table(capsys, tmp_path):
+    import json
+
+    from jaxserve.cli import main
+
+    (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 2, "num_attention_heads": 4,
+                                                      "num_key_value_heads": 2, "hidden_size": 64}))
+    assert main(["plan", "--rate", "1", "--duration", "1", "--link-gbps", "1", "--model-config", str(tmp_path),
+                 "--latency-target-ms", "100", "--prompt-lens", "100,100000"]) == 0
+    out = capsys.readouterr().out
+    assert "256 bytes/token" in out and "pays" in out and "does not pay" in out
