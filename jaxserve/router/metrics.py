@@ -59,6 +59,10 @@ class RouterMetrics:
                                       "prompt tokens the chosen replica's prefix index matched", registry=r)
         self.retries = Counter("jaxserve_router_retries", "requests sent to another replica",
                                labelnames=["reason"], registry=r)
+        self.prefill_hops = Counter("jaxserve_router_prefill_hops",
+                                    "requests sent to a prefill engine first (--prefill), by outcome: kv_handed_over, "
+                                    "or prefill_unavailable (the decode engine prefilled it)",
+                                    labelnames=["outcome"], registry=r)
         self.ttft = Histogram("jaxserve_time_to_first_token_seconds", "arrival at the router to first token",
                               buckets=_LATENCY_BUCKETS, registry=r)
         self.e2e = Histogram("jaxserve_e2e_request_latency_seconds", "arrival at the router to the end",

@@ -198,16 +198,18 @@ class RouterServicer(pb_grpc.GenerationServicer):
                            context) -> None:
         """Disaggregated serving: the prompt's KV from a prefill engine, named in fwd.kv_transfer."""
         replica, _ = self.choose(salt, ids, set(), pool=self.state.prefill)
-        if replica is None:
-            return
-        self.live[request_id] = replica      # an Abort meanwhile reaches it
-        try:
-            remote = await disagg.run_prefill(self, replica, fwd, context)
-        finally:
-            if self.live.get(request_id) is replica:
-                del self.live[request_id]
+        remote = None
+        if replica is not None:
+            self.live[request_id] = replica      # an Abort meanwhile reaches it
+            try:
+                remote = await disagg.run_prefill(self, replica, fwd, context)
+            finally:
+                if self.live.get(request_id) is replica:
+                    del self.live[request_id]
         if remote is not None:
             fwd.kv_transfer.load.CopyFrom(remote)
+        if self.metrics is not None:
+            self.metrics.prefill_hops.labels("kv_handed_over" if remote is not None else "prefill_unavailable").inc()
 
     # ---- the unary calls ----
     async def Abort(self, request: pb.AbortRequest, context) -> pb.AbortResponse:

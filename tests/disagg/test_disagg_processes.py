@@ -123,6 +123,8 @@ def test_behind_the_router_outputs_equal_a_colocated_engine(prefill, decode, tin
         assert not any(k.startswith("jaxserve_kv_load_fallbacks_total") for k in m), m
         assert_blocks_whole(prefill, decode)
         assert metrics(prefill)["jaxserve_kv_leases_released_total"] == hops
+        text = urllib.request.urlopen(f"http://127.0.0.1:{router.metrics_port}/metrics", timeout=10).read().decode()
+        assert f'jaxserve_router_prefill_hops_total{{outcome="kv_handed_over"}} {float(hops)}' in text
     finally:
         assert router.stop() == 0, router.log()
         colocated.kill()
@@ -180,7 +182,16 @@ def test_a_killed_prefill_engine_costs_unavailable_or_a_recompute_by_policy(pref
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE and "KV load failed" in e.value.details()
         got, _ = _tokens(decode.target, _load(ids + [5], b, "killed-2"))
         assert got == _tokens(decode.target, _request(ids + [5]))[0]
-        assert want  # the reference ran
+        # behind the router, a dead prefill engine costs the prefill hop, not the answer
+        router = RouterProcess([], tmp_path_factory.mktemp("pd-router-dead") / "router.log", "--prefill",
+                               prefill.target, "--decode", decode.target, "--model", tiny_llama_dir)
+        try:
+            router.wait_serving()
+            assert _tokens(router.target, _request(ids))[0] == want
+            text = urllib.request.urlopen(f"http://127.0.0.1:{router.metrics_port}/metrics", timeout=10).read()
+            assert b'jaxserve_router_prefill_hops_total{outcome="prefill_unavailable"} 1.0' in text
+        finally:
+            assert router.stop() == 0, router.log()
         assert_blocks_whole(strict, decode)
     finally:
         strict.kill()

@@ -139,3 +139,33 @@ def test_transfer_buckets_cover_every_request():
     assert bucket_sizes(32) == (1, 2, 4, 8, 16, 32)
     assert bucket_sizes(24) == (1, 2, 4, 8, 16, 24)
     assert bucket_sizes(1) == (1,)
+
+
+def test_an_idle_prefill_engine_still_expires_its_leases():
+    """The server's reaper hops to the step thread (AsyncEngine.call) and expires what is due,
+    whether or not the engine has work."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from jaxserve.disagg.service import reap_leases
+
+    clock, freed = Clock(), []
+    sender = KVSender(transfer=None, free_held=freed.append, lease_s=5.0, clock=clock)
+    lease = sender.hold(HeldBlocks("r", (1, 2)))
+    engine = SimpleNamespace(kv_connector=SimpleNamespace(sender=sender))
+
+    class FakeAsyncEngine:
+        async def call(self, fn):
+            return fn(engine)
+
+    async def main():
+        task = asyncio.ensure_future(reap_leases(FakeAsyncEngine(), 0.001))
+        clock.t += 6
+        for _ in range(1000):
+            if freed:
+                break
+            await asyncio.sleep(0.001)
+        task.cancel()
+
+    asyncio.run(main())
+    assert freed == [lease.held] and sender.leases.num_expired == 1
