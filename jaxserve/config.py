@@ -90,6 +90,17 @@ class EngineConfig:
               "\"prompt_lookup_min\": 1, \"prompt_lookup_max\": 4}: guesses from the request's own tokens, verified "
               "in decode-only steps when the measured step times say they pay (default: off)",
         parse=SpeculativeConfig.parse)
+    tensor_parallel_size: int = _f(
+        1, "devices the model is split over (tensor parallelism: heads and MLP columns per device, one "
+           "all-reduce after attention and one after the MLP per layer); must divide the query heads and the "
+           "intermediate size, and divide or be a multiple of the KV heads (the error names the sizes that work)")
+    num_hosts: int = _f(
+        1, "processes (hosts) the mesh spans, joined by jax.distributed (or JAX_NUM_PROCESSES); rank 0 schedules and "
+           "serves, the others run its steps; tensor_parallel_size must then count every host's devices")
+    host_rank: int | None = _f(None, "this process's rank among num_hosts (or JAX_PROCESS_ID); 0 serves")
+    coordinator_address: str | None = _f(
+        None, "HOST:PORT of rank 0's coordination service, the same on every host (or JAX_COORDINATOR_ADDRESS)")
+    host_timeout_s: float = _f(30.0, "a host silent this long ends every other host with an error naming it")
     attention_impl: str = _f("auto", "attention implementation: auto, xla, reference, mosaic, triton, *_interpret")
     xla_optimization_level: int | None = _f(
         None, "XLA backend optimization level (tests use 0: half the compile time, slower steps)")
@@ -125,7 +136,8 @@ class EngineConfig:
             raise ValueError(f"quantization_group_size={self.quantization_group_size!r} must be 32 or 128")
         if self.kv_cache_dtype not in ("auto", "fp8_e4m3", "int8"):
             raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} must be one of auto, fp8_e4m3, int8")
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "prefill_tile", "starvation_steps"):
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "prefill_tile", "starvation_steps",
+                     "tensor_parallel_size"):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 raise ValueError(f"{name}={v!r} must be a positive integer")
@@ -133,6 +145,11 @@ class EngineConfig:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v <= 0):
                 raise ValueError(f"{name}={v!r} must be a positive integer or None")
+        if not isinstance(self.num_hosts, int) or self.num_hosts < 1:
+            raise ValueError(f"num_hosts={self.num_hosts!r} must be a positive integer")
+        if not (isinstance(self.host_timeout_s, (int, float)) and math.isfinite(self.host_timeout_s)
+                and self.host_timeout_s > 0):
+            raise ValueError(f"host_timeout_s={self.host_timeout_s!r} must be a finite number > 0")
         for name in ("max_num_partial_prefills", "max_waiting_requests", "swap_space"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:

@@ -13,6 +13,7 @@ every step is loaded and run once before the engine is returned; with "none" not
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Sequence
@@ -29,6 +30,10 @@ from jaxserve.engine.engine import Engine
 from jaxserve.engine.startup_timings import PhaseClock, StartupTimings
 from jaxserve.models.config import ModelConfig
 from jaxserve.models.params import params_from_hf
+from jaxserve.parallel.distributed import HostConfig, join, lead
+from jaxserve.parallel.layout import HeadLayout
+from jaxserve.parallel.mesh import make_mesh
+from jaxserve.parallel.sharding import place_params, to_shard_major
 from jaxserve.quant.prepare import prepare as prepare_quantization
 from jaxserve.quant.prepare import quant_request
 from jaxserve.runner.buckets import (RunnerShapes, default_decode_buckets, default_decode_only_buckets,
@@ -104,6 +109,10 @@ def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, 
     with a capped pool without compiling again."""
     if share_runner_of is not None:
         return _engine_on_shared_runner(config, share_runner_of)
+    # several hosts: join them first (jax.distributed must start before jax's backend does)
+    host_config = HostConfig.resolve(config.num_hosts, config.host_rank, config.coordinator_address,
+                                     config.host_timeout_s)
+    hosts = join(host_config) if host_config is not None else None
     clock = PhaseClock()
     enable_compilation_cache(config.compilation_cache_dir)
     cache_dir = config.cache_dir or None
@@ -115,13 +124,32 @@ def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, 
         ckpt = checkpoint              # loaded before this build: its time is not this build's
     model_config = ModelConfig.from_hf_config(ckpt.config)
     dtype = resolve_dtype(config.dtype)
+    tp = config.tensor_parallel_size
+    layout = HeadLayout.for_model(model_config, tp) if tp > 1 else None   # refuses sizes that do not divide
+    if layout is not None and config.speculative_config is not None and config.speculative_config.method == "draft_model":
+        raise ValueError("speculative decoding with a draft model is not built for tensor_parallel_size > 1 "
+                         "(n-gram speculation is)")
+    if hosts is not None and tp != jax.device_count():
+        raise ValueError(f"num_hosts={host_config.num_hosts}: tensor_parallel_size={tp} must count every host's "
+                         f"devices ({jax.device_count()})")
+    mesh = make_mesh(tp) if layout is not None else None
     with clock.phase("params"):
         # quantized weights (and the calibration pass fp8 and a quantized KV cache need): jaxserve/quant
         quant = prepare_quantization(ckpt, quant_request(config), model_config, jnp.dtype(dtype), cache_dir)
         ckpt = quant.checkpoint
-        params = jax.block_until_ready(params_from_hf(model_config, ckpt.tensors, jnp.dtype(dtype)))
-        if quant.kv_scales is not None:
-            params["kv_scales"] = {k: jnp.asarray(v) for k, v in quant.kv_scales.items()}
+        if layout is None:
+            params = jax.block_until_ready(params_from_hf(model_config, ckpt.tensors, jnp.dtype(dtype)))
+            if quant.kv_scales is not None:
+                params["kv_scales"] = {k: jnp.asarray(v) for k, v in quant.kv_scales.items()}
+        else:
+            # tensor parallel: the host arrays are laid out shard-major and each device gets its slice
+            host = params_from_hf(model_config, ckpt.tensors, jnp.dtype(dtype), on_host=True)
+            if quant.kv_scales is not None:
+                host["kv_scales"] = dict(quant.kv_scales)
+            params = jax.block_until_ready(place_params(to_shard_major(host, layout), mesh, model_config.vocab_size))
+            del host
+            # the runner's model has the replicated KV heads (parallel/layout.py)
+            model_config = dataclasses.replace(model_config, num_key_value_heads=layout.kv_heads)
 
     max_model_len = config.max_model_len or min(model_config.max_position_embeddings, MAX_DEFAULT_MODEL_LEN)
     if max_model_len > model_config.max_position_embeddings:
@@ -129,17 +157,27 @@ def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, 
                          f"{model_config.max_position_embeddings}")
     kv_memory = config.kv_cache_memory or DEFAULT_KV_CACHE_MEMORY
     arena = plan_arena(model_config, block_size=config.block_size, dtype=quant.kv_dtype or dtype,
-                       num_kv_blocks=config.num_kv_blocks, kv_cache_memory=kv_memory)
+                       num_kv_blocks=config.num_kv_blocks, kv_cache_memory=kv_memory, shards=tp)
     shapes = runner_shapes(config, max_model_len)
     with clock.phase("kv_arena"):
         runner = ModelRunner(model_config, params, arena, shapes, attention_impl=config.attention_impl,
                              xla_optimization_level=config.xla_optimization_level,
-                             num_host_blocks=config.swap_space // arena.bytes_per_block,
-                             executable_cache=_cache(ExecutableCache, cache_dir, "executables"),
+                             # several hosts: no swap (its start-up measurement runs outside the steps
+                             # the followers mirror); preemption recomputes
+                             num_host_blocks=0 if hosts is not None else config.swap_space // arena.bytes_per_block,
+                             executable_cache=_cache(ExecutableCache, cache_dir, "executables"), mesh=mesh,
                              coupled_with_draft=_uses_draft_model(config))
         jax.block_until_ready(runner.kv_caches)
     with clock.phase("executables"):
         runner.warm_helpers()
+    if hosts is not None:
+        if not hosts.config.is_leader:
+            log.info("host rank %d of %d: running the leader's steps", hosts.config.host_rank, hosts.config.num_hosts)
+            if config.warm_up == "all":
+                runner.load_executables(progress=progress)   # compiled here while rank 0 compiles its own
+            hosts.follow(runner)              # until rank 0 ends (or the watchdog ends this process)
+            raise SystemExit(0)
+        lead(hosts, runner)                   # from here every step rank 0 runs, the followers run too
     if config.warm_up == "all":
         report = warm_up(runner, progress=progress)
         clock.add("executables", report.load_seconds)

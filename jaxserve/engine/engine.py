@@ -306,7 +306,16 @@ class Engine:
             spec_num_draft_tokens=s.spec_num_draft_tokens,
             spec_num_accepted_tokens=s.spec_num_accepted_tokens,
             spec_num_verifications=s.spec_num_verifications,
+            **_mesh_stats(self.runner),
         )
+
+
+def _mesh_stats(runner) -> dict:
+    """The stats fields of the mesh the runner's model is split over (none: one device)."""
+    mesh = getattr(runner, "mesh_info", None)
+    if mesh is None:
+        return {}
+    return dict(mesh_num_devices=mesh.num_devices, mesh_num_hosts=mesh.num_hosts, mesh_axis_sizes=mesh.axis_sizes)
 
 
 def sampling_options(params: SamplingParams, seed: int, banned: tuple[int, ...],

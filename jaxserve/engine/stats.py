@@ -36,6 +36,11 @@ class EngineStats:
     spec_num_draft_tokens: int = 0     # speculative guesses verified
     spec_num_accepted_tokens: int = 0  # of those, accepted
     spec_num_verifications: int = 0    # request-steps that verified guesses
+    # where the model runs (jaxserve/parallel/mesh.py): devices it is split over, the processes
+    # (hosts) they belong to, and the mesh's axis sizes ("model" is the tensor-parallel size)
+    mesh_num_devices: int = 1
+    mesh_num_hosts: int = 1
+    mesh_axis_sizes: tuple[tuple[str, int], ...] = (("data", 1), ("model", 1))
 
     @property
     def kv_usage(self) -> float:
@@ -57,4 +62,5 @@ class EngineStats:
         d["kv_usage"] = self.kv_usage
         d["prefix_hit_rate"] = self.prefix_hit_rate
         d["spec_mean_accepted"] = self.spec_mean_accepted
+        d["mesh_axis_sizes"] = dict(self.mesh_axis_sizes)
         return d

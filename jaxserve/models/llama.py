@@ -14,6 +14,11 @@ array, and [in, out] kernels used as plain `x @ W`, with q/k/v fused into one pr
 gate/up into another: on XLA:CPU these are the fastest forms measured (docs/facts.md).
 Dtypes: params and activations in the params' dtype; RMSNorm, RoPE and softmax in float32;
 logits float32.
+
+Tensor parallelism (jaxserve/parallel/): with `shards` = S > 1 the fused q/k/v and gate/up
+columns are stored shard-major (parallel/layout.py), so the split of a fused projection's output
+is taken per shard ([T, S, ...] then merged back); the arithmetic is the same, and S = 1 is the
+single-device code as it was. Which device holds what is the params' and arena's shardings.
 """
 
 from __future__ import annotations
@@ -50,6 +55,29 @@ def has_o_proj_bias(config: ModelConfig) -> bool:
     return config.attention_bias and config.model_type != "qwen2"
 
 
+def split_qkv(qkv: jax.Array, n: int, k: int, h: int, shards: int):
+    """Fused projection output [T, (N + 2K) H] -> q [T, N, H], k [T, K, H], v [T, K, H]. With
+    shards > 1 the columns are shard-major (each shard's q | k | v together), so the split is
+    taken inside each shard's group and the groups stacked back in head order."""
+    t = qkv.shape[0]
+    if shards == 1:
+        return (qkv[:, : n * h].reshape(t, n, h), qkv[:, n * h : (n + k) * h].reshape(t, k, h),
+                qkv[:, (n + k) * h :].reshape(t, k, h))
+    n_l, k_l = n // shards, k // shards
+    grouped = qkv.reshape(t, shards, n_l + 2 * k_l, h)                        # [T, S, n + 2k, H]
+    return (grouped[:, :, :n_l].reshape(t, n, h), grouped[:, :, n_l:n_l + k_l].reshape(t, k, h),
+            grouped[:, :, n_l + k_l:].reshape(t, k, h))
+
+
+def split_gate_up(gate_up: jax.Array, f: int, shards: int):
+    """[T, 2F] -> gate [T, F], up [T, F]; shard-major columns as in split_qkv."""
+    if shards == 1:
+        return gate_up[:, :f], gate_up[:, f:]
+    t = gate_up.shape[0]
+    grouped = gate_up.reshape(t, shards, 2, f // shards)                       # [T, S, 2, F/S]
+    return grouped[:, :, 0].reshape(t, f), grouped[:, :, 1].reshape(t, f)
+
+
 class RMSNorm(nn.Module):
     eps: float
     dtype: Any
@@ -67,6 +95,7 @@ class Attention(nn.Module):
     dtype: Any
     layer_idx: int
     quantized: bool = False     # projections hold quantized params (models/quantized_linear.py)
+    shards: int = 1             # tensor-parallel shards of the fused qkv layout
 
     @nn.compact
     def __call__(self, x, cos, sin, kv_cache, attention: AttentionFn):
@@ -75,9 +104,7 @@ class Attention(nn.Module):
         t = x.shape[0]
         qkv = dense(self.quantized, (n + 2 * k) * h, use_bias=c.attention_bias, dtype=self.dtype,
                     precision=matmul_precision(self.dtype), name="qkv_proj")(x)  # [T, (N+2K)*H]
-        q = qkv[:, : n * h].reshape(t, n, h)                                  # [T, N, H]
-        key = qkv[:, n * h : (n + k) * h].reshape(t, k, h)                    # [T, K, H]
-        value = qkv[:, (n + k) * h :].reshape(t, k, h)                        # [T, K, H]
+        q, key, value = split_qkv(qkv, n, k, h, self.shards)      # [T, N, H], [T, K, H], [T, K, H]
         if c.qk_norm:
             q = RMSNorm(c.rms_norm_eps, self.dtype, name="q_norm")(q)
             key = RMSNorm(c.rms_norm_eps, self.dtype, name="k_norm")(key)
@@ -92,6 +119,7 @@ class MLP(nn.Module):
     config: ModelConfig
     dtype: Any
     quantized: bool = False
+    shards: int = 1
 
     @nn.compact
     def __call__(self, x):
@@ -99,7 +127,8 @@ class MLP(nn.Module):
         precision = matmul_precision(self.dtype)
         gate_up = dense(self.quantized, 2 * f, use_bias=False, dtype=self.dtype, precision=precision,
                         name="gate_up_proj")(x)                               # [T, 2F]
-        hidden = nn.silu(gate_up[:, :f]) * gate_up[:, f:]                    # [T, F]
+        gate, up = split_gate_up(gate_up, f, self.shards)                   # [T, F] each
+        hidden = nn.silu(gate) * up                                           # [T, F]
         return dense(self.quantized, self.config.hidden_size, use_bias=False, dtype=self.dtype,
                      precision=precision, name="down_proj")(hidden)           # [T, D]
 
@@ -109,15 +138,16 @@ class DecoderLayer(nn.Module):
     dtype: Any
     layer_idx: int
     quantized: bool = False
+    shards: int = 1
 
     @nn.compact
     def __call__(self, x, cos, sin, kv_cache, attention: AttentionFn):
         eps = self.config.rms_norm_eps
         attn_out, kv_cache = Attention(self.config, self.dtype, self.layer_idx, self.quantized,
-                                     name="self_attn")(
+                                     self.shards, name="self_attn")(
             RMSNorm(eps, self.dtype, name="input_layernorm")(x), cos, sin, kv_cache, attention)
         x = x + attn_out
-        x = x + MLP(self.config, self.dtype, self.quantized, name="mlp")(
+        x = x + MLP(self.config, self.dtype, self.quantized, self.shards, name="mlp")(
             RMSNorm(eps, self.dtype, name="post_attention_layernorm")(x))
         return x, kv_cache
 
@@ -129,6 +159,7 @@ class LlamaModel(nn.Module):
     config: ModelConfig
     dtype: Any = jnp.float32
     quantized: bool = False
+    shards: int = 1
 
     @nn.compact
     def __call__(self, input_ids, positions, kv_caches: Sequence[Any], attention: AttentionFn):
@@ -138,15 +169,19 @@ class LlamaModel(nn.Module):
         cos, sin = rope_cos_sin(c, positions)                                  # [T, H] each
         new_caches = []
         for i in range(c.num_hidden_layers):
-            x, cache = DecoderLayer(c, self.dtype, i, self.quantized, name=f"layers_{i}")(
+            x, cache = DecoderLayer(c, self.dtype, i, self.quantized, self.shards, name=f"layers_{i}")(
                 x, cos, sin, kv_caches[i], attention)
             new_caches.append(cache)
         return RMSNorm(c.rms_norm_eps, self.dtype, name="norm")(x), new_caches
 
 
 def forward(params: Params, config: ModelConfig, input_ids: jax.Array, positions: jax.Array,
-            kv_caches: Sequence[Any] | None, attention: AttentionFn) -> tuple[jax.Array, list]:
+            kv_caches: Sequence[Any] | None, attention: AttentionFn, *,
+            shards: int = 1) -> tuple[jax.Array, list]:
     """input_ids, positions: [T] int32 -> (final-normed hidden [T, D], new per-layer caches).
+
+    `shards`: the tensor-parallel size the params' fused columns are laid out for (1: the
+    single-device layout); `config.num_key_value_heads` then counts replicated KV heads.
 
     kv_caches holds one entry per layer (None entries allowed; None for all layers when the
     attention function keeps no cache); each is handed to `attention` and replaced by what it
@@ -158,7 +193,7 @@ def forward(params: Params, config: ModelConfig, input_ids: jax.Array, positions
         raise ValueError(
             f"len(kv_caches)={len(kv_caches)} but the model has {config.num_hidden_layers} layers")
     dtype = params["embed_tokens"]["embedding"].dtype
-    model = LlamaModel(config=config, dtype=dtype, quantized=is_quantized(params))
+    model = LlamaModel(config=config, dtype=dtype, quantized=is_quantized(params), shards=shards)
     # the LM head is not part of the module (compute_logits applies it to sampled rows only), nor
     # are a quantized KV cache's scales (the runner's attention reads them: runner/kv_write.py)
     module_params = {k: v for k, v in params.items() if k not in ("lm_head", "kv_scales")}

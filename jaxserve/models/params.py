@@ -72,8 +72,12 @@ def abstract_params(config: ModelConfig, dtype: Any) -> Params:
     return tree
 
 
-def params_from_hf(config: ModelConfig, tensors: Mapping[str, np.ndarray], dtype: Any) -> Params:
+def params_from_hf(config: ModelConfig, tensors: Mapping[str, np.ndarray], dtype: Any, *,
+                   on_host: bool = False) -> Params:
     """HF-named tensors (Linear weights [out, in]) -> params in `dtype`.
+
+    `on_host`: numpy leaves, placed nowhere yet (a tensor-parallel engine places each device's
+    slice itself: jaxserve/parallel/sharding.py); else jax arrays on the default device.
 
     Raises ValueError naming the tensor when one is missing, has the wrong shape, or is left over
     (a leftover tensor means the config does not describe the checkpoint, e.g. an MLP bias).
@@ -95,6 +99,8 @@ def params_from_hf(config: ModelConfig, tensors: Mapping[str, np.ndarray], dtype
         return array
 
     def out(array: np.ndarray) -> jax.Array:
+        if on_host:
+            return np.asarray(array).astype(jnp.dtype(dtype), copy=False)
         return jnp.asarray(array, dtype=dtype)
 
     def linear(*parts: tuple[str, int, int]) -> dict[str, jax.Array]:
@@ -102,7 +108,7 @@ def params_from_hf(config: ModelConfig, tensors: Mapping[str, np.ndarray], dtype
         # or the quantized leaves of the same projection
         weights = [get(name, (o, i)) for name, o, i in parts]
         if any(isinstance(w, QuantizedTensor) for w in weights):
-            return quantized_leaves(weights, dtype)
+            return quantized_leaves(weights, dtype, on_host)
         return {"kernel": out(np.concatenate([w.T for w in weights], axis=1))}
 
     params: dict[str, Any] = {"embed_tokens": {"embedding": out(get("model.embed_tokens.weight",
@@ -149,19 +155,20 @@ def params_from_hf(config: ModelConfig, tensors: Mapping[str, np.ndarray], dtype
     return params
 
 
-def quantized_leaves(weights: list, dtype: Any) -> dict[str, jax.Array]:
+def quantized_leaves(weights: list, dtype: Any, on_host: bool = False) -> dict[str, jax.Array]:
     """HF [out, in] parts of one fused projection, at least one quantized -> its params leaves
     ([in, out] orientation, parts side by side along out). Float parts are requantized to the
     quantized parts' form (a GGUF may mix block types within a layer)."""
     from jaxserve.quant.fuse import fuse_quantized
 
+    put = (lambda a, dt=None: np.asarray(a, None if dt is None else np.dtype(dt))) if on_host else jnp.asarray
     fused = fuse_quantized(weights)                      # one QuantizedTensor [sum(out), in]
-    leaves = {"qweight": jnp.asarray(np.ascontiguousarray(fused.qweight.T)),
-              "scale": jnp.asarray(np.ascontiguousarray(fused.scale.T), jnp.float32)}
+    leaves = {"qweight": put(np.ascontiguousarray(fused.qweight.T)),
+              "scale": put(np.ascontiguousarray(fused.scale.T), jnp.float32)}
     if fused.offset is not None:
-        leaves["offset"] = jnp.asarray(np.ascontiguousarray(fused.offset.T), jnp.float32)
+        leaves["offset"] = put(np.ascontiguousarray(fused.offset.T), jnp.float32)
     if fused.kind == "fp8":
-        leaves["act_scale"] = jnp.asarray(1.0 if fused.act_scale is None else fused.act_scale, jnp.float32)
+        leaves["act_scale"] = put(1.0 if fused.act_scale is None else fused.act_scale, jnp.float32)
     del dtype                                            # leaves keep their own dtypes
     return leaves
 

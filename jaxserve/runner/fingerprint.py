@@ -18,7 +18,7 @@ import platform
 # Packages whose code runs inside the traced step and sampler functions (or shapes their inputs),
 # less the runner's start-up modules, which never run inside a trace: editing them (or this file)
 # must not throw away every cached executable.
-TRACED_PACKAGES = ("jaxserve.models", "jaxserve.runner", "jaxserve.sched", "pallas_kernels")
+TRACED_PACKAGES = ("jaxserve.models", "jaxserve.parallel", "jaxserve.runner", "jaxserve.sched", "pallas_kernels")
 TRACED_MODULES = ("jaxserve.sampling_params",)
 UNTRACED_MODULES = ("calibration", "compile_counter", "executables", "fingerprint", "scratch", "warmup")
 VERSIONED_DISTRIBUTIONS = ("jax", "jaxlib", "flax", "numpy", "ml_dtypes")

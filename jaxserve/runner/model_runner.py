@@ -7,6 +7,11 @@ the arena donated, and hands back the sampled tokens. It makes no scheduling dec
 `collect` waits for that step's sampled tokens. Between the two the host is free: the engine's
 one-step-ahead loop schedules and dispatches the next step there. The sampled ids also stay on the
 device (`_prev_tokens`), where the next step reads the placeholders the scheduler left for them.
+
+With a `mesh` (tensor parallelism: jaxserve/parallel/) the params arrive sharded, the arena is
+allocated split on its KV-head axis, and every step and sampler is compiled for the mesh: the
+step's packed inputs, its logits and the sampler's inputs and outputs replicated, so sampling
+runs once, on whole logits. Without one every array lives on the default device, as before.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from jaxserve.runner import fingerprint
 from jaxserve.runner.executables import ExecutableCache, ExecutableStore, compile_to_keep
 from jaxserve.runner.host_swap import HostSwapPool, SwapCostModel
 from jaxserve.runner.kv_arena import ArenaSpec, allocate_arena
+from jaxserve.parallel.mesh import describe as describe_mesh, replicated
+from jaxserve.parallel.sharding import arena_sharding
 from jaxserve.runner.step import make_step
 
 log = logging.getLogger(__name__)
@@ -59,11 +66,22 @@ class StepHandle:
     drafts: dict[str, tuple[int, ...]] | None = None  # request id -> guesses it verifies (batch.PackedStep)
 
 
+@dataclass(frozen=True, slots=True)
+class StepInputs:
+    """One dispatched step as host data: its block operations and its packed arrays (None: the
+    step only moves blocks). What a multi-host leader sends the other hosts (parallel/distributed.py)."""
+
+    swap_out: tuple = ()
+    swap_in: tuple = ()
+    block_copies: tuple = ()
+    packed: object = None                # batch.PackedStep
+
+
 class ModelRunner:
     def __init__(self, model_config: ModelConfig, params, arena: ArenaSpec, shapes: RunnerShapes,
                  attention_impl: str = "auto", xla_optimization_level: int | None = None,
                  num_host_blocks: int = 0, executable_cache: ExecutableCache | None = None,
-                 sampler_probs: bool = False, coupled_with_draft: bool = False):
+                 sampler_probs: bool = False, coupled_with_draft: bool = False, mesh=None):
         """sampler_probs: the sampler also returns each row's distribution (a draft model's runner).
         coupled_with_draft: sampled rows are coupled with a draft model's rows of the same step
         (runner/sampler.py), which dispatch(draft_sample=...) hands over."""
@@ -71,7 +89,10 @@ class ModelRunner:
         self.params = params
         self.arena_spec = arena
         self.shapes = shapes
-        self.kv_caches = allocate_arena(arena)
+        self.mesh = mesh                 # None: one device; else tensor-parallel over its model axis
+        self.step_mirror = None          # multi-host leader: publishes each step's inputs to the followers
+        self.mesh_info = describe_mesh(mesh)
+        self.kv_caches = self._allocate_arena()
         self.host_pool = HostSwapPool(arena, num_host_blocks) if num_host_blocks else None
         self.swap_cost: SwapCostModel | None = None
         self.calibration: dict[str, object] | None = None  # start-up timings (runner/calibration.py)
@@ -85,7 +106,7 @@ class ModelRunner:
                                          self._build_sampler, "sampler")
         # the previous step's sampled ids, on the device, padded to the most logits rows any bucket has
         self.max_sample_rows = max(sample_rows_bucket(*b) for b in shapes.buckets())
-        self._prev_tokens = jnp.zeros((self.max_sample_rows,), jnp.int32)
+        self._prev_tokens = self._no_prev_tokens()
         self._prev_rows: dict[str, int] = {}   # request id -> its row in _prev_tokens
         self._neutral: dict[int, dict] = {}    # logits rows -> neutral adjustment arrays on the device
         self.sampler_probs = sampler_probs
@@ -104,16 +125,37 @@ class ModelRunner:
     def _lower(self, bucket: tuple[int, int]):
         D, P = bucket
         fn = make_step(self.model_config, self._attention, decode_rows=D, prefill_tiles=P,
-                       tile=self.shapes.prefill_tile)
-        specs = {k: jax.ShapeDtypeStruct(s, d) for k, (s, d) in
+                       tile=self.shapes.prefill_tile, mesh=self.mesh)
+        specs = {k: self._input(s, d) for k, (s, d) in
                  batch_shapes(D, P, tile=self.shapes.prefill_tile, table_width=self.shapes.table_width).items()}
-        kv = self.arena_spec.shape_dtype()
-        prev = jax.ShapeDtypeStruct((self.max_sample_rows,), jnp.int32)
-        return jax.jit(fn, donate_argnums=(1,)).lower(self.params, kv, specs, prev)
+        prev = self._input((self.max_sample_rows,), jnp.int32)
+        if self.mesh is None:
+            kv = self.arena_spec.shape_dtype()
+            return jax.jit(fn, donate_argnums=(1,)).lower(self.params, kv, specs, prev)
+        split = arena_sharding(self.mesh)
+        kv = self.arena_spec.shape_dtype(split)
+        # the arena stays split (donated in place); the logits leave replicated, for the sampler
+        out_shardings = ([(split, split)] * self.arena_spec.num_layers, replicated(self.mesh))
+        return jax.jit(fn, donate_argnums=(1,), out_shardings=out_shardings).lower(self.params, kv, specs, prev)
+
+    def _input(self, shape, dtype) -> jax.ShapeDtypeStruct:
+        """A compiled function's host-packed input: on the device, or replicated over the mesh."""
+        sharding = None if self.mesh is None else replicated(self.mesh)
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+    def _on_device(self, array):
+        """A host array put where the compiled functions read it (replicated over a mesh)."""
+        return jnp.asarray(array) if self.mesh is None else jax.device_put(array, replicated(self.mesh))
+
+    def _no_prev_tokens(self):
+        return self._on_device(np.zeros((self.max_sample_rows,), np.int32))
+
+    def _allocate_arena(self):
+        return allocate_arena(self.arena_spec, sharding=None if self.mesh is None else arena_sharding(self.mesh))
 
     def _lower_sampler(self, rows: int):
-        logits = jax.ShapeDtypeStruct((rows, self.model_config.vocab_size), jnp.float32)
-        specs = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in
+        logits = self._input((rows, self.model_config.vocab_size), jnp.float32)
+        specs = {k: self._input(v.shape, v.dtype) for k, v in
                  sampling_arrays([None] * rows, rows, history_len=self.shapes.max_model_len,
                                  mask_words=self.mask_words).items()}
         if self.coupled_with_draft:
@@ -129,7 +171,7 @@ class ModelRunner:
         such steps (nearly all) copy nothing for them."""
         arrays = self._neutral.get(rows)
         if arrays is None:
-            arrays = {k: jnp.asarray(v) for k, v in
+            arrays = {k: self._on_device(v) for k, v in
                       neutral_adjustment_arrays(rows, self.shapes.max_model_len, self.mask_words).items()}
             self._neutral[rows] = arrays
         return arrays
@@ -167,8 +209,8 @@ class ModelRunner:
                                                              lambda: self._lower(bucket), reuse=False))
         self._samplers.replace(rows, self._load_or_compile({"kind": "sampler", "rows": rows},
                                                            lambda: self._lower_sampler(rows), reuse=False))
-        self.kv_caches = allocate_arena(self.arena_spec)
-        self._prev_tokens = jnp.zeros((self.max_sample_rows,), jnp.int32)
+        self.kv_caches = self._allocate_arena()
+        self._prev_tokens = self._no_prev_tokens()
         self._prev_rows = {}
 
     def _load_or_compile(self, what: dict, lower, reuse: bool = True):
@@ -195,6 +237,9 @@ class ModelRunner:
             "model": self.model_config, "arena": self.arena_spec, "shapes": self.shapes,
             "params": jax.tree.map(lambda x: [list(x.shape), str(x.dtype)], self.params),
             "attention_impl": self.attention_impl, "compiler_options": self.compiler_options,
+            # a 2-way executable must never serve a 4-way engine, nor one compiled for other devices
+            "mesh": None if self.mesh is None else {**self.mesh_info.as_dict(),
+                                                    "device_ids": self.mesh.device_ids.tolist()},
             "sampler": {"probs_out": self.sampler_probs, "coupled_with_draft": self.coupled_with_draft},
             "source": fingerprint.traced_source(), "software": fingerprint.software(),
             "machine": fingerprint.machine(),
@@ -217,17 +262,28 @@ class ModelRunner:
         """Start one step on the device and return without waiting for it. Placeholders in its
         token ids are read from the previous dispatched step's sampled tokens. draft_sample: a draft
         model's sampler outputs for the same step (`StepHandle.sampler_out`), when coupled."""
+        inputs = StepInputs(tuple(sched_out.swap_out), tuple(sched_out.swap_in), tuple(sched_out.block_copies),
+                            pack_step(sched_out, self.shapes, self._prev_rows, mask_words=self.mask_words)
+                            if sched_out.requests else None)
+        if self.step_mirror is not None:
+            # multi-host: every other host runs this step's programs too (parallel/distributed.py)
+            self.step_mirror.publish(inputs)
+        return self.run_inputs(inputs, draft_sample)
+
+    def run_inputs(self, inputs: "StepInputs", draft_sample: dict | None = None) -> StepHandle:
+        """The device half of `dispatch`: a step's block operations, forward pass and sampling from
+        its packed inputs (what a multi-host follower receives and runs)."""
         # Block operations first, in the scheduler's order: swap-outs may free blocks that
         # swap-ins and copies of the same step reuse.
-        if sched_out.swap_out:
-            self.host_pool.swap_out(self.kv_caches, sched_out.swap_out)
-        if sched_out.swap_in:
-            self.kv_caches = self.host_pool.swap_in(self.kv_caches, sched_out.swap_in)
-        if sched_out.block_copies:
-            self.copy_blocks(sched_out.block_copies)
-        if not sched_out.requests:
+        if inputs.swap_out:
+            self.host_pool.swap_out(self.kv_caches, inputs.swap_out)
+        if inputs.swap_in:
+            self.kv_caches = self.host_pool.swap_in(self.kv_caches, inputs.swap_in)
+        if inputs.block_copies:
+            self.copy_blocks(inputs.block_copies)
+        packed = inputs.packed
+        if packed is None:
             return StepHandle()
-        packed = pack_step(sched_out, self.shapes, self._prev_rows, mask_words=self.mask_words)
         step = self._compiled.get(packed.bucket)
         if step is None:
             raise RuntimeError(f"bucket {packed.bucket} was not compiled at start-up")

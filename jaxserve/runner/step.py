@@ -7,6 +7,10 @@ tiles (`tile` queries per slot). Input ids marked as placeholders (`token_src` >
 from `prev_tokens`, the previous step's sampled ids still on the device. It returns the logits of
 the rows that sample; sampling is its own compiled function (runner/sampler.py), so the
 vocabulary sort is compiled once per row count rather than once per bucket.
+
+With a mesh (tensor parallelism, jaxserve/parallel/) the KV write and the attention of each
+layer run per shard inside `shard_map` (parallel/attention.py) and the rest is partitioned by
+the params' shardings; without one (a single device) the step is the plain program.
 """
 
 from __future__ import annotations
@@ -14,9 +18,12 @@ from __future__ import annotations
 from typing import Callable
 
 import jax.numpy as jnp
+from jax.sharding import Mesh
 
 from jaxserve.models import llama
 from jaxserve.models.config import ModelConfig
+from jaxserve.parallel.attention import per_shard
+from jaxserve.parallel.mesh import MODEL_AXIS
 from jaxserve.runner.kv_write import kv_scales, scaled_attention, write_kv
 
 
@@ -30,39 +37,53 @@ DECODE_KV_CHUNK_BLOCKS, DECODE_ITEMS = 8, 16
 PREFILL_KV_CHUNK_BLOCKS, PREFILL_ITEMS = 16, 4
 
 
+# the step's arrays a layer's KV write and attention read (replicated over a mesh)
+ATTENTION_ARRAYS = ("slot_mapping", "dec_kv_lens", "dec_tables", "dec_num", "pre_kv_lens", "pre_tables", "pre_num")
+
+
 def make_step(config: ModelConfig, attention_impl: Callable, *, decode_rows: int, prefill_tiles: int,
-              tile: int) -> Callable:
+              tile: int, mesh: Mesh | None = None) -> Callable:
     """attention_impl has the signature of pallas_kernels' ragged paged attention, plus
-    `uniform_q_len` (the number of query rows of every slot)."""
+    `uniform_q_len` (the number of query rows of every slot). `mesh`: run tensor-parallel over
+    its model axis (params and arena sharded as jaxserve/parallel/sharding.py says)."""
     D, P = decode_rows, prefill_tiles
     sm_scale = config.head_dim ** -0.5
     window = config.sliding_window
+
+    def layer_attention(q, k, v, k_cache, v_cache, scales, b):
+        # q: [T, N, H], k, v: [T, K, H] (a shard's heads under a mesh); scales None unless quantized
+        dec_cu = jnp.arange(D + 1, dtype=jnp.int32)
+        pre_cu = jnp.arange(P + 1, dtype=jnp.int32) * tile
+        k_cache, v_cache = write_kv(k_cache, v_cache, k, v, b["slot_mapping"], scales)
+        attend = scaled_attention(attention_impl, scales)
+        out = attend(q[:D], k_cache, v_cache, b["dec_kv_lens"], b["dec_tables"], dec_cu,
+                     b["dec_num"], sm_scale=sm_scale, sliding_window=window, uniform_q_len=1,
+                     kv_chunk_blocks=DECODE_KV_CHUNK_BLOCKS, items_per_iter=DECODE_ITEMS)
+        if P:
+            pre = attend(q[D:], k_cache, v_cache, b["pre_kv_lens"], b["pre_tables"], pre_cu,
+                         b["pre_num"], sm_scale=sm_scale, sliding_window=window,
+                         uniform_q_len=tile, kv_chunk_blocks=PREFILL_KV_CHUNK_BLOCKS,
+                         items_per_iter=PREFILL_ITEMS)
+            out = jnp.concatenate([out, pre], axis=0)
+        return out, k_cache, v_cache
+
+    shards = 1 if mesh is None else mesh.shape[MODEL_AXIS]
 
     def step(params, kv_caches, b, prev_tokens):
         # placeholders: the token the previous step sampled for that row's request, read here on
         # the device so the host never waits for it before dispatching this step
         src = b["token_src"]
         input_ids = jnp.where(src >= 0, prev_tokens[jnp.maximum(src, 0)], b["input_ids"])
-        dec_cu = jnp.arange(D + 1, dtype=jnp.int32)
-        pre_cu = jnp.arange(P + 1, dtype=jnp.int32) * tile
+        quantized_kv = params.get("kv_scales") is not None
+        run = layer_attention if mesh is None else per_shard(layer_attention, mesh, quantized_kv)
+        arrays = {k: b[k] for k in ATTENTION_ARRAYS}
 
         def attention(layer, q, k, v, cache):
-            # q: [T, N, H], k, v: [T, K, H]
-            scales = kv_scales(params, layer)           # None unless the arena is quantized
-            k_cache, v_cache = write_kv(cache[0], cache[1], k, v, b["slot_mapping"], scales)
-            attend = scaled_attention(attention_impl, scales)
-            out = attend(q[:D], k_cache, v_cache, b["dec_kv_lens"], b["dec_tables"], dec_cu,
-                         b["dec_num"], sm_scale=sm_scale, sliding_window=window, uniform_q_len=1,
-                         kv_chunk_blocks=DECODE_KV_CHUNK_BLOCKS, items_per_iter=DECODE_ITEMS)
-            if P:
-                pre = attend(q[D:], k_cache, v_cache, b["pre_kv_lens"], b["pre_tables"], pre_cu,
-                             b["pre_num"], sm_scale=sm_scale, sliding_window=window,
-                             uniform_q_len=tile, kv_chunk_blocks=PREFILL_KV_CHUNK_BLOCKS,
-                             items_per_iter=PREFILL_ITEMS)
-                out = jnp.concatenate([out, pre], axis=0)
+            out, k_cache, v_cache = run(q, k, v, cache[0], cache[1], kv_scales(params, layer), arrays)
             return out, (k_cache, v_cache)
 
-        hidden, kv_caches = llama.forward(params, config, input_ids, b["positions"], kv_caches, attention)
+        hidden, kv_caches = llama.forward(params, config, input_ids, b["positions"], kv_caches, attention,
+                                          shards=shards)
         logits = llama.compute_logits(params, config, hidden[b["logits_rows"]])   # [R, V] float32
         return kv_caches, logits
 

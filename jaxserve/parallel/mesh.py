@@ -1,0 +1,67 @@
+"""The device mesh: axes ("data", "model"), the model axis carrying tensor parallelism.
+
+The "data" axis is size 1 today; it is named so that data-parallel replicas of the model can be
+added later without renaming every PartitionSpec. Both axes are `AxisType.Auto`: the classic
+GSPMD mode, where named shardings on the inputs (weights, KV arena) decide the program and XLA
+inserts the collectives. `jax.make_mesh` now defaults to Explicit axes, under which every
+einsum whose operands are sharded differently is a type error and a row-parallel matmul needs an
+`out_sharding=`: the model would have to spell a sharding on every op, where Auto lets one
+description per parameter (sharding.py) plus `shard_map` around attention do it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+DATA_AXIS = "data"
+MODEL_AXIS = "model"
+AXES = (DATA_AXIS, MODEL_AXIS)
+
+
+def make_mesh(tensor_parallel_size: int, devices=None) -> Mesh:
+    """A (1, tensor_parallel_size) mesh over `devices` (default: every device of every process,
+    in jax.devices() order, which groups each host's devices together)."""
+    devices = list(jax.devices() if devices is None else devices)
+    if tensor_parallel_size < 1:
+        raise ValueError(f"tensor_parallel_size={tensor_parallel_size} must be >= 1")
+    if tensor_parallel_size > len(devices):
+        raise ValueError(f"tensor_parallel_size={tensor_parallel_size} needs that many devices; "
+                         f"{len(devices)} are visible ({devices[0].platform})")
+    grid = np.array(devices[:tensor_parallel_size], dtype=object).reshape(1, tensor_parallel_size)
+    return Mesh(grid, AXES, axis_types=(AxisType.Auto, AxisType.Auto))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec())
+
+
+@dataclass(frozen=True, slots=True)
+class MeshInfo:
+    """What stats() and GetServerInfo report about where the model runs."""
+
+    num_devices: int                      # devices the model is split over
+    num_hosts: int                        # processes those devices belong to
+    axis_sizes: tuple[tuple[str, int], ...]   # (axis name, size), in mesh order
+    device_kind: str
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return dict(self.axis_sizes).get(MODEL_AXIS, 1)
+
+    def as_dict(self) -> dict:
+        return {"num_devices": self.num_devices, "num_hosts": self.num_hosts,
+                "axis_sizes": dict(self.axis_sizes), "device_kind": self.device_kind}
+
+
+def describe(mesh: Mesh | None) -> MeshInfo:
+    """The mesh in numbers; None (a one-device engine) is a 1 x 1 mesh of the default device."""
+    if mesh is None:
+        device = jax.devices()[0]
+        return MeshInfo(1, 1, ((DATA_AXIS, 1), (MODEL_AXIS, 1)), device.device_kind)
+    devices = mesh.devices.ravel()
+    return MeshInfo(len(devices), len({d.process_index for d in devices}),
+                    tuple((name, int(size)) for name, size in mesh.shape.items()), devices[0].device_kind)
