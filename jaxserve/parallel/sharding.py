@@ -110,6 +110,17 @@ def arena_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, KV_ARENA_SPEC)
 
 
+def planned_bytes_per_device(abstract_params, shards: int, vocab_size: int) -> int:
+    """Bytes one device would hold of params given as ShapeDtypeStructs (nothing allocated)."""
+    split = vocab_is_split(vocab_size, shards)
+    total = 0
+    for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_params)[0]:
+        keys = tuple(str(getattr(k, "key", k)) for k in path)
+        nbytes = int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize
+        total += nbytes // shards if MODEL_AXIS in param_spec(keys, tuple(leaf.shape), split) else nbytes
+    return total
+
+
 def bytes_on_each_device(arrays) -> dict[int, int]:
     """device id -> bytes of `arrays`' shards stored there (measured from the shards themselves)."""
     held: dict[int, int] = {}

@@ -187,6 +187,11 @@ async def run_server(config: ServerConfig, engine_config: EngineConfig, *, progr
     from jaxserve.engine.async_engine import AsyncEngine
     state.aengine = AsyncEngine(engine, on_dead=on_dead)
     state.aengine.start()
+    hosts = getattr(getattr(engine, "runner", None), "step_mirror", None)
+    if hosts is not None:
+        # multi-host (jaxserve/parallel/distributed.py): a host that goes silent ends this process;
+        # health turns NOT_SERVING first
+        hosts.on_failure = lambda message: loop.call_soon_threadsafe(on_dead, RuntimeError(message))
     reaper = _lease_reaper(state.aengine, engine_config)
     state.phase = Phase.SERVING
     if grpc_front is not None:
