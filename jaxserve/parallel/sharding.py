@@ -65,9 +65,18 @@ def param_shardings(params, mesh: Mesh, vocab_size: int):
     """A pytree of NamedShardings matching `params` (host arrays or ShapeDtypeStructs)."""
     split = vocab_is_split(vocab_size, mesh.shape[MODEL_AXIS])
 
+    shards = mesh.shape[MODEL_AXIS]
+
     def one(path, leaf):
         keys = tuple(str(getattr(k, "key", k)) for k in path)
-        return NamedSharding(mesh, param_spec(keys, tuple(leaf.shape), split))
+        spec = param_spec(keys, tuple(leaf.shape), split)
+        for axis, name in enumerate(spec):
+            if name == MODEL_AXIS and leaf.shape[axis] % shards:
+                # a group-wise quantized row-parallel projection: its groups along the input must split evenly
+                raise ValueError(f"{'/'.join(keys)} has {leaf.shape[axis]} rows (quantization groups along the "
+                                 f"input), which tensor_parallel_size={shards} does not divide; use a size that "
+                                 f"divides it, or a smaller quantization group")
+        return NamedSharding(mesh, spec)
     return jax.tree_util.tree_map_with_path(one, params)
 
 

@@ -5,6 +5,8 @@ assert on the report; nothing here decides pass or fail.
     tp_probe.py tiny CACHE DIR:SIZES ...  per model dir, one engine per size: greedy outputs, n=2
                                         forks, the compiled steps' collectives, bytes per device;
                                         every engine keeps its executables in the one folder CACHE
+    tp_probe.py quantized DIR SIZE      int8 weights and an int8 KV cache at 1 and SIZE devices; int4
+                                        (group 32) at SIZE, whose 2 groups of o/down rows do not split
     tp_probe.py embedded SIZE           the embedded model at 1 and SIZE on one workload with
                                         prefix hits, chunked prefill, preemption and n=2
 """
@@ -107,6 +109,26 @@ def _checkpoint_kv_heads(model_dir: str) -> int:
         return json.load(f)["num_key_value_heads"]
 
 
+def quantized(model_dir: str, size: str) -> dict:
+    greedy = SamplingParams(max_tokens=12, min_tokens=12, temperature=0.0)
+    report = {}
+    for tp in (1, int(size)):
+        llm = LLM(model_dir, **TINY_SHAPES, tensor_parallel_size=tp, quantization="int8", kv_cache_dtype="int8")
+        runner = runner_of(llm)
+        report[tp] = {"tokens": [o.outputs[0].token_ids for o in llm.generate(TINY_PROMPTS, greedy, use_tqdm=False)],
+                      "kv_dtype": runner.arena_spec.dtype,
+                      "qweight_per_device": sorted(bytes_on_each_device(
+                          runner.params["layers_0"]["mlp"]["down_proj"]["qweight"]).values()),
+                      "kv_scales_shape": list(runner.params["kv_scales"]["k"].shape)}
+        del llm, runner
+    try:
+        LLM(model_dir, **TINY_SHAPES, tensor_parallel_size=int(size), quantization="int4")
+        report["int4_error"] = ""
+    except ValueError as e:
+        report["int4_error"] = str(e)
+    return report
+
+
 EMBEDDED_QUESTIONS = ["Tell me about tides.", "What is the capital of France?", "Write a haiku about the sea.",
                       "List three prime numbers."]
 
@@ -139,5 +161,5 @@ def embedded(size: int) -> dict:
 
 if __name__ == "__main__":
     cmd, *args = sys.argv[1:]
-    result = tiny(*args) if cmd == "tiny" else embedded(int(args[0]))
+    result = {"tiny": tiny, "quantized": quantized, "embedded": lambda size: embedded(int(size))}[cmd](*args)
     print(json.dumps(result))
