@@ -151,4 +151,6 @@ def server_info(stats, *, active_streams: int, state: str) -> pb.ServerInfo:
         num_compilations_after_warmup=max(0, stats.num_compilations_after_warmup), uptime_s=stats.uptime_s,
         prompt_tokens_total=stats.prompt_tokens_total, generation_tokens_total=stats.generation_tokens_total,
         num_requests_finished=stats.num_requests_finished, kv_usage=stats.kv_usage,
-        prefix_hit_rate=stats.prefix_hit_rate, active_streams=active_streams, state=state)
+        prefix_hit_rate=stats.prefix_hit_rate, active_streams=active_streams, state=state,
+        mesh=pb.MeshInfo(num_devices=getattr(stats, "mesh_num_devices", 1), num_hosts=getattr(stats, "mesh_num_hosts", 1),
+                         axis_sizes=dict(getattr(stats, "mesh_axis_sizes", ()))))

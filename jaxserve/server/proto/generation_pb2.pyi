@@ -278,7 +278,7 @@ class GetServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ServerInfo(_message.Message):
-    __slots__ = ("num_kv_blocks_total", "num_kv_blocks_free", "num_kv_blocks_cached", "num_requests_running", "num_requests_waiting", "num_preemptions", "num_compilations_after_warmup", "uptime_s", "prompt_tokens_total", "generation_tokens_total", "num_requests_finished", "kv_usage", "prefix_hit_rate", "active_streams", "state", "replicas")
+    __slots__ = ("num_kv_blocks_total", "num_kv_blocks_free", "num_kv_blocks_cached", "num_requests_running", "num_requests_waiting", "num_preemptions", "num_compilations_after_warmup", "uptime_s", "prompt_tokens_total", "generation_tokens_total", "num_requests_finished", "kv_usage", "prefix_hit_rate", "active_streams", "state", "replicas", "mesh")
     NUM_KV_BLOCKS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     NUM_KV_BLOCKS_FREE_FIELD_NUMBER: _ClassVar[int]
     NUM_KV_BLOCKS_CACHED_FIELD_NUMBER: _ClassVar[int]
@@ -295,6 +295,7 @@ class ServerInfo(_message.Message):
     ACTIVE_STREAMS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    MESH_FIELD_NUMBER: _ClassVar[int]
     num_kv_blocks_total: int
     num_kv_blocks_free: int
     num_kv_blocks_cached: int
@@ -311,7 +312,25 @@ class ServerInfo(_message.Message):
     active_streams: int
     state: str
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaInfo]
-    def __init__(self, num_kv_blocks_total: _Optional[int] = ..., num_kv_blocks_free: _Optional[int] = ..., num_kv_blocks_cached: _Optional[int] = ..., num_requests_running: _Optional[int] = ..., num_requests_waiting: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_compilations_after_warmup: _Optional[int] = ..., uptime_s: _Optional[float] = ..., prompt_tokens_total: _Optional[int] = ..., generation_tokens_total: _Optional[int] = ..., num_requests_finished: _Optional[int] = ..., kv_usage: _Optional[float] = ..., prefix_hit_rate: _Optional[float] = ..., active_streams: _Optional[int] = ..., state: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ...) -> None: ...
+    mesh: MeshInfo
+    def __init__(self, num_kv_blocks_total: _Optional[int] = ..., num_kv_blocks_free: _Optional[int] = ..., num_kv_blocks_cached: _Optional[int] = ..., num_requests_running: _Optional[int] = ..., num_requests_waiting: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_compilations_after_warmup: _Optional[int] = ..., uptime_s: _Optional[float] = ..., prompt_tokens_total: _Optional[int] = ..., generation_tokens_total: _Optional[int] = ..., num_requests_finished: _Optional[int] = ..., kv_usage: _Optional[float] = ..., prefix_hit_rate: _Optional[float] = ..., active_streams: _Optional[int] = ..., state: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ..., mesh: _Optional[_Union[MeshInfo, _Mapping]] = ...) -> None: ...
+
+class MeshInfo(_message.Message):
+    __slots__ = ("num_devices", "num_hosts", "axis_sizes")
+    class AxisSizesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    NUM_DEVICES_FIELD_NUMBER: _ClassVar[int]
+    NUM_HOSTS_FIELD_NUMBER: _ClassVar[int]
+    AXIS_SIZES_FIELD_NUMBER: _ClassVar[int]
+    num_devices: int
+    num_hosts: int
+    axis_sizes: _containers.ScalarMap[str, int]
+    def __init__(self, num_devices: _Optional[int] = ..., num_hosts: _Optional[int] = ..., axis_sizes: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class ReplicaInfo(_message.Message):
     __slots__ = ("target", "health", "info", "routed_requests", "in_flight", "indexed_tokens")
