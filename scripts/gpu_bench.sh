@@ -16,7 +16,12 @@
 # too). Every step has a hard timeout inside a total budget (GPU_BENCH_BUDGET_S, default 540 s):
 # a step that fails or times out prints the tail of its stderr and the script goes on; a step
 # that no longer fits the budget is skipped. Exit status: 0 only if every step succeeded.
-# Usage: scripts/gpu_bench.sh [python]
+# Usage: scripts/gpu_bench.sh [--tensor-parallel-size 1,2,4] [python]
+#   --tensor-parallel-size LIST: instead of c/d per backend, jaxserve alone at each tensor-parallel
+#   size of LIST (batch-1 decode and saturation per size, results gpu-{latency,throughput}-jaxserve-tpN);
+#   needs that many GPUs (the mesh takes the first N devices); results and plots in $RESULTS/tp. Give it a budget that fits
+#   (GPU_BENCH_BUDGET_S, e.g. 1500 for 1,2,4). On a CPU, GPU_BENCH_DEVICE=cpu fakes as many CPU
+#   devices as the largest size.
 #
 # Environment (defaults for the GPU run):
 #   GPU_BENCH_SHAPE=llama3-8b   GPU_BENCH_DTYPE=bfloat16   GPU_BENCH_DEVICE=cuda (where weights are made)
@@ -32,6 +37,11 @@
 set -u
 cd "$(dirname "$0")/.."
 REPO="$PWD"
+TP_SIZES=""
+if [ "${1:-}" = "--tensor-parallel-size" ]; then
+  TP_SIZES="${2:?--tensor-parallel-size needs a comma-separated list, e.g. 1,2,4}"
+  shift 2
+fi
 PY="${1:-${PYTHON:-}}"
 if [ -z "$PY" ]; then
   if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
@@ -82,6 +92,11 @@ read -r -d '' -a JAX_ARGS <<< "${GPU_BENCH_JAXSERVE_ARGS:-$JAX_DEFAULT}"
 MODEL="$CACHE/$SHAPE-$DTYPE"
 LOGS="$CACHE/logs"
 PREFIX=gpu
+if [ -n "$TP_SIZES" ]; then
+  # its own files and folder: a TP run never deletes or overwrites the per-backend results and plots
+  PREFIX=gpu-tp
+  [ -z "${GPU_BENCH_RESULTS:-}" ] && RESULTS="$RESULTS/tp"
+fi
 mkdir -p "$CACHE" "$LOGS" "$RESULTS" || exit 1
 
 START=$SECONDS
@@ -134,6 +149,22 @@ bench() {
   fi
 }
 
+# bench_tp SUBCOMMAND SIZE [flags...]: jaxserve at one tensor-parallel size, JSON gpu-SUB-jaxserve-tpSIZE
+bench_tp() {
+  local sub=$1 tp=$2; shift 2
+  local name="$PREFIX-$sub-jaxserve-tp$tp" cap=$CAP_LAT
+  [ "$sub" = throughput ] && cap=$CAP_THR
+  if step "$name" "$cap" "${JX[@]}" bench "$sub" --model "$MODEL" --backend jaxserve --dtype "$DTYPE" \
+      --output-dir "$RESULTS" --name "$name" --no-progress --no-plots "$@" "${JAX_ARGS[@]}" \
+      --engine-arg "tensor_parallel_size=$tp"; then
+    WRITTEN+=("$RESULTS/$name.json")
+  fi
+}
+if [ -n "$TP_SIZES" ] && [ "$DEVICE" = cpu ]; then
+  MOST_TP=$(tr , '\n' <<< "$TP_SIZES" | sort -n | tail -1)
+  export XLA_FLAGS="${XLA_FLAGS:-} --xla_force_host_platform_device_count=$MOST_TP"
+fi
+
 # -- a. the machine ---------------------------------------------------------------------------
 GPU_LINE="$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
 GPU_NAME="${GPU_LINE%%,*}"
@@ -185,11 +216,19 @@ if [ -f "$MODEL/random_model.json" ]; then
   # batch 1 for every backend, then saturation (jaxserve's second run finds its step shapes in
   # the persistent XLA cache its first run filled); vLLM last: optional here, and its start-up
   # (graph capture) is the slowest
+  if [ -n "$TP_SIZES" ]; then
+    # jaxserve alone, at each tensor-parallel size: batch 1 at every size first, then saturation
+    IFS=, read -r -a TPS <<< "$TP_SIZES"
+    echo "gpu_bench: tensor-parallel sizes ${TPS[*]} (jaxserve only)"
+    for tp in "${TPS[@]}"; do bench_tp latency "$tp" "${LAT[@]}"; done
+    for tp in "${TPS[@]}"; do bench_tp throughput "$tp" "${THR[@]}"; done
+  else
   for b in "${RUN[@]}"; do [ "$b" != vllm ] && bench latency "$b" "${LAT[@]}"; done
   for b in "${RUN[@]}"; do [ "$b" != vllm ] && bench throughput "$b" "${THR[@]}"; done
   for b in "${RUN[@]}"; do
     if [ "$b" = vllm ]; then bench latency vllm "${LAT[@]}"; bench throughput vllm "${THR[@]}"; fi
   done
+  fi
 else
   echo "gpu_bench: no model in $MODEL: no benchmark ran"
   FAILED+=(benchmarks)
