@@ -74,11 +74,18 @@ def test_prefix_cache_and_swap_keep_the_tokens(quantized_llm):
     assert s.num_preemptions_swap > 0 and s.num_compilations_after_warmup == 0
 
 
+KV_MEMORY_ENGINE = {**TINY_ENGINE, "num_kv_blocks": None, "kv_cache_memory": 1 << 20}
+
+
+@pytest.fixture(scope="module")
+def f32_kv_llm(tiny_llama_dir):
+    return LLM(tiny_llama_dir, **KV_MEMORY_ENGINE)
+
+
 @pytest.mark.parametrize("kv", ["fp8_e4m3", "int8"])
-def test_quantized_kv_cache_has_four_times_the_float32_blocks_and_the_dense_tokens(tiny_llama_dir, kv):
-    engine = {**TINY_ENGINE, "num_kv_blocks": None, "kv_cache_memory": 1 << 20}
-    f32 = LLM(tiny_llama_dir, **engine)
-    q = LLM(tiny_llama_dir, **engine, kv_cache_dtype=kv)
+def test_quantized_kv_cache_has_four_times_the_float32_blocks_and_the_dense_tokens(tiny_llama_dir, f32_kv_llm, kv):
+    f32 = f32_kv_llm
+    q = LLM(tiny_llama_dir, **KV_MEMORY_ENGINE, kv_cache_dtype=kv)
     # blocks include the null block: (bytes // block bytes) in both
     assert q.stats().num_kv_blocks_total + 1 == 4 * (f32.stats().num_kv_blocks_total + 1)
     tok = q.get_tokenizer()
