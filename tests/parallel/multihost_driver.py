@@ -16,7 +16,7 @@ from tests.parallel.tp_probe import TINY_PROMPTS, TINY_SHAPES
 
 rank, port, model_dir, report = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 llm = LLM(model_dir, **TINY_SHAPES, tensor_parallel_size=4, num_hosts=2, host_rank=rank,
-          coordinator_address=f"127.0.0.1:{port}", host_timeout_s=5.0)
+          coordinator_address=f"127.0.0.1:{port}", host_timeout_s=10.0)
 outs = llm.generate(TINY_PROMPTS, SamplingParams(max_tokens=12, min_tokens=12, temperature=0.0), use_tqdm=False)
 s = llm.stats()
 with open(report + ".tmp", "w") as f:

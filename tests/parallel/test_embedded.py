@@ -21,7 +21,7 @@ def test_greedy_generations_identical_at_tensor_parallel_size_3(report):
         assert r["prefix_hits"] > 0
         assert min(r["prompt_lens"]) > 64        # longer than the 64-token step budget: chunked
         assert r["compilations_after_warmup"] == 0
-        assert all(len(sample) == 32 for samples in r["tokens"] for sample in samples)
+        assert all(len(sample) == 16 for samples in r["tokens"] for sample in samples)
     assert three["mesh"]["axis_sizes"] == {"data": 1, "model": 3}
     assert three["tokens"] == one["tokens"]
     assert any("Paris" in text for text in three["text"])      # the model really answers

@@ -4,7 +4,8 @@ engine on a tiny Llama (8 query heads, 2 KV heads: each device one replicated KV
 Rank 0 schedules and generates; rank 1 runs its steps. The greedy outputs must equal HF
 transformers' continuations (as a one-process engine's do: tests/engine/test_llm_tiny.py). Then
 rank 1 is killed and rank 0, idle as a server between requests, must exit with an error naming
-rank 1 within a bounded time (host_timeout_s is 5 s; the bound is generous for a busy machine)."""
+rank 1 within a bounded time (host_timeout_s is 10 s, generous against a watchdog thread starved
+on a busy machine; the bound on the exit is more generous still)."""
 
 import os
 import signal
@@ -20,7 +21,7 @@ from tests.parallel.cpu_devices import REPO, cpu_device_env
 
 DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multihost_driver.py")
 START_BOUND_S = 600        # both hosts build and compile (a busy 2-core machine)
-EXIT_BOUND_S = 90          # host_timeout_s = 5 plus the watchdog's period, on a busy machine
+EXIT_BOUND_S = 90          # host_timeout_s = 10 plus the watchdog's period, on a busy machine
 
 
 def free_port() -> int:
