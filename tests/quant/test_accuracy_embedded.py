@@ -15,12 +15,14 @@ import pytest
 
 from jaxserve.quant.accuracy import PROMPTS, measure_accuracy
 
-MODES = ["int8", "int4", "fp8", "fp8_uncalibrated", "kv_fp8", "kv_int8"]
+# fp8_uncalibrated, bench accuracy's other mode, holds no bound: it is left to the benchmark
+MODES = ["int8", "int4", "fp8", "kv_fp8", "kv_int8"]
 
 
 @pytest.fixture(scope="module")
 def results():
-    out = measure_accuracy(MODES, prompts=PROMPTS[:4], match_tokens=16)
+    # 2 prompts x 16 greedy tokens: the reference takes one forward per token
+    out = measure_accuracy(MODES, prompts=PROMPTS[:2], match_tokens=16)
     return {r.mode: r for r in out}
 
 
