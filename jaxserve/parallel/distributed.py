@@ -19,8 +19,11 @@ Failure: every rank increments its own counter in the same store every `HEARTBEA
 watchdog thread on each rank ends that rank (exit status 1, a message naming the rank that went
 quiet) when another rank's counter has not moved for `timeout_s`, or when the store itself (the
 coordination service, hosted by rank 0) stops answering. Before ending, the leader calls
-`on_failure` (the server turns its health NOT_SERVING). JAX's own heartbeat is set to twice the
-timeout, a backstop that ends a process stuck where no Python thread runs.
+`on_failure` (the server turns its health NOT_SERVING). A leader that dies ends its followers
+sooner still: JAX's client polls the coordination service for errors and aborts the process (exit
+status 134, JAX's message that the leader task died) as soon as the service is gone. JAX's own
+heartbeat is set to twice the timeout, a backstop that ends a process stuck where no Python
+thread runs.
 """
 
 from __future__ import annotations
