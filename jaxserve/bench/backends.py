@@ -7,7 +7,7 @@ from typing import Any
 from jaxserve.bench.backend_base import Backend, BackendRun, RunOptions, UnsupportedBackend
 from jaxserve.bench.model_files import ModelSpec
 
-BACKENDS = ("jaxserve", "hf", "hf-cb", "vllm")
+BACKENDS = ("jaxserve", "hf", "hf-cb", "vllm", "llamacpp")
 
 
 def make_backend(name: str, spec: ModelSpec, *, engine_kwargs: dict[str, Any] | None = None,
@@ -37,6 +37,10 @@ def make_backend(name: str, spec: ModelSpec, *, engine_kwargs: dict[str, Any] | 
         from jaxserve.bench.backend_vllm import VLLMBackend
 
         return VLLMBackend(spec, label=label)
+    if name == "llamacpp":
+        from jaxserve.bench.backend_llamacpp import LlamaCppBackend
+
+        return LlamaCppBackend(spec, max_seq_len=max_seq_len, label=label)
     raise ValueError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
 
 

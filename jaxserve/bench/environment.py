@@ -9,7 +9,8 @@ import subprocess
 import sys
 from typing import Any
 
-_PACKAGES = ("jaxserve", "jax", "jaxlib", "flax", "numpy", "torch", "transformers", "tokenizers", "gguf", "vllm")
+_PACKAGES = ("jaxserve", "jax", "jaxlib", "flax", "numpy", "torch", "transformers", "tokenizers", "gguf", "vllm",
+             "llama-cpp-python")
 
 
 def _version(pkg: str) -> str | None:
