@@ -64,6 +64,7 @@ class KVLoad:
     first_block: int
     dst_block_ids: tuple[int, ...]
     num_tokens: int      # the request's computed tokens once the load is in
+    tokens_sha256: bytes = b""   # tokens_digest of those tokens: the sender checks its KV is theirs
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +84,16 @@ class HeldBlocks:
     block_ids: tuple[int, ...]
     nodes: tuple = ()     # their prefix-cache nodes, released with them
     num_tokens: int = 0   # tokens whose K/V the blocks hold
+    token_ids: tuple[int, ...] = ()   # those tokens: a pull names the ones it expects (tokens_digest)
+
+
+def tokens_digest(token_ids) -> bytes:
+    """sha256 of token ids as little-endian int32: what a receiver expects the KV to be of."""
+    import hashlib
+    import struct
+
+    ids = list(token_ids)
+    return hashlib.sha256(struct.pack(f"<{len(ids)}i", *ids)).digest()
 
 
 class KVConnector(Protocol):
@@ -217,7 +228,8 @@ class KVConnectorScheduling:
         self._kv_loading[req.request_id] = req
         self.kv_loads_started += 1
         self.kv_connector.start_load(KVLoad(req.request_id, req.kv_load_generation, remote, first,
-                                            tuple(req.block_ids[first:cdiv(want, bs)]), want))
+                                            tuple(req.block_ids[first:cdiv(want, bs)]), want,
+                                            tokens_digest(req.prompt_token_ids[:want])))
         return True
 
     def _kv_fallback(self, req: Request, reason: str, detail: str = "") -> None:
@@ -250,8 +262,9 @@ class KVConnectorScheduling:
             return True
         if req.kv_send and reason != "abort" and self.kv_connector is not None:
             block_ids, nodes = self.kv.hold(req)
-            self.kv_connector.hold(HeldBlocks(req.request_id, tuple(block_ids), tuple(nodes),
-                                              min(req.num_computed_tokens, req.num_tokens)))
+            n = min(req.num_computed_tokens, req.num_tokens)
+            self.kv_connector.hold(HeldBlocks(req.request_id, tuple(block_ids), tuple(nodes), n,
+                                              tuple(req.all_token_ids[:n])))
             return True
         return False
 

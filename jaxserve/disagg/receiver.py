@@ -136,7 +136,8 @@ class KVReceiver:
             # bounded on its own, longer than the deadline: the deadline is enforced in poll(),
             # and a pull that ends after it is dropped there by its generation
             data = self.client.pull(load.remote, load.first_block, len(load.dst_block_ids), block,
-                                    timeout=self.timeout_s + self.lease_s)
+                                    timeout=self.timeout_s + self.lease_s, num_tokens=load.num_tokens,
+                                    tokens_sha256=load.tokens_sha256)
         except KVPullError as e:
             error = e
         except KVLayoutMismatch as e:

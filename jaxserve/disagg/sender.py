@@ -8,11 +8,15 @@ import time
 from typing import Callable
 
 from jaxserve.disagg.lease import Lease, LeaseTable
-from jaxserve.sched.kv_connector import HeldBlocks
+from jaxserve.sched.kv_connector import HeldBlocks, tokens_digest
 
 
 class LeaseGone(LookupError):
     """No live lease of that transfer id and generation (released, expired, or never granted)."""
+
+
+class KVOfOtherTokens(ValueError):
+    """A pull for a lease whose KV is of other tokens than the receiver's prompt."""
 
 
 class KVSender:
@@ -32,12 +36,20 @@ class KVSender:
     def lease_of(self, transfer_id: str) -> Lease | None:
         return self.leases.current(transfer_id)
 
-    def gather(self, transfer_id: str, generation: int, first_block: int, num_blocks: int):
+    def gather(self, transfer_id: str, generation: int, first_block: int, num_blocks: int,
+               num_tokens: int | None = None, tokens_sha256: bytes = b""):
         """Start copying blocks [first_block, first_block + num_blocks) of a live lease into a
-        contiguous device buffer (padded to its bucket). Raises LeaseGone."""
+        contiguous device buffer (padded to its bucket). Raises LeaseGone, or KVOfOtherTokens when
+        the receiver expects the KV of other tokens than the lease holds (`tokens_sha256` of its
+        first `num_tokens`)."""
         lease = self.leases.get(transfer_id, generation)
         if lease is None:
             raise LeaseGone(f"no live KV lease {transfer_id!r} generation {generation} (released or expired)")
+        if tokens_sha256:
+            held = lease.held.token_ids
+            if num_tokens is None or num_tokens > len(held) or tokens_digest(held[:num_tokens]) != tokens_sha256:
+                raise KVOfOtherTokens(f"KV lease {transfer_id!r} holds {len(held)} tokens that differ from the "
+                                      f"{num_tokens} the receiver expects")
         ids = lease.held.block_ids
         if first_block < 0 or num_blocks < 1 or first_block + num_blocks > len(ids):
             raise ValueError(f"blocks [{first_block}, {first_block + num_blocks}) of a lease of {len(ids)} blocks")

@@ -13,7 +13,7 @@ import grpc
 import numpy as np
 
 from jaxserve.disagg.attach import local_layout
-from jaxserve.disagg.sender import LeaseGone
+from jaxserve.disagg.sender import KVOfOtherTokens, LeaseGone
 from jaxserve.server.proto import generation_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -36,14 +36,17 @@ async def pull_kv(aengine, request: pb.PullKVRequest, context, metrics=None):
         await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                             f"this engine's role is {getattr(engine, 'role', 'both')!r}: it holds no KV for others")
     tid, gen, first, n = request.transfer_id, request.generation, request.first_block, request.num_blocks
+    num_tokens, digest = request.num_tokens, request.tokens_sha256
 
     def gather(e):
-        return e.kv_connector.sender.gather(tid, gen, first, n)
+        return e.kv_connector.sender.gather(tid, gen, first, n, num_tokens, digest)
 
     try:
         buf = await aengine.call(gather)
     except LeaseGone as e:
         await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+    except KVOfOtherTokens as e:
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
     except ValueError as e:
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
     data = await asyncio.to_thread(lambda: np.ascontiguousarray(np.asarray(buf)[:n]))

@@ -35,6 +35,7 @@ class KVPullError(RuntimeError):
 
 def _reason(code: grpc.StatusCode) -> str:
     return {grpc.StatusCode.NOT_FOUND: "lease_gone", grpc.StatusCode.DEADLINE_EXCEEDED: "timeout",
+            grpc.StatusCode.FAILED_PRECONDITION: "other_tokens",
             grpc.StatusCode.UNAVAILABLE: "unavailable"}.get(code, "error")
 
 
@@ -62,12 +63,13 @@ class KVClient:
             raise KVPullError(_reason(e.code()), f"handshake with {peer}: {e.code().name} {e.details()}") from None
 
     def pull(self, remote: RemoteKV, first_block: int, num_blocks: int, block: BlockLayout,
-             timeout: float) -> np.ndarray:
+             timeout: float, num_tokens: int = 0, tokens_sha256: bytes = b"") -> np.ndarray:
         """Blocks [first_block, first_block + num_blocks) of the lease, as [n, *block_shape]."""
         out = np.empty((num_blocks,) + block.block_shape, block.np_dtype)
         got = 0
         req = pb.PullKVRequest(transfer_id=remote.transfer_id, generation=remote.generation,
-                               first_block=first_block, num_blocks=num_blocks)
+                               first_block=first_block, num_blocks=num_blocks, num_tokens=num_tokens,
+                               tokens_sha256=tokens_sha256)
         try:
             for msg in self._stub(remote.peer).PullKV(req, timeout=timeout, metadata=self._metadata):
                 if msg.generation != remote.generation:

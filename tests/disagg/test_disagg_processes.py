@@ -167,6 +167,16 @@ def test_a_deadline_while_the_kv_is_in_flight_frees_blocks_on_both_sides(prefill
     assert_blocks_whole(prefill)                          # the cancelled load acknowledged the lease
 
 
+def test_a_lease_of_other_tokens_is_refused_and_the_prompt_recomputed(prefill, decode):
+    ids = PROMPTS[2]
+    other = _lease(prefill, [t + 1 for t in ids], "other-1")     # same length, other tokens
+    before = metrics(decode).get('jaxserve_kv_load_fallbacks_total{reason="other_tokens"}', 0)
+    got, _ = _tokens(decode.target, _load(ids, other, "mine-1"))
+    assert got == _tokens(decode.target, _request(ids))[0]
+    assert metrics(decode)['jaxserve_kv_load_fallbacks_total{reason="other_tokens"}'] == before + 1
+    assert_blocks_whole(decode, prefill)     # the refused pull acknowledged the lease too
+
+
 def test_a_killed_prefill_engine_costs_unavailable_or_a_recompute_by_policy(prefill, decode, tiny_llama_dir,
                                                                              xla_cache_dir, tmp_path_factory):
     strict = _serve(tiny_llama_dir, xla_cache_dir, tmp_path_factory.mktemp("strict") / "s.log", "--role", "decode",

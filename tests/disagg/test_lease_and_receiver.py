@@ -61,6 +61,24 @@ def test_the_sender_frees_blocks_on_release_or_expiry_and_refuses_gone_leases():
     assert not sender.heartbeat("s", second.generation)
 
 
+def test_the_sender_refuses_a_pull_for_the_kv_of_other_tokens():
+    from jaxserve.disagg.sender import KVOfOtherTokens
+    from jaxserve.sched.kv_connector import tokens_digest
+
+    sender = KVSender(transfer=SimpleTransfer(), free_held=lambda h: None, lease_s=5.0, clock=Clock())
+    lease = sender.hold(HeldBlocks("r", (1, 2, 3), (), 10, tuple(range(10))))
+    assert sender.gather("r", lease.generation, 0, 3, 9, tokens_digest(range(9))) == (1, 2, 3)
+    with pytest.raises(KVOfOtherTokens):
+        sender.gather("r", lease.generation, 0, 3, 9, tokens_digest([0] * 9))
+    with pytest.raises(KVOfOtherTokens):
+        sender.gather("r", lease.generation, 0, 3, 11, tokens_digest(range(11)))
+
+
+class SimpleTransfer:
+    def gather(self, block_ids):
+        return tuple(block_ids)
+
+
 def test_handshake_names_every_difference():
     other = KVLayout(BlockLayout(2, 8, 1, 8, "bfloat16"), "sha256:abc", "prefill")
     with pytest.raises(KVLayoutMismatch, match=r"block size 8 there, 4 here; KV dtype 'bfloat16' there"):
@@ -82,7 +100,7 @@ class FakeClient:
     def layout(self, peer, timeout):
         return self._layout
 
-    def pull(self, remote, first_block, num_blocks, block, timeout):
+    def pull(self, remote, first_block, num_blocks, block, timeout, num_tokens=0, tokens_sha256=b""):
         self.pulling.set()
         if not self.answer.wait(30):
             raise KVPullError("timeout", "the test never answered")

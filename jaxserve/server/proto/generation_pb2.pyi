@@ -168,16 +168,20 @@ class KVLayout(_message.Message):
     def __init__(self, block_size: _Optional[int] = ..., kv_dtype: _Optional[str] = ..., num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., checkpoint_identity: _Optional[str] = ..., role: _Optional[str] = ...) -> None: ...
 
 class PullKVRequest(_message.Message):
-    __slots__ = ("transfer_id", "generation", "first_block", "num_blocks")
+    __slots__ = ("transfer_id", "generation", "first_block", "num_blocks", "num_tokens", "tokens_sha256")
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     FIRST_BLOCK_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_SHA256_FIELD_NUMBER: _ClassVar[int]
     transfer_id: str
     generation: int
     first_block: int
     num_blocks: int
-    def __init__(self, transfer_id: _Optional[str] = ..., generation: _Optional[int] = ..., first_block: _Optional[int] = ..., num_blocks: _Optional[int] = ...) -> None: ...
+    num_tokens: int
+    tokens_sha256: bytes
+    def __init__(self, transfer_id: _Optional[str] = ..., generation: _Optional[int] = ..., first_block: _Optional[int] = ..., num_blocks: _Optional[int] = ..., num_tokens: _Optional[int] = ..., tokens_sha256: _Optional[bytes] = ...) -> None: ...
 
 class KVBlocks(_message.Message):
     __slots__ = ("generation", "first_block", "num_blocks", "data")
