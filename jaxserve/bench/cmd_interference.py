@@ -12,6 +12,9 @@ default chunking keeps the chats' p99 ITL <= 2x the baseline p50 ITL (the requir
 long prompts' TTFT within 1.5x of unchunked (reported against). `--repeats N` runs the pair
 (chats alone, default) N times on the default engine: the ratio's spread on a shared machine is
 wide, so every round's ratio is reported and the table shows the median round.
+`--disaggregated` runs instead, in one run, a colocated server on both `--cpu-sets` against a
+prefill server on the first and a decode server on the second behind the router
+(disagg_interference.py).
 """
 
 from __future__ import annotations
@@ -44,6 +47,15 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--repeats", type=int, default=1,
                    help="rounds of (chats alone, default) on the default engine; the table and the ITL "
                         "target use the round with the median ratio, and every round's ratio is reported")
+    d = p.add_argument_group("disaggregated prefill and decode (--disaggregated)")
+    d.add_argument("--disaggregated", action="store_true",
+                   help="servers instead of in-process engines: colocated on both CPU sets vs prefill on the first "
+                        "and decode on the second, behind the router")
+    d.add_argument("--cpu-sets", default="0:1", help="prefill:decode CPU sets (the colocated engine gets both)")
+    d.add_argument("--prefill-threshold-tokens", type=int, default=256,
+                   help="prompts shorter than this skip the prefill engine (the chats)")
+    d.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
+                   help="a `jaxserve serve` argument for every server, verbatim (repeatable; --serve-arg=--dtype=float32)")
     set_command(p, run)
 
 
@@ -161,6 +173,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.max_model_len is None:  # the long prompts must fit; round up to a block multiple
         need = workload.summary()["max_seq_len"]
         base_overrides["max_model_len"] = -(-need // 256) * 256
+    if args.disaggregated:
+        from jaxserve.bench.disagg_interference import run_disaggregated
+
+        serve_args = (["--model", args.model] if args.model else []) + [
+            "--max-model-len", str(args.max_model_len or base_overrides["max_model_len"])] + list(args.serve_arg)
+        return run_disaggregated(args, workload, chats_only, serve_args)
     warmup = warmup_requests(chats_only, args.num_warmup)
     session.sized_for(workload)
     runs, table = [], {}
