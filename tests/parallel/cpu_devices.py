@@ -29,7 +29,7 @@ def cpu_device_env(num_devices: int) -> dict:
     return env
 
 
-def run_probe(num_devices: int, *args: str, timeout: float = 900) -> dict:
+def run_probe(num_devices: int, *args: str, timeout: float = 850) -> dict:
     """Run tests/parallel/tp_probe.py with `args` on `num_devices` CPU devices; its JSON report."""
     proc = subprocess.run([sys.executable, PROBE, *args], env=cpu_device_env(num_devices), cwd=REPO,
                           capture_output=True, text=True, timeout=timeout)
