@@ -1,7 +1,9 @@
 """Tensor parallelism on tiny random models, on 8 CPU devices in one child process
 (cpu_devices.py says why a child): Llama at 2 and 4 devices, Mistral at 4, Qwen2 at 8, Qwen3 at 2.
 The models have 8 query heads and 2 KV heads, so 4 and 8 devices replicate KV heads. All engines
-keep their executables in one folder, as a server's persistent cache would.
+keep their executables in one folder, as a server's persistent cache would. Mistral's engine runs
+the Triton kernel and Qwen3's the Mosaic kernel (in their interpreters, as on a CPU they must),
+each per shard inside shard_map like the XLA attention the others run.
 
 Each engine's greedy outputs (and n=2 forks) must equal HF transformers' greedy continuations,
 which the one-device engine equals (tests/engine/test_llm_tiny.py): building a one-device engine
@@ -15,6 +17,7 @@ from jaxserve.testing.tiny_models import make_tiny_model
 from tests.parallel.cpu_devices import run_probe
 
 SIZES = {"llama": (2, 4), "mistral": (4,), "qwen2": (8,), "qwen3": (2,)}
+ATTENTION = {"mistral": "triton_interpret", "qwen3": "mosaic_interpret"}      # the rest: auto (XLA)
 HEADS, KV_HEADS = 8, 2
 TILE = 8          # tp_probe.TINY_SHAPES' prefill tile
 NORMS = ("norm/weight",)
@@ -26,7 +29,7 @@ def report(tmp_path_factory):
     for arch, sizes in SIZES.items():
         path = make_tiny_model(tmp_path_factory.mktemp(f"tp-{arch}"), arch, seed=1, num_heads=HEADS,
                                num_kv_heads=KV_HEADS)
-        specs.append(f"{path}:{','.join(map(str, sizes))}")
+        specs.append(f"{path}:{','.join(map(str, sizes))}:{ATTENTION.get(arch, 'auto')}")
     result = run_probe(8, "tiny", str(tmp_path_factory.mktemp("tp-cache")), *specs)
     assert result["devices"] == 8
     return {arch: model for arch, model in zip(SIZES, result["models"].values())}

@@ -2,7 +2,8 @@
 at several tensor-parallel sizes and prints one JSON report as its last stdout line. The tests
 assert on the report; nothing here decides pass or fail.
 
-    tp_probe.py tiny CACHE DIR:SIZES ...  per model dir, one engine per size: greedy outputs, n=2
+    tp_probe.py tiny CACHE DIR:SIZES[:IMPL] ...  per model dir, one engine per size (attention IMPL,
+                                        default auto): greedy outputs, n=2
                                         forks, the compiled steps' collectives, bytes per device;
                                         every engine keeps its executables in the one folder CACHE
     tp_probe.py quantized DIR SIZE      int8 weights and an int8 KV cache at 1 and SIZE devices; int4
@@ -57,7 +58,7 @@ def tiny(cache_dir: str, *specs: str) -> dict:
             "models": {spec.split(":")[0]: tiny_model(cache_dir, *spec.split(":")) for spec in specs}}
 
 
-def tiny_model(cache_dir: str, model_dir: str, sizes: str) -> dict:
+def tiny_model(cache_dir: str, model_dir: str, sizes: str, attention_impl: str = "auto") -> dict:
     """Per size: the engine's greedy outputs (three prompts, and n=2 forks of the first in the same
     call) with HF transformers' greedy continuations beside them (the one-device engine equals HF:
     tests/engine/test_llm_tiny.py), the compiled steps' collectives, and bytes per device, with
@@ -70,7 +71,8 @@ def tiny_model(cache_dir: str, model_dir: str, sizes: str) -> dict:
     forked = SamplingParams(max_tokens=8, min_tokens=8, temperature=0.0, n=2)
     report = {"engines": {}}
     for size in [int(s) for s in sizes.split(",")]:
-        llm = LLM(model_dir, **{**TINY_SHAPES, "cache_dir": cache_dir}, tensor_parallel_size=size)
+        llm = LLM(model_dir, **{**TINY_SHAPES, "cache_dir": cache_dir}, tensor_parallel_size=size,
+                  attention_impl=attention_impl)
         runner = runner_of(llm)
         outs = llm.generate(TINY_PROMPTS + TINY_PROMPTS[:1], [greedy] * len(TINY_PROMPTS) + [forked],
                             use_tqdm=False)
