@@ -120,7 +120,7 @@ class Hosts:
             try:
                 self._store.key_value_increment(f"{PREFIX}alive/{me}", 1)
                 for r in others:
-                    value = self._store.key_value_try_get(f"{PREFIX}alive/{r}") if self._has(r) else None
+                    value = self._counter(r)
                     if value != seen[r][0]:
                         seen[r] = (value, time.monotonic())
                     elif time.monotonic() - seen[r][1] > self.config.timeout_s:
@@ -136,12 +136,13 @@ class Hosts:
                 return
             time.sleep(HEARTBEAT_S)
 
-    def _has(self, rank: int) -> bool:
+    def _counter(self, rank: int) -> str | None:
+        """A rank's heartbeat counter; None before its first beat."""
         try:
-            return self._store.key_value_try_get(f"{PREFIX}alive/{rank}") is not None
+            return self._store.key_value_try_get(f"{PREFIX}alive/{rank}")
         except Exception as e:  # noqa: BLE001 - not written yet reads as NOT_FOUND
             if "NOT_FOUND" in str(e) or "not found" in str(e).lower():
-                return False
+                return None
             raise
 
     def fail(self, message: str) -> None:
