@@ -117,7 +117,10 @@ def run_disaggregated(args: argparse.Namespace, workload, chats_only, serve_args
                                   stdin=subprocess.DEVNULL)
         target = f"127.0.0.1:{port}"
         _wait_serving(target, router, "the router")
-        _run(target, warm + [replace(workload.requests[-1], output_len=2)], "warm")   # a transfer, warmed
+        # a transfer, warmed, of a prompt the workload does not have (else both sides would cache it)
+        long = workload.requests[-1]
+        _run(target, warm + [replace(long, prompt_token_ids=tuple(reversed(long.prompt_token_ids)), output_len=2)],
+             "warm")
         table["disaggregated, chats alone"] = row(_run(target, chats_only.requests, "alone"))
         before = _kv_metrics(metrics_port)
         records = _run(target, workload.requests, "pd")

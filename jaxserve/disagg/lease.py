@@ -24,6 +24,7 @@ class Lease:
     held: HeldBlocks
     expires_at: float
     granted_at: float = field(default=0.0)
+    buffer: object = None   # the held blocks' contents, gathered when the lease was granted (sender.py)
 
 
 class LeaseTable:
@@ -51,6 +52,9 @@ class LeaseTable:
     def get(self, transfer_id: str, generation: int) -> Lease | None:
         lease = self._leases.get(transfer_id)
         return lease if lease is not None and lease.generation == generation else None
+
+    def now(self) -> float:
+        return self._clock()
 
     def current(self, transfer_id: str) -> Lease | None:
         return self._leases.get(transfer_id)

@@ -1,6 +1,11 @@
-"""The sending side: blocks of finished prefills held under leases, gathered when a receiver
-pulls them. Runs on the engine's step thread only (the server hops there with AsyncEngine.call),
-so the scheduler's pool is never touched from two threads."""
+"""The sending side: blocks of finished prefills held under leases.
+
+`hold` (step thread, when the request ends) grants the lease and dispatches the gather of its
+blocks at once, behind the step that wrote them, with the copy to the host started: a pull then
+reads that buffer from the server's threads (`pulled`) without waiting for the step loop, which on
+a prefill engine is usually in the middle of the next prompt's chunk. Leases are granted, released
+and expired on the step thread only (the server hops there with AsyncEngine.call), so the
+scheduler's pool is never touched from two threads; a pull only reads the table."""
 
 from __future__ import annotations
 
@@ -31,7 +36,19 @@ class KVSender:
         lease, old = self.leases.grant(held.request_id, held)
         if old is not None:
             self._free_held(old.held)
+        if self.transfer is not None and held.block_ids:
+            lease.buffer = self.transfer.gather(held.block_ids)
+            lease.buffer.copy_to_host_async()
         return lease
+
+    def pulled(self, transfer_id: str, generation: int, first_block: int, num_blocks: int,
+               num_tokens: int | None = None, tokens_sha256: bytes = b""):
+        """The gathered buffer of a live lease, checked as `gather` checks (any thread: the lease
+        is read once; a release racing with it cannot matter, the buffer is the lease's own copy)."""
+        lease = self._checked(transfer_id, generation, first_block, num_blocks, num_tokens, tokens_sha256)
+        if lease.buffer is None:
+            raise LeaseGone(f"KV lease {transfer_id!r} has no gathered buffer")
+        return lease.buffer
 
     def lease_of(self, transfer_id: str) -> Lease | None:
         return self.leases.current(transfer_id)
@@ -42,6 +59,10 @@ class KVSender:
         contiguous device buffer (padded to its bucket). Raises LeaseGone, or KVOfOtherTokens when
         the receiver expects the KV of other tokens than the lease holds (`tokens_sha256` of its
         first `num_tokens`)."""
+        lease = self._checked(transfer_id, generation, first_block, num_blocks, num_tokens, tokens_sha256)
+        return self.transfer.gather(lease.held.block_ids[first_block:first_block + num_blocks])
+
+    def _checked(self, transfer_id, generation, first_block, num_blocks, num_tokens, tokens_sha256) -> Lease:
         lease = self.leases.get(transfer_id, generation)
         if lease is None:
             raise LeaseGone(f"no live KV lease {transfer_id!r} generation {generation} (released or expired)")
@@ -53,8 +74,8 @@ class KVSender:
         ids = lease.held.block_ids
         if first_block < 0 or num_blocks < 1 or first_block + num_blocks > len(ids):
             raise ValueError(f"blocks [{first_block}, {first_block + num_blocks}) of a lease of {len(ids)} blocks")
-        self.leases.extend(transfer_id, generation)   # a pull is a sign of life too
-        return self.transfer.gather(ids[first_block:first_block + num_blocks])
+        lease.expires_at = max(lease.expires_at, self.leases.now() + self.leases.lease_s)   # a pull is a sign of life
+        return lease
 
     def heartbeat(self, transfer_id: str, generation: int) -> bool:
         return self.leases.extend(transfer_id, generation)

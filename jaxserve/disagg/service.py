@@ -38,18 +38,16 @@ async def pull_kv(aengine, request: pb.PullKVRequest, context, metrics=None):
     tid, gen, first, n = request.transfer_id, request.generation, request.first_block, request.num_blocks
     num_tokens, digest = request.num_tokens, request.tokens_sha256
 
-    def gather(e):
-        return e.kv_connector.sender.gather(tid, gen, first, n, num_tokens, digest)
-
     try:
-        buf = await aengine.call(gather)
+        # the lease's buffer was gathered when the prefill ended: no wait for the step loop
+        buf = engine.kv_connector.sender.pulled(tid, gen, first, n, num_tokens, digest)
     except LeaseGone as e:
         await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
     except KVOfOtherTokens as e:
         await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
     except ValueError as e:
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-    data = await asyncio.to_thread(lambda: np.ascontiguousarray(np.asarray(buf)[:n]))
+    data = await asyncio.to_thread(lambda: np.ascontiguousarray(np.asarray(buf)[first:first + n]))
     per_block = data[0].nbytes
     step = max(1, MESSAGE_BYTES // per_block)
     for i in range(0, n, step):

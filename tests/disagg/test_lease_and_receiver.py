@@ -67,16 +67,31 @@ def test_the_sender_refuses_a_pull_for_the_kv_of_other_tokens():
 
     sender = KVSender(transfer=SimpleTransfer(), free_held=lambda h: None, lease_s=5.0, clock=Clock())
     lease = sender.hold(HeldBlocks("r", (1, 2, 3), (), 10, tuple(range(10))))
-    assert sender.gather("r", lease.generation, 0, 3, 9, tokens_digest(range(9))) == (1, 2, 3)
+    assert lease.buffer.ids == (1, 2, 3) and lease.buffer.copying     # gathered as the lease began
+    assert sender.pulled("r", lease.generation, 0, 3, 9, tokens_digest(range(9))) is lease.buffer
+    assert sender.gather("r", lease.generation, 1, 2, 9, tokens_digest(range(9))).ids == (2, 3)
     with pytest.raises(KVOfOtherTokens):
-        sender.gather("r", lease.generation, 0, 3, 9, tokens_digest([0] * 9))
+        sender.pulled("r", lease.generation, 0, 3, 9, tokens_digest([0] * 9))
     with pytest.raises(KVOfOtherTokens):
-        sender.gather("r", lease.generation, 0, 3, 11, tokens_digest(range(11)))
+        sender.pulled("r", lease.generation, 0, 3, 11, tokens_digest(range(11)))
+    with pytest.raises(ValueError, match="of a lease of 3 blocks"):
+        sender.pulled("r", lease.generation, 2, 2)
+    sender.release("r", lease.generation)
+    with pytest.raises(LeaseGone):
+        sender.pulled("r", lease.generation, 0, 3)
+
+
+class Gathered:
+    def __init__(self, ids):
+        self.ids, self.copying = tuple(ids), False
+
+    def copy_to_host_async(self):
+        self.copying = True
 
 
 class SimpleTransfer:
     def gather(self, block_ids):
-        return tuple(block_ids)
+        return Gathered(block_ids)
 
 
 def test_handshake_names_every_difference():
