@@ -157,8 +157,8 @@ def run_disaggregated(args: argparse.Namespace, workload, chats_only, serve_args
     for k, v in targets.items():
         print(f"{k}: {v}")
     result = {"workload": workload.summary(), "params": dict(workload.params), "table": table, "targets": targets,
-              "cpu_sets": args.cpu_sets, "serve_args": serve_args, "load_average": os.getloadavg(),
-              "logs": log_dir}
+              "cpu_sets": args.cpu_sets, "serve_args": serve_args, "load_average": os.getloadavg()}
+    log(f"server and router logs in {log_dir}")
     os.makedirs(args.output_dir, exist_ok=True)
     path = os.path.join(args.output_dir, f"{args.name or 'interference-disaggregated'}.json")
     with open(path, "w") as f:
