@@ -175,8 +175,7 @@ def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, 
             log.info("host rank %d of %d: running the leader's steps", hosts.config.host_rank, hosts.config.num_hosts)
             if config.warm_up == "all":
                 runner.load_executables(progress=progress)   # compiled here while rank 0 compiles its own
-            hosts.follow(runner)              # until rank 0 ends (or the watchdog ends this process)
-            raise SystemExit(0)
+            hosts.follow_then_exit(runner)    # until rank 0 ends (or the watchdog ends this process)
         lead(hosts, runner)                   # from here every step rank 0 runs, the followers run too
     if config.warm_up == "all":
         report = warm_up(runner, progress=progress)

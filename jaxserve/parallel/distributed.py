@@ -89,9 +89,15 @@ def join(config: HostConfig) -> "Hosts":
         return _joined
     import jax
 
+    # JAX's preemption service catches SIGTERM for its own sync points, which jaxserve does not use:
+    # left on, a server's SIGTERM would never reach its graceful drain
+    jax.config.update("jax_enable_preemption_service", False)
     jax.distributed.initialize(config.coordinator_address, config.num_hosts, config.host_rank,
                                heartbeat_timeout_seconds=max(2, int(2 * config.timeout_s)),
-                               initialization_timeout=max(60, int(config.timeout_s * 4)))
+                               initialization_timeout=max(60, int(config.timeout_s * 4)),
+                               # at exit every rank waits for the others at a barrier: bounded, so a
+                               # leader whose follower is gone still exits
+                               shutdown_timeout_seconds=max(10, int(2 * config.timeout_s)))
     _joined = Hosts(config)
     _joined.start_watchdog()
     return _joined
@@ -170,6 +176,20 @@ class Hosts:
         if not self._stopped.is_set():
             self.publish(STOP)
             self._stopped.set()
+
+    def follow_then_exit(self, runner) -> None:
+        """Follower: run the leader's steps until it stops, then leave the group and end this process
+        (status 0). A follower has nothing to save, and its caller (a server still "warming up", an
+        LLM constructor) has nothing to return."""
+        self.follow(runner)
+        log.info("host rank %d: the leader stopped; exiting", self.config.host_rank)
+        import jax
+
+        try:
+            jax.distributed.shutdown()          # the exit barrier the leader waits at
+        finally:
+            logging.shutdown()
+            os._exit(0)
 
     def follow(self, runner) -> None:
         """Follower: run every step the leader publishes, in order, until it says stop."""

@@ -107,7 +107,8 @@ def _build_in_thread(build: Callable[[], object]) -> asyncio.Future:
         try:
             result = build()
         except BaseException as e:   # noqa: BLE001 - reported through the future
-            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_exception(e))
+            # bound now: `e` itself is unbound when the except block ends, before the loop runs this
+            loop.call_soon_threadsafe(lambda err=e: fut.done() or fut.set_exception(err))
         else:
             loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(result))
 
