@@ -211,11 +211,12 @@ class Engine:
     def _dispatch(self, sched_out: SchedulerOutput) -> _InFlight | None:
         self.runner.owner = self     # whose block ids the arena's contents now follow
         self.outputs.mark_scheduled((r.request_id for r in sched_out.requests), time.perf_counter())
-        draft = None
-        if self.draft_runner is not None:
+        if self.draft_runner is None:
+            handle = self.runner.dispatch(sched_out)   # block operations run even with no request
+        else:
             # its K/V follow the target's; the target's sampled rows are coupled with its draws
             draft = self.draft_runner.dispatch(draft_sampling(sched_out)).sampler_out
-        handle = self.runner.dispatch(sched_out, draft)   # block operations run even with no request
+            handle = self.runner.dispatch(sched_out, draft_sample=draft)
         return _InFlight(sched_out, handle, time.perf_counter()) if sched_out.requests else None
 
     def _finish(self, step: _InFlight | None) -> list[RequestOutput]:
