@@ -47,11 +47,13 @@ from jaxserve.sched.errors import Overloaded
 from jaxserve.sched.kv_cache_manager import KVCacheManager, SharedPrefix, cdiv
 from jaxserve.sched.kv_connector import KVConnectorScheduling
 from jaxserve.sched.limits import RequestLimits
+from jaxserve.sched.preemption import Preemption
 from jaxserve.sched.policy import FairShare, pick_victim
 from jaxserve.sched.request import FINISH_REASONS, Request, RequestStatus
 from jaxserve.sched.request_queue import WaitingQueue
 from jaxserve.sched.scheduler_config import SchedulerConfig
 from jaxserve.sched.scheduler_output import PLACEHOLDER_TOKEN, RequestUpdate, ScheduledRequest, SchedulerOutput
+from jaxserve.sched.scheduler_stats import SchedulerStats
 from jaxserve.sched.speculation import DraftPlanner
 from jaxserve.sched.speculative_scheduling import SpeculativeScheduling
 from jaxserve.sched.step_budget import StepTimeScale, chunk_within, step_allowance
@@ -90,7 +92,7 @@ class _Step:
         self.prefill_items = 0
 
 
-class Scheduler(SpeculativeScheduling, KVConnectorScheduling):
+class Scheduler(SpeculativeScheduling, KVConnectorScheduling, Preemption, SchedulerStats):
     def __init__(self, config: SchedulerConfig, clock=time.perf_counter, draft_proposer=None) -> None:
         """draft_proposer (speculation method draft_model): called within schedule() with
         [(request, k)] once their blocks for k guesses are allocated; returns request id -> its
@@ -315,18 +317,6 @@ class Scheduler(SpeculativeScheduling, KVConnectorScheduling):
             st.admitted.add(req.request_id)
             self._add_scheduled(req, n, st)
 
-    def _less_urgent_victim(self, req: Request, st: _Step) -> Request | None:
-        """Under the priority policy, a waiting request may evict a less urgent running one (not
-        one admitted in this very step: its swap-in or first chunk is not even computed yet)."""
-        if self.config.scheduling_policy != "priority":
-            return None
-        parent = req.fork_parent_id  # a fork child never evicts its own parent
-        less_urgent = [
-            r for r in self.running
-            if r.priority > req.priority and r.request_id not in st.admitted and r.request_id != parent
-        ]
-        return pick_victim(less_urgent) if less_urgent else None
-
     def _admit(self, req: Request, prefix: SharedPrefix, n: int, st: _Step) -> bool:
         """Allocate blocks for a waiting request if projected KV use allows (False: nothing changed)."""
         busy = bool(self.running)  # alone, a request always fits (checked at the door)
@@ -464,57 +454,6 @@ class Scheduler(SpeculativeScheduling, KVConnectorScheduling):
             req.num_pending_output_tokens += 1
 
     # ---- preemption ---------------------------------------------------------------------------
-    def _preempt(self, victim: Request, st: _Step) -> None:
-        """Evict a running request (possibly one already scheduled this step: it is taken out of
-        the step again) by swap or recompute, and put it back in the waiting queue."""
-        rid = victim.request_id
-        pending_copy = False
-        sr = st.scheduled.pop(rid, None)
-        if sr is not None:  # undo what _add_scheduled advanced
-            st.budget += len(sr.token_ids) if sr.num_draft_tokens else self._charge(len(sr.token_ids))
-            st.partial.discard(rid)
-            victim.num_computed_tokens = sr.num_computed_tokens
-            if sr.sample:
-                victim.num_pending_output_tokens -= 1
-            mine = set(victim.block_ids)
-            kept = [(s, d) for s, d in st.copies if d not in mine]
-            pending_copy = len(kept) != len(st.copies)
-            st.copies[:] = kept
-        self.running.remove(victim)
-        # swap-outs run before the step's copies and swap-ins: a block still waiting for its
-        # content cannot be saved, so such a victim is recomputed
-        pending = pending_copy or rid in st.admitted
-        if not pending and self._should_swap(victim):
-            k = cdiv(victim.num_computed_tokens, self.config.block_size)
-            host = self.host_pool.allocate(k)
-            st.swap_out.extend((d, h - 1) for d, h in zip(victim.block_ids[:k], host))
-            victim.host_block_ids = host
-            self.kv.free(victim)
-            victim.status = RequestStatus.SWAPPED
-            self.num_preemptions_swap += 1
-            self.num_swapped_blocks += k
-        else:
-            self.kv.free(victim)
-            victim.num_computed_tokens = 0
-            victim.status = RequestStatus.PREEMPTED
-            self.num_preemptions_recompute += 1
-        victim.num_preemptions += 1
-        st.preempted.append(rid)
-        self.waiting.push(victim, victim.queue_key)
-
-    def _should_swap(self, req: Request) -> bool:
-        mode = self.config.preemption_mode
-        if mode == "recompute" or req.num_computed_tokens == 0:
-            return False
-        if cdiv(req.num_computed_tokens, self.config.block_size) > self.host_pool.num_free:
-            return False  # the host pool is full: recompute instead
-        if mode == "swap":
-            return True
-        # auto: recompute is cheaper below the crossover length the engine measured; blocks still
-        # in the prefix cache would be found again, so they do not count as lost work
-        lost = req.num_computed_tokens - self.kv.num_cached_prefix_tokens(req)
-        return lost >= self.config.swap_crossover_tokens
-
     # ---- after a step -------------------------------------------------------------------------
     def update(self, sched_out: SchedulerOutput, sampled: Mapping[str, Sequence[int]]) -> list[RequestUpdate]:
         """Record that the step ran: append each request's sampled tokens (`sampled[id]`, in order),
@@ -624,51 +563,6 @@ class Scheduler(SpeculativeScheduling, KVConnectorScheduling):
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests)
-
-    @property
-    def num_running(self) -> int:
-        return len(self.running)
-
-    @property
-    def num_waiting(self) -> int:
-        return len(self.waiting)
-
-    @property
-    def num_preemptions(self) -> int:
-        return self.num_preemptions_recompute + self.num_preemptions_swap
-
-    @property
-    def num_kv_blocks_total(self) -> int:
-        return self.kv.pool.num_total
-
-    @property
-    def num_kv_blocks_free(self) -> int:
-        return self.kv.pool.num_free
-
-    @property
-    def num_kv_blocks_cached(self) -> int:
-        """Blocks the prefix cache holds that no request uses (evictable)."""
-        return self.kv.pool.num_cached
-
-    @property
-    def num_kv_blocks_in_use(self) -> int:
-        return self.kv.pool.num_in_use
-
-    @property
-    def num_host_blocks_in_use(self) -> int:
-        return self.host_pool.num_in_use if self.host_pool is not None else 0
-
-    @property
-    def prefix_cache_queries(self) -> int:
-        return self.kv.prefix_cache_queries
-
-    @property
-    def prefix_cache_hits(self) -> int:
-        return self.kv.prefix_cache_hits
-
-    @property
-    def prefix_cache_nodes(self) -> int:
-        return self.kv.num_prefix_cache_nodes
 
 
 def _common_prefix_len(a: list[int], b: list[int]) -> int:
