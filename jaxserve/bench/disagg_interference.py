@@ -50,7 +50,8 @@ def _wait_serving(target: str, proc: subprocess.Popen, what: str) -> None:
     raise RuntimeError(f"{what} was not serving after {START_GUARD_S} s")
 
 
-def _kv_metrics(port: int) -> dict[str, float]:
+def kv_metrics(port: int) -> dict[str, float]:
+    """The jaxserve_kv_* samples a server's Prometheus endpoint on `port` exposes, by name and labels."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     out = {}
     for line in text.splitlines():
@@ -122,9 +123,9 @@ def run_disaggregated(args: argparse.Namespace, workload, chats_only, serve_args
         _run(target, warm + [replace(long, prompt_token_ids=tuple(reversed(long.prompt_token_ids)), output_len=2)],
              "warm")
         table["disaggregated, chats alone"] = row(_run(target, chats_only.requests, "alone"))
-        before = _kv_metrics(metrics_port)
+        before = kv_metrics(metrics_port)
         records = _run(target, workload.requests, "pd")
-        after = _kv_metrics(metrics_port)
+        after = kv_metrics(metrics_port)
         r = row(records)
         n = after["jaxserve_kv_transfers_total"] - before["jaxserve_kv_transfers_total"]
         seconds = after["jaxserve_kv_transfer_seconds_sum"] - before["jaxserve_kv_transfer_seconds_sum"]

@@ -16,7 +16,6 @@ every wait is a poll with a guard that only turns a hang into a failure.
 from __future__ import annotations
 
 import os
-import re
 import signal
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
+from jaxserve.bench.disagg_interference import kv_metrics
 from jaxserve.server.proto import generation_pb2 as pb
 from jaxserve.server.proto import generation_pb2_grpc as pb_grpc
 from tests.router.router_process import RouterProcess, server_info
@@ -83,13 +83,7 @@ def _load(ids, remote, rid):
 
 
 def metrics(server) -> dict[str, float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read().decode()
-    out = {}
-    for line in text.splitlines():
-        m = re.match(r'^(jaxserve_kv_[a-z_]+(?:\{[^}]*\})?) ([0-9.e+-]+)$', line)
-        if m:
-            out[m.group(1)] = float(m.group(2))
-    return out
+    return kv_metrics(server.metrics_port)
 
 
 def blocks_whole(server) -> bool:
