@@ -29,3 +29,15 @@ TINY_ENGINE = dict(max_num_seqs=4, max_model_len=128, block_size=4, prefill_tile
 # kept (executables, calibration timings, identities); tests of those caches pass their own tmp_path.
 # long_prefill_token_threshold=0 keeps the tests' chunking deterministic: the default derives it
 # from timings measured at start-up (tests/engine/test_chunk_policy.py covers that path).
+
+
+def pytest_collection_modifyitems(config, items):
+    # `slow` tests (the full from_pretrained comparison, end-to-end runs of benchmark commands,
+    # checks another test covers on a smaller model) run only when asked for with `-m slow`: the
+    # default run, which CI takes, stays well under 15 minutes on 2 cores
+    if "slow" in (config.getoption("-m") or ""):
+        return
+    skip = pytest.mark.skip(reason="slow: run with -m slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

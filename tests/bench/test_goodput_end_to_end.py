@@ -122,6 +122,7 @@ def test_in_process_search_probes_low_then_stops_when_nothing_can_meet_the_slo(t
     assert t["points"][0]["missed_ttft"] == 4
 
 
+@pytest.mark.slow
 def test_real_engine_variants_on_the_tiny_model(tiny_model_dir, tmp_path):
     # start-up keeps nothing from other runs: what this measures must not depend on what the
     # machine's caches hold (an executable serialized under other XLA flags fails to load)
@@ -149,6 +150,7 @@ def test_real_engine_variants_on_the_tiny_model(tiny_model_dir, tmp_path):
         assert t["points"][0]["attainment"] == 1.0 and t["goodput_rate"] == 50.0
 
 
+@pytest.mark.slow
 def test_real_engine_turning_requests_away_counts_misses_not_a_failed_run(tiny_model_dir, tmp_path):
     # all 6 at once to 2 seats with room for 1 more waiting: at least 3 are turned away
     res = bench(tiny_model_dir, tmp_path, "--num-prompts", "6", "--input-len", "8:24", "--output-len", "2:6",

@@ -3,9 +3,12 @@ the same workload, produced the same tokens, and the summary is computed from th
 
 import statistics
 
+import pytest
+
 from jaxserve.cli import build_parser
 
 
+@pytest.mark.slow
 def test_overlap_runs_both_loops_in_turn_and_summarizes_the_rounds(tmp_path):
     args = build_parser().parse_args([
         "bench", "overlap", "--shape", "tiny", "--num-requests", "6", "--input-len", "8", "--output-len", "12", "--max-num-seqs", "4",

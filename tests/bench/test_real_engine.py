@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from jaxserve.bench import cli
 
 
@@ -25,6 +27,7 @@ def test_jaxserve_and_hf_give_identical_greedy_tokens_and_the_engine_stays_clean
     assert all(len(r["token_times"]) == r["output_len"] for r in jx["requests"])
 
 
+@pytest.mark.slow
 def test_speculative_config_runs_jaxserve_with_and_without_it_on_one_runner(tiny_model_dir, tmp_path):
     res = cli.main([
         "bench", "throughput", "--model", tiny_model_dir, "--output-dir", str(tmp_path), "--no-progress",

@@ -13,6 +13,9 @@ from jaxserve.bench import cli
 from jaxserve.bench.results import load_result
 
 # max_model_len=4096 exceeds the tiny model's 1,024 positions: that configuration must be skipped
+# a benchmark command end to end (about a minute): run with -m slow
+pytestmark = pytest.mark.slow
+
 GRID = ["--max-model-len", "128,4096", "--max-num-seqs", "2", "--block-size", "8", "--prefill-tile", "8"]
 ENGINE = ["--engine-arg", "num_kv_blocks=256", "--engine-arg", "xla_optimization_level=0",
           "--engine-arg", "compilation_cache_dir=''"]

@@ -23,14 +23,3 @@ def embedded(embedded_path):
     from jaxserve.checkpoints import load_checkpoint
 
     return load_checkpoint(None)
-
-
-def pytest_collection_modifyitems(config, items):
-    # A `slow` test here (the full from_pretrained comparison, about a minute) runs only when asked
-    # for with `-m slow`; the default run stays within this folder's time share.
-    if "slow" in (config.getoption("-m") or ""):
-        return
-    skip = pytest.mark.skip(reason="slow: run with -m slow")
-    for item in items:
-        if "slow" in item.keywords and str(item.fspath).startswith(_HERE):
-            item.add_marker(skip)

@@ -65,6 +65,7 @@ REPETITIVE = [
 ]
 
 
+@pytest.mark.slow
 def test_speculative_decoding_keeps_greedy_generations_identical_to_hf(llm, hf_model):
     """n-gram speculation on a runner whose 8 decode rows hold two requests with 3 guesses each:
     on prompts whose answers copy their text (guesses accepted) and on ones whose answers don't."""

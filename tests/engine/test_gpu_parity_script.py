@@ -85,6 +85,7 @@ def test_without_hf_the_engines_are_still_compared_and_the_run_fails(script, tmp
     assert ran[0][1] == ran[1][1] and len(ran[0][1]) == 3   # each slot's first candidate, same for both
 
 
+@pytest.mark.slow
 def test_dry_run_on_the_cpu_with_the_triton_interpreter(script, tmp_path, capsys, monkeypatch):
     for var, value in script.ENV_DEFAULTS:   # main() sets these: undone after the test
         monkeypatch.setenv(var, os.environ.get(var, value))
