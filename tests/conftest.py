@@ -31,13 +31,18 @@ TINY_ENGINE = dict(max_num_seqs=4, max_model_len=128, block_size=4, prefill_tile
 # from timings measured at start-up (tests/engine/test_chunk_policy.py covers that path).
 
 
+# Markers whose tests run only when `-m` names them: CI's default run stays well under 15 minutes
+# on 2 cores. slow: the full from_pretrained comparison, benchmark commands end to end, checks
+# another test covers on a smaller model; full_grid: the whole kernel case grid.
+OPT_IN_MARKERS = {"slow": "slow: run with -m slow", "full_grid": "full kernel grid: run with -m full_grid"}
+
+
 def pytest_collection_modifyitems(config, items):
-    # `slow` tests (the full from_pretrained comparison, end-to-end runs of benchmark commands,
-    # checks another test covers on a smaller model) run only when asked for with `-m slow`: the
-    # default run, which CI takes, stays well under 15 minutes on 2 cores
-    if "slow" in (config.getoption("-m") or ""):
-        return
-    skip = pytest.mark.skip(reason="slow: run with -m slow")
-    for item in items:
-        if "slow" in item.keywords:
-            item.add_marker(skip)
+    asked = config.getoption("-m") or ""
+    for marker, reason in OPT_IN_MARKERS.items():
+        if marker in asked:
+            continue
+        skip = pytest.mark.skip(reason=reason)
+        for item in items:
+            if marker in item.keywords:
+                item.add_marker(skip)
