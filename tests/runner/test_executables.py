@@ -12,6 +12,18 @@ import pytest
 from jaxserve.runner.executables import ExecutableCache, ExecutableStore
 
 
+@pytest.fixture(autouse=True)
+def no_xla_persistent_cache():
+    """These tests compile toys with plain .compile(): with XLA's persistent cache on (another test
+    or an earlier run may have set its folder process-wide) a toy can come back from that cache,
+    and such an executable serializes without its functions (what compile_to_keep guards against
+    in the runner). The cache under test here is jaxserve's own, so XLA's is off."""
+    before = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    yield
+    jax.config.update("jax_enable_compilation_cache", before)
+
+
 def _compiled(scale: float):
     return jax.jit(lambda x, y: (x * scale + y, jnp.tanh(x))).lower(
         jax.ShapeDtypeStruct((4, 8), jnp.float32), jax.ShapeDtypeStruct((4, 8), jnp.float32)).compile()
