@@ -9,24 +9,23 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxserve.runner.executables import ExecutableCache, ExecutableStore
+from jaxserve.runner.executables import ExecutableCache, ExecutableStore, compile_to_keep
 
 
-@pytest.fixture(autouse=True)
-def no_xla_persistent_cache():
-    """These tests compile toys with plain .compile(): with XLA's persistent cache on (another test
-    or an earlier run may have set its folder process-wide) a toy can come back from that cache,
-    and such an executable serializes without its functions (what compile_to_keep guards against
-    in the runner). The cache under test here is jaxserve's own, so XLA's is off."""
-    before = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", False)
-    yield
-    jax.config.update("jax_enable_compilation_cache", before)
+# XLA's persistent cache may be on in this process (an engine built by an earlier test sets its
+# folder process-wide, and JAX decides once per process whether to use it), and on a machine that
+# ran these tests before it may hold this toy: an executable XLA:CPU loads from that cache
+# serializes without its functions ("Function ... not found" on the copy's first run). A constant
+# drawn once per process makes each run's toys programs no cache has seen.
+_RUN_SALT = float(int.from_bytes(os.urandom(3), "little"))
 
 
 def _compiled(scale: float):
-    return jax.jit(lambda x, y: (x * scale + y, jnp.tanh(x))).lower(
-        jax.ShapeDtypeStruct((4, 8), jnp.float32), jax.ShapeDtypeStruct((4, 8), jnp.float32)).compile()
+    lowered = jax.jit(lambda x, y: (x * scale + y + _RUN_SALT, jnp.tanh(x))).lower(
+        jax.ShapeDtypeStruct((4, 8), jnp.float32), jax.ShapeDtypeStruct((4, 8), jnp.float32))
+    compiled, keepable = compile_to_keep(lowered)
+    assert keepable, "a fresh program compiled here must be keepable"
+    return compiled
 
 
 def test_a_stored_executable_loads_and_computes_the_same(tmp_path):
