@@ -68,6 +68,12 @@ def quantized_matmul(x: jax.Array, p: dict, dtype: Any, precision=None) -> jax.A
         # a float projection in a partly quantized model (a GGUF whose other block types were kept
         # as float): nn.Dense's arithmetic
         return jax.lax.dot_general(x.astype(dtype), p["kernel"].astype(dtype), dims, precision=precision)
+    # XLA:CPU runs independent thunks concurrently, and nothing ties a weight's widening to the
+    # layer it serves: it widened every layer's weights at the start of the step, writing and
+    # reading back hundreds of MB (int8 decoded 5.8x slower than float32). Tied to the layer's
+    # input, each weight is widened just before its dot, while the result is still in cache
+    # (docs/benchmarks.md). Elsewhere it only orders what the dot already orders.
+    x, p = jax.lax.optimization_barrier((x, p))
     q, scale = p["qweight"], p["scale"]
     kind = quant_kind(q)
     if kind == "fp8":
