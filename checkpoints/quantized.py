@@ -10,13 +10,16 @@ Kinds (values of one weight element, `o` its output row, `i` its input column, `
                                              w = nibble * scale[o, g] + offset[o, g]   (with offset)
     fp8    qweight float8_e4m3fn [out, in]   w = qweight * scale[o, 0]; inputs are cast to e4m3 after
                                              dividing by act_scale (a calibrated per-tensor scalar)
+An int8 tensor with `act_smooth` [in] is the w8a8 form (per-channel scale): its inputs are
+multiplied by act_smooth and rounded to int8 per token at run time, and the weight it stands for is
+w = qweight * scale[o, 0] * act_smooth[i] (the smoothing moved into the weight before rounding).
 `scale` is [out, in // group]; group == in means one scale per output channel. int4 packs two
 values per byte within each group: byte j of a group holds element j in its low nibble and
 element j + group/2 in its high nibble, which is llama.cpp's Q4_0/Q4_1 order, so those blocks
 load without touching a nibble.
 
 Stored flat (converted checkpoints): `<name>.qweight`, `<name>.scale`, optional `<name>.offset`
-and `<name>.act_scale`; fp8 values as their uint8 bits under `<name>.qweight_fp8`.
+`<name>.act_scale` and `<name>.act_smooth`; fp8 values as their uint8 bits under `<name>.qweight_fp8`.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 KINDS = ("int8", "int4", "fp8")
-_PARTS = ("qweight", "qweight_fp8", "scale", "offset", "act_scale")
+_PARTS = ("qweight", "qweight_fp8", "scale", "offset", "act_scale", "act_smooth")
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,7 @@ class QuantizedTensor:
     scale: np.ndarray               # float32 [out, in // group]
     offset: np.ndarray | None = None      # float32 [out, in // group] (int8/int4 with a zero point)
     act_scale: float | None = None        # fp8: per-tensor activation scale (None: not calibrated)
+    act_smooth: np.ndarray | None = None  # w8a8: float32 [in], what inputs are multiplied by
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -52,8 +56,17 @@ class QuantizedTensor:
             raise ValueError(f"{self.scale.shape[1]} groups do not divide {self.in_features} inputs")
         if self.offset is not None and self.offset.shape != self.scale.shape:
             raise ValueError(f"offset shape {self.offset.shape} differs from scale shape {self.scale.shape}")
+        if self.act_smooth is not None and (self.kind != "int8" or self.group != self.in_features
+                                            or self.act_smooth.shape != (self.in_features,)):
+            raise ValueError(f"act_smooth {self.act_smooth.shape} needs a per-channel int8 weight of "
+                             f"{self.in_features} inputs")
         if self.kind == "int4" and self.group % 2:
             raise ValueError(f"int4 group {self.group} must be even (two values per byte)")
+
+    @property
+    def mode(self) -> str:
+        """The quantization mode this tensor is in (QuantSpec.mode's names)."""
+        return "w8a8" if self.act_smooth is not None else self.kind
 
     @property
     def in_features(self) -> int:
@@ -70,7 +83,7 @@ class QuantizedTensor:
 
     @property
     def nbytes(self) -> int:
-        extra = 0 if self.offset is None else self.offset.nbytes
+        extra = sum(a.nbytes for a in (self.offset, self.act_smooth) if a is not None)
         return self.qweight.nbytes + self.scale.nbytes + extra
 
     def flat(self, name: str) -> dict[str, np.ndarray]:
@@ -84,6 +97,8 @@ class QuantizedTensor:
             out[f"{name}.offset"] = self.offset
         if self.act_scale is not None:
             out[f"{name}.act_scale"] = np.asarray(self.act_scale, np.float32)
+        if self.act_smooth is not None:
+            out[f"{name}.act_smooth"] = self.act_smooth
         return out
 
 
@@ -119,5 +134,5 @@ def unflatten(arrays: Mapping[str, np.ndarray]) -> dict[str, object]:
             kind = "int8" if qweight.dtype == np.int8 else "int4"
         act = p.get("act_scale")
         out[name] = QuantizedTensor(kind, qweight, p["scale"], p.get("offset"),
-                                    None if act is None else float(act))
+                                    None if act is None else float(act), p.get("act_smooth"))
     return out

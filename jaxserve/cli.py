@@ -136,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("convert", help="convert a GGUF file or HF directory to a jaxserve checkpoint")
     v.add_argument("src", help="GGUF file or HF directory ('embedded' for the default model)")
     v.add_argument("dst")
-    v.add_argument("--quantization", default="none", choices=("none", "int8", "int4", "fp8"),
+    v.add_argument("--quantization", default="none", choices=("none", "int8", "int4", "fp8", "w8a8"),
                    help="store the decoder projections quantized (fp8 runs a calibration pass first)")
     v.add_argument("--quantization-group-size", type=int, default=32, help="int4: inputs per scale (32 or 128)")
     v.add_argument("--calibration-data", default=None,

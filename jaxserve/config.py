@@ -10,6 +10,7 @@ import math
 import os
 from dataclasses import dataclass, field, fields
 
+from jaxserve.quant.spec import QUANTIZATION_MODES
 from jaxserve.sched.speculation import SpeculativeConfig
 
 
@@ -25,8 +26,10 @@ class EngineConfig:
     quantization: str = _f(
         "none", "weight quantization of the decoder projections: none (serve the checkpoint as it is), int8 "
                 "(per output channel), int4 (group-wise, --quantization-group-size), fp8 (e4m3 weights and "
-                "activations, activation scales calibrated on real text); embedding, LM head and norms stay float",
-        choices=("none", "int8", "int4", "fp8"))
+                "activations, activation scales calibrated on real text), w8a8 (int8 weights and int8 activations "
+                "per token, smoothed with per-channel ranges calibrated on real text: the fast form on CPUs); "
+                "embedding, LM head and norms stay float",
+        choices=QUANTIZATION_MODES)
     quantization_group_size: int = _f(32, "int4: inputs per scale (32 or 128)")
     kv_cache_dtype: str = _f(
         "auto", "KV cache element type: auto (the model dtype), fp8_e4m3 or int8 (per-layer per-head scales "
@@ -130,8 +133,8 @@ class EngineConfig:
         object.__setattr__(self, "speculative_config", SpeculativeConfig.parse(self.speculative_config))
         if self.dtype not in ("auto", "float32", "bfloat16"):
             raise ValueError(f"dtype={self.dtype!r} must be one of auto, float32, bfloat16")
-        if self.quantization not in ("none", "int8", "int4", "fp8"):
-            raise ValueError(f"quantization={self.quantization!r} must be one of none, int8, int4, fp8")
+        if self.quantization not in QUANTIZATION_MODES:
+            raise ValueError(f"quantization={self.quantization!r} must be one of {', '.join(QUANTIZATION_MODES)}")
         if self.quantization_group_size not in (32, 128):
             raise ValueError(f"quantization_group_size={self.quantization_group_size!r} must be 32 or 128")
         if self.kv_cache_dtype not in ("auto", "fp8_e4m3", "int8"):

@@ -137,6 +137,8 @@ def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, 
         # quantized weights (and the calibration pass fp8 and a quantized KV cache need): jaxserve/quant
         quant = prepare_quantization(ckpt, quant_request(config), model_config, jnp.dtype(dtype), cache_dir)
         ckpt = quant.checkpoint
+        if layout is not None and any(getattr(t, "act_smooth", None) is not None for t in ckpt.tensors.values()):
+            raise ValueError("w8a8 weights are not built for tensor_parallel_size > 1 (int8, int4 and fp8 are)")
         if layout is None:
             params = jax.block_until_ready(params_from_hf(model_config, ckpt.tensors, jnp.dtype(dtype)))
             if quant.kv_scales is not None:

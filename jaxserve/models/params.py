@@ -15,8 +15,9 @@ Layout (every leaf a jnp array in the model dtype; kernels are [in, out], used a
     lm_head/kernel                       [D, V]   (untied only)
 
 A quantized checkpoint (checkpoints/quantized.py) gives its projections (qkv, o, gate_up, down)
-`qweight` / `scale` (/ `offset`, `act_scale`) leaves in place of `kernel`, in the same [in, out]
-orientation (models/quantized_linear.py); embedding, norms and lm_head are always float.
+`qweight` / `scale` (/ `offset`, `act_scale`, `act_smooth`) leaves in place of `kernel`, in the same
+[in, out] orientation but for w8a8's qweight, [out, in] (models/quantized_linear.py); embedding,
+norms and lm_head are always float.
 
 Per-layer subtrees, never stacked [L, ...] arrays, and fused q/k/v and gate/up projections:
 the forms XLA:CPU runs fastest (docs/facts.md). `abstract_params` is the single description of this
@@ -157,14 +158,18 @@ def params_from_hf(config: ModelConfig, tensors: Mapping[str, np.ndarray], dtype
 
 def quantized_leaves(weights: list, dtype: Any, on_host: bool = False) -> dict[str, jax.Array]:
     """HF [out, in] parts of one fused projection, at least one quantized -> its params leaves
-    ([in, out] orientation, parts side by side along out). Float parts are requantized to the
+    ([in, out] orientation, parts side by side along out; w8a8's qweight stays [out, in], the
+    orientation its int8 dot runs fastest in on XLA:CPU). Float parts are requantized to the
     quantized parts' form (a GGUF may mix block types within a layer)."""
     from jaxserve.quant.fuse import fuse_quantized
 
     put = (lambda a, dt=None: np.asarray(a, None if dt is None else np.dtype(dt))) if on_host else jnp.asarray
     fused = fuse_quantized(weights)                      # one QuantizedTensor [sum(out), in]
-    leaves = {"qweight": put(np.ascontiguousarray(fused.qweight.T)),
+    w8a8 = fused.act_smooth is not None
+    leaves = {"qweight": put(fused.qweight if w8a8 else np.ascontiguousarray(fused.qweight.T)),
               "scale": put(np.ascontiguousarray(fused.scale.T), jnp.float32)}
+    if w8a8:
+        leaves["act_smooth"] = put(fused.act_smooth, jnp.float32)
     if fused.offset is not None:
         leaves["offset"] = put(np.ascontiguousarray(fused.offset.T), jnp.float32)
     if fused.kind == "fp8":

@@ -5,6 +5,7 @@ checkpoints/quantized.py for the values):
     int8  qweight int8 [in, out], scale f32 [G, out]
     int4  qweight uint8 [in // 2, out], scale f32 [G, out], offset f32 [G, out] (Q4_1 form only)
     fp8   qweight float8_e4m3fn [in, out], scale f32 [1, out], act_scale f32 []
+    w8a8  qweight int8 [out, in], scale f32 [1, out], act_smooth f32 [in]
 The kind is read from qweight's dtype at trace time, so a step is compiled for exactly one form.
 
 How the scale meets the dot:
@@ -16,7 +17,9 @@ How the scale meets the dot:
   the CPU it materializes the [in, out] weight per step).
 - fp8: x / act_scale cast to e4m3, an e4m3 x e4m3 dot accumulated in float32 (an FP8 GEMM on
   Hopper), times act_scale * scale.
-Dot accumulation is float32 in every case; the result is cast to the compute dtype.
+- w8a8: x * act_smooth rounded to int8 with one scale per row (token), an int8 x int8 dot
+  accumulated in int32 (exact), times the row's scale and the weight's (quant/w8a8.py).
+Dot accumulation is float32 (w8a8: int32) in every case; the result is cast to the compute dtype.
 """
 
 from __future__ import annotations
@@ -68,6 +71,8 @@ def quantized_matmul(x: jax.Array, p: dict, dtype: Any, precision=None) -> jax.A
         # a float projection in a partly quantized model (a GGUF whose other block types were kept
         # as float): nn.Dense's arithmetic
         return jax.lax.dot_general(x.astype(dtype), p["kernel"].astype(dtype), dims, precision=precision)
+    if "act_smooth" in p:      # w8a8: nothing is widened
+        return _w8a8_matmul(x, p["qweight"], p["scale"][0], p["act_smooth"]).astype(dtype)
     # XLA:CPU runs independent thunks concurrently, and nothing ties a weight's widening to the
     # layer it serves: it widened every layer's weights at the start of the step, writing and
     # reading back hundreds of MB (int8 decoded 5.8x slower than float32). Tied to the layer's
@@ -88,6 +93,26 @@ def quantized_matmul(x: jax.Array, p: dict, dtype: Any, precision=None) -> jax.A
     w = dequantize_weight(p, dtype)
     return jax.lax.dot_general(x.astype(dtype), w, dims, precision=precision,
                                preferred_element_type=jnp.float32).astype(dtype)
+
+
+# XLA:CPU's int8 dot takes a slow path for a single row (148 ms against 11 ms for two rows over the
+# embedded model's projections, docs/benchmarks.md): one row is computed as two.
+_W8A8_MIN_ROWS = 2
+
+
+def _w8a8_matmul(x: jax.Array, q: jax.Array, scale: jax.Array, act_smooth: jax.Array) -> jax.Array:
+    """x [..., in] float, q int8 [out, in], scale / act_smooth float32 -> [..., out] float32."""
+    lead, n = x.shape[:-1], x.shape[-1]
+    xs = x.reshape(-1, n).astype(jnp.float32) * act_smooth
+    rows = xs.shape[0]
+    if rows < _W8A8_MIN_ROWS:
+        xs = jnp.pad(xs, ((0, _W8A8_MIN_ROWS - rows), (0, 0)))
+    absmax = jnp.max(jnp.abs(xs), axis=1, keepdims=True)
+    row_scale = jnp.where(absmax > 0, absmax / 127.0, 1.0)                   # [R, 1]: per token
+    xq = jnp.round(xs / row_scale).astype(jnp.int8)                          # |xs / row_scale| <= 127
+    acc = jax.lax.dot_general(xq, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32)
+    y = acc.astype(jnp.float32) * row_scale * scale                          # [R, out]
+    return y[:rows].reshape(*lead, q.shape[0])
 
 
 def is_quantized(params: dict) -> bool:

@@ -1,5 +1,6 @@
 """The calibration pass: the largest activations and K/V values the float model produces on a
-real text, from which fp8 activation scales and the quantized KV cache's scales are set.
+real text, from which fp8 activation scales, w8a8's smoothing and the quantized KV cache's scales
+are set.
 
 It runs the float model once over the text (windows of up to MAX_TOKENS tokens, dense causal
 attention, no runner), and records per layer:
@@ -8,8 +9,9 @@ attention, no runner), and records per layer:
     mlp_in    max |x| entering gate/up (the post-attention norm's output)
     down_in   max |x| entering down_proj (silu(gate) * up)
     k, v      max |k| / |v| per KV head, k after RoPE (what the cache stores)
-Per-tensor maxima for activations (one scale per GEMM input, as FP8 GEMMs take), per-head maxima
-for K/V (heads differ by an order of magnitude in the models measured).
+Activations per input channel (w8a8's smoothing divides each channel by its own range) and per
+tensor (the channels' maximum: one scale per GEMM input, as FP8 GEMMs take), per-head maxima for
+K/V (heads differ by an order of magnitude in the models measured).
 """
 
 from __future__ import annotations
@@ -30,10 +32,15 @@ MAX_TOKENS = 512
 
 @dataclass(frozen=True)
 class CalibrationResult:
-    act_absmax: dict[str, float]      # "<layer>.<attn_in|o_in|mlp_in|down_in>" -> max |x|
+    act_channel_absmax: dict[str, np.ndarray]   # "<layer>.<attn_in|o_in|mlp_in|down_in>" -> [in] max |x|
     k_absmax: np.ndarray              # [L, K]
     v_absmax: np.ndarray              # [L, K]
     num_tokens: int
+
+    @property
+    def act_absmax(self) -> dict[str, float]:
+        """Per-tensor maxima, by the same keys."""
+        return {k: float(np.max(v)) for k, v in self.act_channel_absmax.items()}
 
 
 def calibrate(params, config: ModelConfig, token_ids: list[int]) -> CalibrationResult:
@@ -42,7 +49,7 @@ def calibrate(params, config: ModelConfig, token_ids: list[int]) -> CalibrationR
         raise ValueError("calibration needs at least one token of text")
     L, K = config.num_hidden_layers, config.num_key_value_heads
     k_max, v_max = np.zeros((L, K)), np.zeros((L, K))
-    acts: dict[str, float] = {}
+    acts: dict[str, np.ndarray] = {}
     run = _calibration_forward(config)
     for start in range(0, len(token_ids), MAX_TOKENS):
         ids = jnp.asarray(token_ids[start:start + MAX_TOKENS], jnp.int32)
@@ -52,7 +59,7 @@ def calibrate(params, config: ModelConfig, token_ids: list[int]) -> CalibrationR
             v_max[layer] = np.maximum(v_max[layer], got["v"][layer])
             for kind in ("attn_in", "o_in", "mlp_in", "down_in"):
                 key = f"{layer}.{kind}"
-                acts[key] = max(acts.get(key, 0.0), float(got[kind][layer]))
+                acts[key] = np.maximum(acts.get(key, 0.0), np.asarray(got[kind][layer], np.float64))
     return CalibrationResult(acts, k_max, v_max, len(token_ids))
 
 
@@ -67,7 +74,7 @@ def _calibration_forward(config: ModelConfig):
             out, cache = dense(layer, q, k, v, cache)
             seen["k"].append(jnp.abs(k).max(axis=(0, 2)))                      # [K]
             seen["v"].append(jnp.abs(v).max(axis=(0, 2)))
-            seen["o_in"].append(jnp.abs(out).max())
+            seen["o_in"].append(jnp.abs(out.reshape(out.shape[0], -1)).max(axis=0))           # [N * H]
             return out, cache
 
         module = llama.LlamaModel(config=config, dtype=params["embed_tokens"]["embedding"].dtype,
@@ -81,10 +88,10 @@ def _calibration_forward(config: ModelConfig):
                "attn_in": [], "mlp_in": [], "down_in": []}
         for i in range(config.num_hidden_layers):
             layer = inter[f"layers_{i}"]
-            out["attn_in"].append(jnp.abs(layer["input_layernorm"]["__call__"][0]).max())
-            out["mlp_in"].append(jnp.abs(layer["post_attention_layernorm"]["__call__"][0]).max())
+            out["attn_in"].append(jnp.abs(layer["input_layernorm"]["__call__"][0]).max(axis=0))        # [D]
+            out["mlp_in"].append(jnp.abs(layer["post_attention_layernorm"]["__call__"][0]).max(axis=0))
             gate_up = layer["mlp"]["gate_up_proj"]["__call__"][0]               # [T, 2F]
-            out["down_in"].append(jnp.abs(jax.nn.silu(gate_up[:, :f]) * gate_up[:, f:]).max())
+            out["down_in"].append(jnp.abs(jax.nn.silu(gate_up[:, :f]) * gate_up[:, f:]).max(axis=0))  # [F]
         return {k: jnp.stack(v) if isinstance(v, list) else v for k, v in out.items()}
 
     return jax.jit(run)

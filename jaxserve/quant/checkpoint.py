@@ -28,6 +28,7 @@ from jaxserve.quant.fp8 import quantize_fp8
 from jaxserve.quant.int4 import quantize_int4
 from jaxserve.quant.int8 import quantize_int8
 from jaxserve.quant.spec import QuantSpec
+from jaxserve.quant.w8a8 import quantize_w8a8, smoothing
 
 LINEAR = re.compile(r"^model\.layers\.(\d+)\.(self_attn\.[qkvo]_proj|mlp\.(?:gate|up|down)_proj)\.weight$")
 # the input each projection reads, by which calibration measures activations
@@ -43,6 +44,7 @@ def quantized_identity(source_identity: str, spec: QuantSpec, calibration: str |
 
 
 def quantize_tensor(w: np.ndarray, spec: QuantSpec, act_absmax: float | None = None) -> QuantizedTensor:
+    """One float weight in `spec`'s form (w8a8 needs its input's smoothing: quantize_checkpoint)."""
     if spec.mode == "int8":
         return quantize_int8(w)
     if spec.mode == "int4":
@@ -55,22 +57,24 @@ def quantize_tensor(w: np.ndarray, spec: QuantSpec, act_absmax: float | None = N
 
 
 def quantize_checkpoint(ckpt: Checkpoint, spec: QuantSpec, *,
-                        act_absmax: Mapping[str, float] | None = None,
+                        act_absmax: Mapping[str, object] | None = None,
                         calibration_id: str | None = None) -> Checkpoint:
     """`ckpt` with its decoder projections quantized per `spec`.
 
-    act_absmax: for fp8, the calibrated max |input| of each projection, keyed
-    "<layer>.<INPUT_OF value>" (quant/calibration.py); None = uncalibrated (act_scale 1)."""
+    act_absmax: the calibrated max |input| of each projection per input channel (fp8 takes their
+    maximum), keyed "<layer>.<INPUT_OF value>" (quant/calibration.py); fp8 without it is
+    uncalibrated (act_scale 1); w8a8 needs it."""
     if not spec.enabled:
         return ckpt
-    kinds = {t.kind for t in ckpt.tensors.values() if isinstance(t, QuantizedTensor)}
+    kinds = {t.mode for t in ckpt.tensors.values() if isinstance(t, QuantizedTensor)}
     if kinds - {spec.mode}:
         raise ValueError(f"{ckpt.source!r} is already quantized ({sorted(kinds)}); quantize its float source "
                          f"instead of serving it as {spec.mode}")
     if not any(LINEAR.match(n) and not isinstance(t, QuantizedTensor) for n, t in ckpt.tensors.items()):
         return ckpt                  # every projection already in this form (a converted checkpoint)
-    if spec.mode == "fp8" and spec.calibrated and act_absmax is None:
-        raise ValueError("fp8 with calibration needs act_absmax (jaxserve.quant.calibration)")
+    if spec.mode in ("fp8", "w8a8") and spec.calibrated and act_absmax is None:
+        raise ValueError(f"{spec.mode} with calibration needs act_absmax (jaxserve.quant.calibration)")
+    smooth = _smoothing(ckpt.tensors, act_absmax) if spec.mode == "w8a8" else {}
     tensors: dict[str, object] = {}
     for name, w in ckpt.tensors.items():
         m = LINEAR.match(name)
@@ -79,9 +83,26 @@ def quantize_checkpoint(ckpt: Checkpoint, spec: QuantSpec, *,
         if m is None or isinstance(w, QuantizedTensor):
             tensors[name] = w
             continue
-        act = None
-        if spec.mode == "fp8" and spec.calibrated:
-            act = act_absmax[f"{m.group(1)}.{INPUT_OF[m.group(2)]}"]
+        key = _input_key(m)
+        if spec.mode == "w8a8":
+            tensors[name] = quantize_w8a8(np.asarray(w), smooth[key])
+            continue
+        act = float(np.max(act_absmax[key])) if spec.mode == "fp8" and spec.calibrated else None
         tensors[name] = quantize_tensor(np.asarray(w), spec, act)
-    identity = quantized_identity(ckpt.identity, spec, calibration_id if spec.mode == "fp8" else None)
+    calibrated = spec.mode == "w8a8" or (spec.mode == "fp8" and spec.calibrated)
+    identity = quantized_identity(ckpt.identity, spec, calibration_id if calibrated else None)
     return dataclasses.replace(ckpt, tensors=tensors, identity=identity)
+
+
+def _input_key(m: re.Match) -> str:
+    return f"{m.group(1)}.{INPUT_OF[m.group(2)]}"
+
+
+def _smoothing(tensors: Mapping[str, object], act_absmax: Mapping[str, object]) -> dict[str, np.ndarray]:
+    """w8a8: one act_smooth per projection input, over every float weight that reads it."""
+    readers: dict[str, list[np.ndarray]] = {}
+    for name, w in tensors.items():
+        m = LINEAR.match(name)
+        if m is not None and not isinstance(w, QuantizedTensor):
+            readers.setdefault(_input_key(m), []).append(np.asarray(w))
+    return {key: smoothing(ws, np.asarray(act_absmax[key], np.float32)) for key, ws in readers.items()}

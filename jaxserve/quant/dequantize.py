@@ -21,4 +21,5 @@ def dequantize(t: QuantizedTensor) -> np.ndarray:
     g = q.reshape(out, n // t.group, t.group) * t.scale[..., None]
     if t.offset is not None:
         g = g + t.offset[..., None]
-    return g.reshape(out, n)
+    w = g.reshape(out, n)
+    return w if t.act_smooth is None else w * t.act_smooth[None, :]

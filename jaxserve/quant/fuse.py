@@ -16,10 +16,11 @@ from jaxserve.quant.dequantize import dequantize
 from jaxserve.quant.fp8 import E4M3_MAX, quantize_fp8
 from jaxserve.quant.int4 import quantize_int4
 from jaxserve.quant.int8 import quantize_int8
+from jaxserve.quant.w8a8 import quantize_w8a8
 
 
 def _form(t: QuantizedTensor) -> tuple:
-    return (t.kind, t.group, t.offset is not None)
+    return (t.kind, t.group, t.offset is not None, t.act_smooth is not None)
 
 
 def requantize_like(w, like: QuantizedTensor) -> QuantizedTensor:
@@ -28,6 +29,8 @@ def requantize_like(w, like: QuantizedTensor) -> QuantizedTensor:
         if _form(w) == _form(like):
             return w
         w = dequantize(w)
+    if like.act_smooth is not None:
+        return quantize_w8a8(w, like.act_smooth)
     if like.kind == "int8":
         out = quantize_int8(w, like.group)
         return out if like.offset is None else QuantizedTensor("int8", out.qweight, out.scale,
@@ -44,5 +47,8 @@ def fuse_quantized(parts: list) -> QuantizedTensor:
     same = [requantize_like(p, like) for p in parts]
     offset = None if like.offset is None else np.concatenate([p.offset for p in same])
     acts = [p.act_scale for p in same if p.act_scale is not None]
+    if like.act_smooth is not None and any(not np.array_equal(p.act_smooth, like.act_smooth) for p in same):
+        raise ValueError("w8a8 parts of one fused projection must share their input's smoothing")
     return QuantizedTensor(like.kind, np.concatenate([p.qweight for p in same]),
-                           np.concatenate([p.scale for p in same]), offset, max(acts) if acts else None)
+                           np.concatenate([p.scale for p in same]), offset, max(acts) if acts else None,
+                           like.act_smooth)

@@ -29,6 +29,7 @@ MODES = {
     "int4_symmetric": QuantRequest("int4", 32, int4_symmetric=True),
     "fp8": QuantRequest("fp8"),
     "fp8_uncalibrated": QuantRequest("fp8", calibrated=False),
+    "w8a8": QuantRequest("w8a8"),
     "kv_fp8": QuantRequest(kv_cache_dtype="fp8_e4m3"),
     "kv_int8": QuantRequest(kv_cache_dtype="int8"),
     "int4_gguf_native": QuantRequest("int4"),

@@ -4,7 +4,8 @@
 - quantization int8 / int4: the checkpoint's decoder projections quantized (what is already in
   that form, a converted checkpoint's or a GGUF's native blocks, is kept; a checkpoint quantized
   in another form is refused);
-- fp8: the same after a calibration pass over real text for the activation scales;
+- fp8, w8a8: the same after a calibration pass over real text (fp8's activation scales, w8a8's
+  per-channel smoothing);
 - kv_cache_dtype fp8_e4m3 / int8: per-layer per-head K/V scales from the same pass (on the model
   that will be served, quantized weights included), returned as the params' `kv_scales`.
 The calibration's maxima are kept under `cache_dir/quant_calibration`, keyed by the checkpoint's
@@ -30,6 +31,7 @@ from jaxserve.quant.texts import read_text, text_id
 
 KV_DTYPES = {"fp8_e4m3": ("float8_e4m3fn", 448.0), "int8": ("int8", 127.0)}
 CACHE_DIR = "quant_calibration"
+CACHE_FORMAT = 2        # 2: activation maxima per input channel
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,9 +63,9 @@ def prepare(ckpt: Checkpoint, request: QuantRequest, model_config: ModelConfig, 
     text = None
     if spec.enabled:
         act = None
-        if spec.mode == "fp8" and spec.calibrated and not is_quantized(ckpt.tensors):
+        if spec.mode in ("fp8", "w8a8") and spec.calibrated and not is_quantized(ckpt.tensors):
             text = read_text(request.calibration_data)
-            act = _calibration(ckpt, model_config, dtype, text, cache_dir).act_absmax
+            act = _calibration(ckpt, model_config, dtype, text, cache_dir).act_channel_absmax
         ckpt = quantize_checkpoint(ckpt, spec, act_absmax=act, calibration_id=text and text_id(text))
     if request.kv_cache_dtype == "auto":
         return Prepared(ckpt, None, None)
@@ -88,14 +90,15 @@ def _calibration(ckpt: Checkpoint, model_config: ModelConfig, dtype, text: str,
 
     from jaxserve.models.params import params_from_hf
 
-    key = hashlib.sha256(json.dumps([ckpt.identity, text_id(text), str(np.dtype(dtype))]).encode()).hexdigest()
+    key = hashlib.sha256(json.dumps([CACHE_FORMAT, ckpt.identity, text_id(text), str(np.dtype(dtype))]).encode()).hexdigest()
     if key in _MEASURED:
         return _MEASURED[key]
     path = os.path.join(cache_dir, CACHE_DIR, key + ".json") if cache_dir else None
     if path and os.path.isfile(path):
         with open(path) as f:
             d = json.load(f)
-        return CalibrationResult(d["act_absmax"], np.asarray(d["k"]), np.asarray(d["v"]), d["num_tokens"])
+        return CalibrationResult({k: np.asarray(v) for k, v in d["act_channel_absmax"].items()},
+                                 np.asarray(d["k"]), np.asarray(d["v"]), d["num_tokens"])
     if ckpt.tokenizer is None:
         raise ValueError("calibration needs the checkpoint's tokenizer, and this checkpoint has none")
     tokens = ckpt.tokenizer.encode(text)
@@ -105,7 +108,8 @@ def _calibration(ckpt: Checkpoint, model_config: ModelConfig, dtype, text: str,
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
-            json.dump({"act_absmax": cal.act_absmax, "k": cal.k_absmax.tolist(), "v": cal.v_absmax.tolist(),
+            json.dump({"act_channel_absmax": {k: v.tolist() for k, v in cal.act_channel_absmax.items()},
+                       "k": cal.k_absmax.tolist(), "v": cal.v_absmax.tolist(),
                        "num_tokens": cal.num_tokens}, f)
         os.replace(tmp, path)
     return cal

@@ -2,7 +2,8 @@
 held-out text (jaxserve/quant/data/heldout_gettysburg.txt, 320 tokens), measured once per module
 by the same code as `jaxserve bench accuracy`.
 
-Bounds met: int8 <= +1%, int4 <= +10%, int8 KV <= +1%. Bounds NOT met, held as strict xfails
+Bounds met: int8 <= +1%, int4 <= +10%, int8 KV <= +1%, and w8a8 (int8 activations too, not in
+the issue) held to int8's +1%. Bounds NOT met, held as strict xfails
 (they pass the day the method gets good enough, and then must be promoted) beside the bound the
 current method does hold, so a regression still fails: fp8 (issue: +3%, measured about +12%) and
 an fp8 KV cache (issue: +1%, measured about +3%). e4m3 keeps 3 mantissa bits: weight-only e4m3
@@ -16,7 +17,7 @@ import pytest
 from jaxserve.quant.accuracy import PROMPTS, measure_accuracy
 
 # fp8_uncalibrated, bench accuracy's other mode, holds no bound: it is left to the benchmark
-MODES = ["int8", "int4", "fp8", "kv_fp8", "kv_int8"]
+MODES = ["int8", "int4", "fp8", "kv_fp8", "kv_int8", "w8a8"]
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +27,8 @@ def results():
     return {r.mode: r for r in out}
 
 
-@pytest.mark.parametrize("mode, bound", [("int8", 0.01), ("int4", 0.10), ("kv_int8", 0.01)])
+@pytest.mark.parametrize("mode, bound", [("int8", 0.01), ("int4", 0.10), ("kv_int8", 0.01),
+                                              ("w8a8", 0.01)])
 def test_perplexity_within_the_issue_bound(results, mode, bound):
     r = results[mode]
     assert r.ppl_ratio - 1 <= bound, f"{mode}: perplexity {r.perplexity:.3f} is {100 * (r.ppl_ratio - 1):+.2f}%"
@@ -49,5 +51,6 @@ def test_greedy_tokens_mostly_match_float32(results):
     assert results["float32"].greedy_match == 1.0
     assert results["int8"].greedy_match >= 0.85
     assert results["kv_int8"].greedy_match >= 0.85
+    assert results["w8a8"].greedy_match >= 0.85
     # and the measurement can tell modes apart: a lossy mode misses some tokens
     assert min(r.greedy_match for r in results.values()) < 1.0

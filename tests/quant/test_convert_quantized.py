@@ -19,7 +19,7 @@ from jaxserve.models.params import params_from_hf
 from jaxserve.quant.prepare import QuantRequest, prepare
 
 
-@pytest.mark.parametrize("mode", ["int8", "int4", "fp8"])
+@pytest.mark.parametrize("mode", ["int8", "int4", "fp8", "w8a8"])
 def test_converted_quantized_checkpoint_loads_back_to_the_same_params(tiny_llama_dir, tmp_path, mode):
     dst = convert(tiny_llama_dir, tmp_path / mode, quantization=mode)
     src = load_checkpoint(tiny_llama_dir)
@@ -28,7 +28,7 @@ def test_converted_quantized_checkpoint_loads_back_to_the_same_params(tiny_llama
     want = prepare(src, QuantRequest(mode), config, jnp.float32).checkpoint
     assert back.identity == want.identity != src.identity
     assert json.load(open(os.path.join(dst, "identity.json")))["quantized"] is True
-    kinds = {t.kind for t in back.tensors.values() if isinstance(t, QuantizedTensor)}
+    kinds = {t.mode for t in back.tensors.values() if isinstance(t, QuantizedTensor)}
     assert kinds == {mode}
     if mode == "fp8":
         assert all(t.act_scale is not None for t in back.tensors.values() if isinstance(t, QuantizedTensor))

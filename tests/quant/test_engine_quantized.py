@@ -46,7 +46,7 @@ def _tokens(outs):
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
-@pytest.fixture(scope="module", params=["int8", "int4"])
+@pytest.fixture(scope="module", params=["int8", "int4", "w8a8"])
 def quantized_llm(request, tiny_llama_dir):
     return request.param, LLM(tiny_llama_dir, **TINY_ENGINE, quantization=request.param)
 
