@@ -137,10 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("src", help="GGUF file or HF directory ('embedded' for the default model)")
     v.add_argument("dst")
     v.add_argument("--quantization", default="none", choices=("none", "int8", "int4", "fp8", "w8a8"),
-                   help="store the decoder projections quantized (fp8 runs a calibration pass first)")
+                   help="store the decoder projections quantized (fp8 and w8a8 run a calibration pass first)")
     v.add_argument("--quantization-group-size", type=int, default=32, help="int4: inputs per scale (32 or 128)")
     v.add_argument("--calibration-data", default=None,
-                   help="fp8: text file to calibrate activation scales on (default: a built-in public-domain text)")
+                   help="fp8, w8a8: text file to calibrate activation ranges on "
+                        "(default: a built-in public-domain text)")
     v.set_defaults(func=cmd_convert)
 
     for module, fn in (("jaxserve.server.cli", "add_server_parsers"), ("jaxserve.bench.cli", "add_bench_parser"),

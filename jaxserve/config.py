@@ -35,8 +35,8 @@ class EngineConfig:
         "auto", "KV cache element type: auto (the model dtype), fp8_e4m3 or int8 (per-layer per-head scales "
                 "calibrated on real text; half the bytes of bfloat16)", choices=("auto", "fp8_e4m3", "int8"))
     calibration_data: str | None = _f(
-        None, "text file the fp8 activation scales and fp8/int8 KV cache scales are calibrated on (default: a "
-              "built-in public-domain text)")
+        None, "text file the fp8 activation scales, w8a8's smoothing and fp8/int8 KV cache scales are calibrated "
+              "on (default: a built-in public-domain text)")
     max_model_len: int | None = _f(None, "longest prompt + output in tokens; default: the model's limit, at most 8192")
     block_size: int = _f(16, "tokens per KV block")
     max_num_seqs: int = _f(32, "most sequences in one step")

@@ -90,7 +90,8 @@ def _calibration(ckpt: Checkpoint, model_config: ModelConfig, dtype, text: str,
 
     from jaxserve.models.params import params_from_hf
 
-    key = hashlib.sha256(json.dumps([CACHE_FORMAT, ckpt.identity, text_id(text), str(np.dtype(dtype))]).encode()).hexdigest()
+    blob = json.dumps([CACHE_FORMAT, ckpt.identity, text_id(text), str(np.dtype(dtype))])
+    key = hashlib.sha256(blob.encode()).hexdigest()
     if key in _MEASURED:
         return _MEASURED[key]
     path = os.path.join(cache_dir, CACHE_DIR, key + ".json") if cache_dir else None
