@@ -37,11 +37,6 @@ class CalibrationResult:
     v_absmax: np.ndarray              # [L, K]
     num_tokens: int
 
-    @property
-    def act_absmax(self) -> dict[str, float]:
-        """Per-tensor maxima, by the same keys."""
-        return {k: float(np.max(v)) for k, v in self.act_channel_absmax.items()}
-
 
 def calibrate(params, config: ModelConfig, token_ids: list[int]) -> CalibrationResult:
     """Run the float `params` over `token_ids` and record the maxima above."""

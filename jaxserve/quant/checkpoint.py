@@ -72,7 +72,7 @@ def quantize_checkpoint(ckpt: Checkpoint, spec: QuantSpec, *,
                          f"instead of serving it as {spec.mode}")
     if not any(LINEAR.match(n) and not isinstance(t, QuantizedTensor) for n, t in ckpt.tensors.items()):
         return ckpt                  # every projection already in this form (a converted checkpoint)
-    if spec.mode in ("fp8", "w8a8") and spec.calibrated and act_absmax is None:
+    if spec.uses_calibration and act_absmax is None:
         raise ValueError(f"{spec.mode} with calibration needs act_absmax (jaxserve.quant.calibration)")
     smooth = _smoothing(ckpt.tensors, act_absmax) if spec.mode == "w8a8" else {}
     tensors: dict[str, object] = {}
@@ -87,10 +87,9 @@ def quantize_checkpoint(ckpt: Checkpoint, spec: QuantSpec, *,
         if spec.mode == "w8a8":
             tensors[name] = quantize_w8a8(np.asarray(w), smooth[key])
             continue
-        act = float(np.max(act_absmax[key])) if spec.mode == "fp8" and spec.calibrated else None
+        act = float(np.max(act_absmax[key])) if spec.mode == "fp8" and spec.uses_calibration else None
         tensors[name] = quantize_tensor(np.asarray(w), spec, act)
-    calibrated = spec.mode == "w8a8" or (spec.mode == "fp8" and spec.calibrated)
-    identity = quantized_identity(ckpt.identity, spec, calibration_id if calibrated else None)
+    identity = quantized_identity(ckpt.identity, spec, calibration_id if spec.uses_calibration else None)
     return dataclasses.replace(ckpt, tensors=tensors, identity=identity)
 
 

@@ -63,7 +63,7 @@ def prepare(ckpt: Checkpoint, request: QuantRequest, model_config: ModelConfig, 
     text = None
     if spec.enabled:
         act = None
-        if spec.mode in ("fp8", "w8a8") and spec.calibrated and not is_quantized(ckpt.tensors):
+        if spec.uses_calibration and not is_quantized(ckpt.tensors):
             text = read_text(request.calibration_data)
             act = _calibration(ckpt, model_config, dtype, text, cache_dir).act_channel_absmax
         ckpt = quantize_checkpoint(ckpt, spec, act_absmax=act, calibration_id=text and text_id(text))

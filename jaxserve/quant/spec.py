@@ -33,6 +33,11 @@ class QuantSpec:
     def enabled(self) -> bool:
         return self.mode != "none"
 
+    @property
+    def uses_calibration(self) -> bool:
+        """Whether quantizing needs the calibration pass's activation ranges (w8a8 always does)."""
+        return self.mode == "w8a8" or (self.mode == "fp8" and self.calibrated)
+
     def describe(self) -> dict:
         """What the quantized checkpoint's identity covers (only the fields its mode reads)."""
         d = asdict(self)

@@ -89,3 +89,17 @@ def test_the_form_survives_storage_and_refuses_a_mismatched_smoothing():
         fuse_quantized([t, quantize_w8a8(ws[1], smoothing(ws[1:], act))])
     with pytest.raises(ValueError, match="act_smooth"):
         QuantizedTensor("int8", t.qweight, t.scale, act_smooth=t.act_smooth[:10])
+
+
+def test_w8a8_calibrates_even_when_asked_not_to(tiny_llama_dir):
+    """`calibrated` is fp8's switch; w8a8's smoothing cannot exist without the ranges."""
+    from jaxserve.checkpoints import load_checkpoint
+    from jaxserve.models import ModelConfig
+    from jaxserve.quant.prepare import QuantRequest, prepare
+
+    ckpt = load_checkpoint(tiny_llama_dir)
+    config = ModelConfig.from_hf_config(ckpt.config)
+    a = prepare(ckpt, QuantRequest("w8a8", calibrated=False), config, jnp.float32).checkpoint
+    b = prepare(ckpt, QuantRequest("w8a8"), config, jnp.float32).checkpoint
+    assert a.identity == b.identity
+    assert all(t.mode == "w8a8" for t in a.tensors.values() if isinstance(t, QuantizedTensor))
