@@ -128,7 +128,8 @@ def measure_step_cost(calibrator) -> StepCostModel:
                      for r in shapes.decode_buckets)
     prefill_s = tuple((p, calibrator.measure_prefill_step_time(p)) for p in shapes.prefill_buckets if p > 0)
     item_tokens = ITEM_TOKENS
-    depth = min(ITEM_COST_DEPTH, shapes.max_model_len - tile)
+    # as deep as the engine's requests go (a short max_model_len, a small arena), at most ITEM_COST_DEPTH
+    depth = calibrator.prefill_depth(1, ITEM_COST_DEPTH)
     deep = calibrator.measure_prefill_step_time(1, depth=depth)
     probe = StepCostModel(decode_s, prefill_s, 0.0, tile, item_tokens, DECODE_CONTEXT)
     _, items = probe.chunk_items(depth, tile)

@@ -31,7 +31,7 @@ from jaxserve.runner.scratch import scratch_request, scratch_step
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = 2      # 2: prompt tiles split into requests that fit max_model_len (measured anew)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,9 +101,9 @@ class Calibrator:
     def measure_prefill_throughput(self, repeats: int = 2) -> float:
         """Prompt tokens per second of the largest prefill bucket, written into scratch blocks."""
         def measure() -> float:
-            n = min(self.shapes.prefill_buckets[-1] * self.shapes.prefill_tile, self.shapes.max_model_len - 1,
-                    self._capacity())
-            return n / self._best_time(scratch_step([self._scratch("calibrate", n, 0)]), repeats)
+            chunk = self._prefill_chunk("calibrate", self.shapes.prefill_buckets[-1], 0)
+            n = sum(len(r.token_ids) for r in chunk)
+            return n / self._best_time(scratch_step(chunk), repeats)
 
         return self._remember("prefill_tokens_per_s", measure)
 
@@ -112,7 +112,7 @@ class Calibrator:
         bucket of steps that also carry prompt tiles), every row at `context` tokens. The rows
         share one block table of scratch blocks, so this works however small the arena is."""
         rows = rows or self.shapes.decode_buckets[-1]
-        context = max(1, min(context, self.shapes.max_model_len - 1, self._capacity()))
+        context = self._decode_context(context)
         return self._remember(f"decode_step_s(rows={rows},context={context})",
                               lambda: self._best_time(scratch_step(self._decode_rows(context, rows)), repeats))
 
@@ -123,15 +123,16 @@ class Calibrator:
         context, so the deepest chunk is the costliest, and an ITL bound that is to hold for every
         chunk of a prompt (the p99, not the mean) must be sized by it. The largest-bucket prefill
         from an empty context (measure_prefill_throughput) overstates this rate several times."""
-        capacity = self._capacity()
-        chunk = min(chunk_tiles, self.shapes.prefill_buckets[-1]) * self.shapes.prefill_tile
-        decode_context = max(1, min(decode_context, capacity, self.shapes.max_model_len - 1))
-        depth = max(0, min(self.shapes.max_model_len - chunk, capacity - chunk))
+        tiles = min(chunk_tiles, self.shapes.prefill_buckets[-1])
+        chunk = tiles * self.shapes.prefill_tile
+        decode_context = self._decode_context(decode_context)
+        depth = self.prefill_depth(tiles, self.shapes.max_model_len)
 
         def measure() -> float:
             rows = self._decode_rows(decode_context)
             decode_only = self._best_time(scratch_step(rows), repeats)
-            mixed = self._best_time(scratch_step(rows + [self._scratch("calibrate-chunk", chunk, depth)]), repeats)
+            mixed = self._best_time(scratch_step(rows + self._prefill_chunk("calibrate-chunk", tiles, depth)),
+                                    repeats)
             return chunk / max(mixed - decode_only, 1e-6)
 
         return self._remember(f"chunk_tokens_per_s(chunk={chunk},depth={depth},decode_context={decode_context})",
@@ -139,16 +140,17 @@ class Calibrator:
 
     def measure_prefill_step_time(self, tiles: int, depth: int = 0, repeats: int = 2) -> float:
         """Seconds that a chunk of `tiles` prefill tiles after `depth` cached tokens adds to a step
-        of one decode (at context 256): the step-cost model's prefill term (sched/step_cost.py)."""
-        chunk = tiles * self.shapes.prefill_tile
-        capacity = self._capacity()
-        depth = max(0, min(depth, self.shapes.max_model_len - chunk, capacity - chunk))
-        decode_context = max(1, min(256, capacity, self.shapes.max_model_len - 1))
+        of one decode (at context 256): the step-cost model's prefill term (sched/step_cost.py).
+        `depth` is cut to what the engine can hold (prefill_depth); tiles more than one request
+        can hold are split over several requests, as a step of several prompts carries them."""
+        depth = self.prefill_depth(tiles, depth)
+        decode_context = self._decode_context(256)
 
         def measure() -> float:
             rows = self._decode_rows(decode_context, rows=1)
             decode_only = self._best_time(scratch_step(rows), repeats)
-            mixed = self._best_time(scratch_step(rows + [self._scratch("calibrate-chunk", chunk, depth)]), repeats)
+            mixed = self._best_time(scratch_step(rows + self._prefill_chunk("calibrate-chunk", tiles, depth)),
+                                    repeats)
             return max(mixed - decode_only, 0.0)
 
         return self._remember(f"prefill_step_s(tiles={tiles},depth={depth},decode_context={decode_context})", measure)
@@ -186,6 +188,37 @@ class Calibrator:
     def _capacity(self) -> int:
         """Tokens the scratch blocks 1 .. num_blocks - 1 hold."""
         return (self.runner.arena_spec.num_blocks - 1) * self.shapes.block_size
+
+    def _request_limit(self) -> int:
+        """The most tokens (cached and new) one scratch request may span: what a real request can
+        (max_model_len, which the block tables are sized for) and what the scratch blocks hold."""
+        return min(self.shapes.max_model_len, self._capacity())
+
+    def _piece_tokens(self, tiles: int) -> int:
+        """Tokens of the largest piece a chunk of `tiles` tiles is split into: whole tiles, within
+        one request's limit."""
+        tile = self.shapes.prefill_tile
+        return min(tiles * tile, max(tile, self._request_limit() // tile * tile))
+
+    def prefill_depth(self, tiles: int, depth: int) -> int:
+        """`depth` cut so that a chunk of `tiles` tiles after it fits one request: the deepest
+        context the engine can have a chunk at, when asked for more."""
+        return max(0, min(depth, self._request_limit() - self._piece_tokens(tiles)))
+
+    def _prefill_chunk(self, request_id: str, tiles: int, depth: int) -> list:
+        """Scratch requests carrying `tiles` prompt tiles after `depth` cached tokens each, as few
+        as fit: one unless the tiles exceed what a request may span (a short max_model_len)."""
+        piece = self._piece_tokens(tiles)
+        left = tiles * self.shapes.prefill_tile
+        requests = []
+        while left > 0:
+            n = min(piece, left)
+            requests.append(self._scratch(f"{request_id}-{len(requests)}", n, min(depth, self._request_limit() - n)))
+            left -= n
+        return requests
+
+    def _decode_context(self, context: int) -> int:
+        return max(1, min(context, self.shapes.max_model_len - 1, self._capacity()))
 
     def _scratch(self, request_id: str, num_tokens: int, num_computed: int):
         return scratch_request(request_id, num_tokens, num_computed, block_size=self.shapes.block_size)

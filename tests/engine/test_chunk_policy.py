@@ -8,9 +8,12 @@ import pytest
 
 from jaxserve import LLM, SamplingParams
 from jaxserve.config import EngineConfig
+from jaxserve.engine.builder import runner_shapes
 from jaxserve.engine.chunk_policy import ITEM_TOKENS, resolve_chunk_policy
+from jaxserve.runner.batch import bucket_for, pack_step
 from jaxserve.runner.calibration import Calibrator
 from tests.conftest import TINY_ENGINE
+from tests.sched.sched_testkit import check_invariants
 
 
 class MeasuredRunner:
@@ -35,6 +38,9 @@ class MeasuredRunner:
     def measure_chunk_rate(self) -> float:
         self.calls.append("prefill")
         return self.prefill_tokens_per_s
+
+    def prefill_depth(self, tiles: int, depth: int) -> int:
+        return max(0, min(depth, self.shapes.max_model_len - tiles * 8))
 
 
 def test_default_budget_is_the_measured_decode_step():
@@ -153,3 +159,72 @@ def test_the_chunk_rate_is_measured_at_the_deepest_chunk(tiny_llama_dir):
     # the chunk's last token sits at the last position a prompt can have
     assert chunk[0].num_computed_tokens + len(chunk[0].token_ids) == TINY_ENGINE["max_model_len"]
     assert len(decode_only.requests) == len(mixed.requests) - 1 == runner.shapes.max_decode_rows
+
+
+class PackingRunner:
+    """A runner that compiles nothing: each calibration step is checked against the engine's limits
+    and packed into its bucket's arrays (what a real runner does before it runs one)."""
+
+    def __init__(self, shapes, num_blocks: int):
+        self.shapes = shapes
+        self.arena_spec = SimpleNamespace(num_blocks=num_blocks)
+        self.host_pool = None
+        self.steps = []
+
+    def load_executables(self, buckets) -> None:
+        for bucket in buckets:
+            assert bucket in self.shapes.buckets()
+
+    def execute(self, step) -> None:
+        for r in step.requests:
+            end = r.num_computed_tokens + len(r.token_ids)
+            assert end <= self.shapes.max_model_len, f"{r.request_id} reaches {end}"
+            assert max(r.block_ids) < self.arena_spec.num_blocks
+        bucket_for(step, self.shapes)
+        pack_step(step, self.shapes)
+        self.steps.append(step)
+
+
+@pytest.mark.parametrize("policy", ["slo", "itl"])
+@pytest.mark.parametrize("max_model_len", [64, 256, 1024])
+def test_calibration_steps_fit_a_short_context(max_model_len, policy):
+    # serve's defaults but a 2,048-token step budget: the largest prompt bucket (and the
+    # item-cost depth of 2,048) exceeds what one request of a short context can hold
+    config = EngineConfig(max_model_len=max_model_len, chunk_policy=policy, max_num_batched_tokens=2048)
+    shapes = runner_shapes(config, max_model_len)
+    assert shapes.prefill_buckets[-1] * shapes.prefill_tile > max_model_len
+    runner = PackingRunner(shapes, num_blocks=4096)
+    policy = resolve_chunk_policy(config, Calibrator(runner))
+    assert runner.steps and (policy.step_cost or policy.chunk_tokens)
+    if policy.step_cost is not None:
+        # every prompt bucket measured, each with all its tiles, the deepest at the context's end
+        assert [p for p, _ in policy.step_cost.prefill_s] == [p for p in shapes.prefill_buckets if p]
+    tile = shapes.prefill_tile
+    for step in runner.steps:
+        chunk_tiles = sum(-(-len(r.token_ids) // tile) for r in step.requests if len(r.token_ids) > 1)
+        assert chunk_tiles in (0, *shapes.prefill_buckets)
+    deepest = max(r.num_computed_tokens + len(r.token_ids) for s in runner.steps for r in s.requests)
+    assert deepest == max_model_len
+
+
+def test_calibration_steps_fit_a_small_arena():
+    config = EngineConfig(max_model_len=1024)
+    shapes = runner_shapes(config, 1024)
+    runner = PackingRunner(shapes, num_blocks=1 + 300 // shapes.block_size)   # 300 tokens of scratch
+    policy = resolve_chunk_policy(config, Calibrator(runner))
+    assert policy.step_cost is not None
+    assert max(b for s in runner.steps for r in s.requests for b in r.block_ids) < runner.arena_spec.num_blocks
+
+
+def test_a_real_engine_with_a_context_shorter_than_its_step_budget_starts_and_serves(tiny_llama_dir):
+    # the serving default (slo policy) with a 64-token step budget over a 32-token context: the
+    # largest prompt bucket is two requests' worth, and the item cost is measured at depth 24
+    llm = LLM(tiny_llama_dir, **{**TINY_ENGINE, "long_prefill_token_threshold": None, "max_model_len": 32,
+                                 "max_num_batched_tokens": 64})
+    cost = llm.engine.chunk_policy.step_cost
+    assert [p for p, _ in cost.prefill_s] == [p for p in llm.engine.runner.shapes.prefill_buckets if p]
+    out = llm.generate([{"prompt_token_ids": list(range(3, 3 + n))} for n in (20, 5)],
+                       SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in out] == [8, 8]
+    check_invariants(llm.engine.scheduler)
+    assert llm.stats().num_compilations_after_warmup == 0
