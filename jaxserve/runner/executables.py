@@ -25,7 +25,7 @@ import os
 import pickle
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from jaxserve.checkpoints.disk_cache import DiskCache
@@ -94,14 +94,20 @@ class ExecutableCache:
         blob = json.dumps({"format": FORMAT, **description}, sort_keys=True, default=repr)
         return hashlib.sha256(blob.encode()).hexdigest() + ".xla"
 
-    def load(self, key: str):
+    def load(self, key: str, devices: Sequence | None = None):
+        """The executable kept under `key`, loaded onto `devices`: the devices it was compiled for,
+        in its device assignment's order (a mesh's devices, flattened; or the one device). JAX's
+        default is every device of the process, which XLA accepts only when the program spans them
+        all: a 3-way mesh's executable loaded onto 4 devices aborts the process inside XLA (a
+        check failure, no Python error), so the caller must say where it runs."""
         from jax.experimental import serialize_executable
 
         data = self._disk.get(key)
         if data is None:
             return None
         try:
-            return serialize_executable.deserialize_and_load(*pickle.loads(data))
+            return serialize_executable.deserialize_and_load(
+                *pickle.loads(data), execution_devices=None if devices is None else list(devices))
         except Exception as e:  # noqa: BLE001 - a corrupt or foreign entry is a miss, never a failure
             log.warning("executable cache entry %s unusable (%s); compiling", key, e)
             return None

@@ -220,7 +220,7 @@ class ModelRunner:
         key = cache.key({**what, **self._program_inputs})
         if not reuse:
             cache.forget(key)
-        compiled = cache.load(key) if reuse else None
+        compiled = cache.load(key, self.execution_devices) if reuse else None
         if compiled is None:
             compiled, keepable = compile_to_keep(lower(), self.compiler_options)
             if keepable:
@@ -229,6 +229,15 @@ class ModelRunner:
                 log.info("%s %s came from XLA's compilation cache, whose executables cannot be kept; "
                          "it will be traced again next start", what["kind"], what)
         return compiled
+
+    @property
+    def execution_devices(self) -> list:
+        """The devices the steps and samplers run on, in their device assignment's order: the
+        mesh's (flattened, as jit assigns them), else the default device."""
+        if self.mesh is not None:
+            return list(self.mesh.devices.flat)
+        default = jax.config.jax_default_device
+        return [default if isinstance(default, jax.Device) else jax.devices()[0]]
 
     @functools.cached_property
     def _program_inputs(self) -> dict:

@@ -10,6 +10,8 @@ assert on the report; nothing here decides pass or fail.
                                         (group 32) at SIZE, whose 2 groups of o/down rows do not split
     tp_probe.py embedded SIZE           the embedded model at 1 and SIZE on one workload with
                                         prefix hits, chunked prefill, preemption and n=2
+    tp_probe.py start DIR CACHE SIZE    one start at SIZE devices keeping its executables in CACHE:
+                                        how many steps and samplers it compiled, its greedy outputs
 """
 
 from __future__ import annotations
@@ -160,7 +162,29 @@ def embedded(size: int) -> dict:
     return report
 
 
+def start(model_dir: str, cache_dir: str, size: str) -> dict:
+    """One engine start, as a server's would be: what it compiled (steps and samplers go through
+    compile_to_keep only when the executable cache misses) and what it generates."""
+    from jaxserve.runner import model_runner
+
+    compiled = []
+    keep = model_runner.compile_to_keep
+
+    def counting(lowered, *args, **kwargs):
+        compiled.append(1)
+        return keep(lowered, *args, **kwargs)
+
+    model_runner.compile_to_keep = counting
+    llm = LLM(model_dir, **{**TINY_SHAPES, "cache_dir": cache_dir}, tensor_parallel_size=int(size))
+    greedy = SamplingParams(max_tokens=12, min_tokens=12, temperature=0.0)
+    outs = llm.generate(TINY_PROMPTS, greedy, use_tqdm=False)
+    return {"compiled": len(compiled), "tokens": [o.outputs[0].token_ids for o in outs],
+            "mesh_devices": [d.id for d in llm.engine.runner.execution_devices],
+            "compilations_after_warmup": llm.stats().num_compilations_after_warmup}
+
+
 if __name__ == "__main__":
     cmd, *args = sys.argv[1:]
-    result = {"tiny": tiny, "quantized": quantized, "embedded": lambda size: embedded(int(size))}[cmd](*args)
+    result = {"tiny": tiny, "quantized": quantized, "embedded": lambda size: embedded(int(size)),
+              "start": start}[cmd](*args)
     print(json.dumps(result))
