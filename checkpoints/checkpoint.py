@@ -22,7 +22,7 @@ FORMATS = ("gguf", "hf", "jaxserve")
 class Checkpoint:
     config: dict[str, Any]                 # HF config.json-style dict (ModelConfig.from_hf_config reads it)
     # HF name -> array in HF layout; float dtypes as stored, GGUF quants as float32, except that a
-    # quantized checkpoint holds QuantizedTensors (quantized.py) for its decoder projections
+    # quantized checkpoint holds QuantizedTensors (models/quantized_tensor.py) for its decoder projections
     tensors: Mapping[str, np.ndarray]
     tokenizer: "PreTrainedTokenizerFast | None"  # chat_template set when the source has one; None when
                                                  # the source has no tokenizer (no files, no GGUF vocab)

@@ -6,11 +6,12 @@ A converted checkpoint is a directory:
     identity.json    the source's identity: a converted checkpoint is the same weights, so anything
                      keyed by the identity (compile cache, quantization scales) stays valid
     weights/         an orbax checkpoint of the tensors, already dequantized and un-permuted
-                     (a quantized conversion stores its QuantizedTensors flat: quantized.py)
+                     (a quantized conversion stores its QuantizedTensors flat: models/quantized_tensor.py)
 
-Converting with `quantization` (int8 / int4 / fp8, fp8 after a calibration pass over real text)
-stores the quantized weights, and the identity written is the quantized one
-(jaxserve/quant/checkpoint.py): the converted directory never passes for its float source.
+A quantized conversion (jaxserve/quant/convert.py: int8 / int4 / fp8 / w8a8, the last two after a
+calibration pass over real text) stores the quantized weights, and the identity written is the
+quantized one (jaxserve/quant/checkpoint.py): the converted directory never passes for its float
+source.
 Loading it skips dequantization and tokenizer reconstruction; orbax (and so jax) is imported only here.
 """
 
@@ -23,7 +24,7 @@ import shutil
 from .checkpoint import Checkpoint
 from .errors import CheckpointNotFoundError
 from .layout import check_tensors
-from .quantized import flatten, is_quantized, unflatten
+from jaxserve.models.quantized_tensor import flatten, is_quantized, unflatten
 from .tokenizer import has_tokenizer_files
 
 FORMAT_VERSION = 1
@@ -35,30 +36,21 @@ def is_converted_directory(path: str | os.PathLike) -> bool:
     return os.path.isfile(os.path.join(path, IDENTITY_FILE)) and os.path.isdir(os.path.join(path, WEIGHTS_DIR))
 
 
-def convert(src: str | os.PathLike | None, dst: str | os.PathLike, *, overwrite: bool = False,
-            quantization: str = "none", group_size: int = 32, calibration_data: str | None = None) -> str:
+def convert(src: str | os.PathLike | None, dst: str | os.PathLike, *, overwrite: bool = False) -> str:
     """Write `src` (None = the embedded model) as a converted checkpoint at `dst`; returns `dst`.
-    A GGUF's Q8_0 / Q4_0 / Q4_1 weights are kept as they are when int8 / int4 is asked for."""
+    A quantized conversion is jaxserve.quant.convert (quantization builds on checkpoints, never
+    the other way round)."""
     from .loader import load_checkpoint
 
-    _check_destination(dst, overwrite)
-    ckpt = load_checkpoint(src, native_quantization=quantization)
-    if quantization != "none":
-        import jax.numpy as jnp
-
-        from jaxserve.models.config import ModelConfig
-        from jaxserve.quant.prepare import QuantRequest, prepare
-
-        request = QuantRequest(quantization, group_size, calibration_data=calibration_data)
-        ckpt = prepare(ckpt, request, ModelConfig.from_hf_config(ckpt.config), jnp.float32).checkpoint
-    return save_converted(ckpt, dst, overwrite=overwrite)
+    check_destination(dst, overwrite)
+    return save_converted(load_checkpoint(src), dst, overwrite=overwrite)
 
 
 def save_converted(ckpt: Checkpoint, dst: str | os.PathLike, *, overwrite: bool = False) -> str:
     """Write an already loaded checkpoint as a converted checkpoint at `dst`; returns `dst`."""
     import orbax.checkpoint as ocp
 
-    dst = _check_destination(dst, overwrite)
+    dst = check_destination(dst, overwrite)
     # Written beside the destination and renamed into place, so a crash never leaves a
     # half-written directory that loads.
     partial = dst + ".partial"
@@ -81,7 +73,7 @@ def save_converted(ckpt: Checkpoint, dst: str | os.PathLike, *, overwrite: bool 
     return dst
 
 
-def _check_destination(dst: str | os.PathLike, overwrite: bool) -> str:
+def check_destination(dst: str | os.PathLike, overwrite: bool) -> str:
     dst = os.path.abspath(os.fspath(dst))
     if os.path.exists(dst) and (not os.path.isdir(dst) or os.listdir(dst)) and not overwrite:
         raise FileExistsError(f"convert destination {dst!r} exists and is not empty (pass overwrite=True)")

@@ -6,7 +6,7 @@ A block covers 32 consecutive inputs of one output row and starts with its float
     Q4_0  d, 16 bytes of nibbles         w = d * (nibble - 8)
     Q4_1  d, m, 16 bytes of nibbles      w = d * nibble + m
 Nibble j of a block is byte j's low half for j < 16 and byte j-16's high half otherwise: the
-packing checkpoints/quantized.py uses, so the bytes are kept as they are. Nothing is
+packing models/quantized_tensor.py uses, so the bytes are kept as they are. Nothing is
 dequantized: the scales widen from float16 to float32 (exact), the quantized values are copied.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .quantized import QuantizedTensor
+from jaxserve.models.quantized_tensor import QuantizedTensor
 
 QK = 32
 # GGML type name -> (bytes per block, kind, has a minimum)

@@ -20,19 +20,13 @@ import numpy as np
 
 from .checkpoint import Checkpoint
 from .gguf_blocks import block_tensor, native_kind
-from .quantized import QuantizedTensor
+from jaxserve.models import registry
+from jaxserve.models.quantized_tensor import QuantizedTensor
 from .errors import CheckpointNotFoundError, UnsupportedArchitectureError, UnsupportedTensorTypeError
 from .identity import file_identity
 from .layout import check_tensors
 from .rope_freqs import fit_llama3_scaling
 from .tokenizer import gguf_tokenizer
-
-# GGUF `general.architecture` -> HF model_type and class; Mistral GGUFs use the llama architecture.
-_ARCHITECTURES = {
-    "llama": ("llama", "LlamaForCausalLM"),
-    "qwen2": ("qwen2", "Qwen2ForCausalLM"),
-    "qwen3": ("qwen3", "Qwen3ForCausalLM"),
-}
 
 # llama.cpp's per-block tensor names -> HF's, as in gguf's tensor name map for these architectures.
 _BLOCK_NAMES = {
@@ -118,11 +112,11 @@ def gguf_config(metadata: dict[str, Any], tensor_names: list[str],
     """The HF config.json dict for a GGUF's metadata (`<arch>.*` keys), tensor list and, when the
     file has one, its `rope_freqs` tensor (Llama 3.1-style rope scaling)."""
     arch = metadata.get("general.architecture")
-    if arch not in _ARCHITECTURES:
-        raise UnsupportedArchitectureError(
-            f"GGUF architecture {arch!r} is not supported; jaxserve reads {tuple(_ARCHITECTURES)}"
-        )
-    model_type, hf_class = _ARCHITECTURES[arch]
+    try:
+        family, model_type = registry.for_gguf(arch)      # Mistral GGUFs say "llama"
+    except ValueError as e:
+        raise UnsupportedArchitectureError(str(e)) from None
+    hf_class = family.hf_classes[model_type]
 
     def key(name: str, default: Any = None) -> Any:
         return metadata.get(f"{arch}.{name}", default)

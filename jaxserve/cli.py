@@ -107,7 +107,7 @@ def cmd_chat(args) -> int:
 
 
 def cmd_convert(args) -> int:
-    from jaxserve.checkpoints import convert
+    from jaxserve.quant.convert import convert
 
     out = convert(args.src, args.dst, quantization=args.quantization, group_size=args.quantization_group_size,
                   calibration_data=args.calibration_data)

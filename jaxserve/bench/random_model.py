@@ -40,6 +40,8 @@ import sys
 import time
 from typing import Any, Iterable
 
+from jaxserve.models import registry
+
 TRAINED_VOCAB = 384
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>")       # ids 0, 1, 2
 MARKER = "random_model.json"                    # written last: the directory is complete
@@ -72,16 +74,17 @@ DTYPES = ("float32", "bfloat16")
 DEVICES = ("cpu", "cuda")
 
 
-def hf_config(shape: str = "tiny", vocab_size: int | None = None) -> Any:
-    """The transformers LlamaConfig of a shape; bos/eos/pad are the tokenizer's <s>, </s>, <pad>."""
-    from transformers import LlamaConfig
+def hf_config(shape: str = "tiny", vocab_size: int | None = None, model_type: str = "llama") -> Any:
+    """The transformers config of a shape (its class from the model registry); bos/eos/pad are
+    the tokenizer's <s>, </s>, <pad>."""
+    config_cls, _ = registry.transformers_classes(model_type)
 
     if shape not in SHAPES:
         raise ValueError(f"shape={shape!r} must be one of {', '.join(SHAPES)}")
     kwargs = dict(SHAPES[shape])
     if vocab_size is not None:
         kwargs["vocab_size"] = vocab_size
-    return LlamaConfig(**kwargs, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    return config_cls(**kwargs, bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
 
 def bpe_tokenizer(texts: Iterable[str], vocab_size: int) -> Any:
@@ -128,10 +131,11 @@ def make_tokenizer(model_vocab_size: int) -> Any:
 
 
 def build_model(config: Any, dtype: str = "float32", seed: int = 0, device: str = "cpu") -> Any:
-    """A LlamaForCausalLM with random weights, created directly in `dtype` on `device`."""
+    """The config's causal LM (its class from the model registry) with random weights, created
+    directly in `dtype` on `device`."""
     import torch
-    from transformers import LlamaForCausalLM
 
+    _, model_cls = registry.transformers_classes(config.model_type)
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r} must be one of {', '.join(DTYPES)}")
     torch.manual_seed(seed)
@@ -139,7 +143,7 @@ def build_model(config: Any, dtype: str = "float32", seed: int = 0, device: str 
     torch.set_default_dtype(getattr(torch, dtype))
     try:
         with torch.device(device):
-            model = LlamaForCausalLM(config)
+            model = model_cls(config)
     finally:
         torch.set_default_dtype(previous)
     return model.eval()

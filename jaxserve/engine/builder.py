@@ -29,7 +29,7 @@ from jaxserve.engine.draft_proposer import DraftModelProposer
 from jaxserve.engine.engine import Engine
 from jaxserve.engine.startup_timings import PhaseClock, StartupTimings
 from jaxserve.models.config import ModelConfig
-from jaxserve.models.params import params_from_hf
+from jaxserve.models.params import layout_of, params_from_hf
 from jaxserve.parallel.distributed import HostConfig, join, lead
 from jaxserve.parallel.layout import HeadLayout
 from jaxserve.parallel.mesh import make_mesh
@@ -148,7 +148,9 @@ def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, 
             host = params_from_hf(model_config, ckpt.tensors, jnp.dtype(dtype), on_host=True)
             if quant.kv_scales is not None:
                 host["kv_scales"] = dict(quant.kv_scales)
-            params = jax.block_until_ready(place_params(to_shard_major(host, layout), mesh, model_config.vocab_size))
+            tensors = layout_of(model_config)
+            params = jax.block_until_ready(place_params(to_shard_major(host, layout, tensors), mesh, tensors,
+                                                        model_config.vocab_size))
             del host
             # the runner's model has the replicated KV heads (parallel/layout.py)
             model_config = dataclasses.replace(model_config, num_key_value_heads=layout.kv_heads)

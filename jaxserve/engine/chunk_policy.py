@@ -37,7 +37,7 @@ The chunk is never smaller than one prefill tile: where even one tile at the dee
 costs more than the budget (a long max_model_len on a slow machine), that tile is the floor,
 and `prefill_tile` is the knob that lowers it. The derived chunks cap prompts only in steps that
 carry decodes (the scheduler's `decode_step_prefill_cap` and `decode_step_prefill_caps`). Its
-measured weakness (docs/benchmarks.md, "Goodput"): on a slow machine with a long max_model_len the
+measured weakness (docs/benchmarks-history.md, "Goodput"): on a slow machine with a long max_model_len the
 deepest chunk's rate is tiny (8 tokens a step on our CPU), and with one prompt mid-prefill at a
 time prompts starve behind any decode.
 

@@ -1,4 +1,6 @@
-"""Flax definitions of the Llama family (Llama, SmolLM2, Mistral, Qwen2, Qwen3).
+"""The models jaxserve serves: one registry row per architecture (registry.py), their forwards
+(llama.py: Llama, SmolLM2, Mistral, Qwen2, Qwen3; gemma.py: Gemma 2, Gemma 3 text), and `Linear`,
+the one place a projection's matmul is written (linear.py).
 
 Exports are lazy (module `__getattr__`), so importing `jaxserve.models.config` alone, as the
 host-side loaders do, does not import jax or flax.
@@ -19,6 +21,8 @@ _EXPORTS = {
     "params_from_hf": "jaxserve.models.params",
     "init_random_params": "jaxserve.models.params",
     "ModelConfig": "jaxserve.models.config",
+    "LayerAttention": "jaxserve.models.config",
+    "Linear": "jaxserve.models.linear",
     "RopeScaling": "jaxserve.models.config",
 }
 

@@ -17,11 +17,13 @@ from jaxserve.models.llama import AttentionFn, matmul_precision
 
 
 def dense_causal_attention(config: ModelConfig, sm_scale: float | None = None) -> AttentionFn:
-    scale = config.head_dim ** -0.5 if sm_scale is None else sm_scale
-    window = config.sliding_window
+    """Each layer's scale, sliding window and score soft cap are `config.layer_attention(layer)`'s
+    (`sm_scale`, when given, overrides the scale of every layer)."""
 
     def attention(layer_idx: int, q: jax.Array, k: jax.Array, v: jax.Array, kv_cache: Any):
-        del layer_idx
+        layer = config.layer_attention(layer_idx)
+        scale = layer.sm_scale if sm_scale is None else sm_scale
+        window, cap = layer.sliding_window, layer.soft_cap
         t, n, h = q.shape
         kv_heads = k.shape[1]
         group = n // kv_heads              # query head i reads kv head i // group (HF's repeat_kv)
@@ -29,6 +31,8 @@ def dense_causal_attention(config: ModelConfig, sm_scale: float | None = None) -
         precision = matmul_precision(q.dtype)
         scores = jnp.einsum("tkgh,skh->kgts", qg, k, precision=precision,
                             preferred_element_type=jnp.float32) * scale        # [K, G, T, S]
+        if cap is not None:
+            scores = cap * jnp.tanh(scores / cap)                             # before masking
         qi = jnp.arange(t)[:, None]
         kj = jnp.arange(t)[None, :]
         visible = kj <= qi

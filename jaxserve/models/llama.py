@@ -7,18 +7,20 @@ causal for tests, paged in the engine) is the only thing that knows which token 
 
 Architecture differences are config flags, not subclasses: Qwen2's q/k/v bias
 (`attention_bias`), Qwen3's per-head q/k RMSNorm (`qk_norm`), Mistral's sliding window (read by
-the attention function), tied embeddings, Llama-3 RoPE scaling.
+the attention function), tied embeddings, Llama-3 RoPE scaling. Its tensors are declared in the
+registry (models/registry.py, `decoder_layout`).
 
-Params layout (see params.py): one subtree per layer (`layers_{i}`), never a stacked [L, ...]
-array, and [in, out] kernels used as plain `x @ W`, with q/k/v fused into one projection and
-gate/up into another: on XLA:CPU these are the fastest forms measured (docs/facts.md).
+Params layout: one subtree per layer (`layers_{i}`), never a stacked [L, ...] array, and [in, out]
+kernels used as plain `x @ W`, with q/k/v fused into one projection and gate/up into another: on
+XLA:CPU these are the fastest forms measured (docs/facts.md). Every projection is a `Linear`
+(models/linear.py), which runs whatever form its weight has (float, int8, int4, fp8, w8a8).
 Dtypes: params and activations in the params' dtype; RMSNorm, RoPE and softmax in float32;
 logits float32.
 
 Tensor parallelism (jaxserve/parallel/): with `shards` = S > 1 the fused q/k/v and gate/up
-columns are stored shard-major (parallel/layout.py), so the split of a fused projection's output
-is taken per shard ([T, S, ...] then merged back); the arithmetic is the same, and S = 1 is the
-single-device code as it was. Which device holds what is the params' and arena's shardings.
+columns are stored shard-major (parallel/layout.py) and `Linear` splits a fused output per
+shard; the arithmetic is the same, and S = 1 is the single-device code. Which device holds what
+is the params' and arena's shardings.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxserve.models.config import ModelConfig
-from jaxserve.models.quantized_linear import dense, is_quantized
+from jaxserve.models.linear import Linear, matmul_precision, recorded_inputs
+from jaxserve.models.registry import has_o_proj_bias
 from jaxserve.models.rope import apply_rope, rope_cos_sin
 
 Params = dict  # pytree of jnp arrays, layout in params.py
@@ -38,44 +41,6 @@ Params = dict  # pytree of jnp arrays, layout in params.py
 # attention(layer_idx, q [T, N, H], k [T, K, H], v [T, K, H], kv_cache_layer)
 #   -> (out [T, N, H], new kv_cache_layer); q and k arrive RoPE'd (and q/k-normed for Qwen3)
 AttentionFn = Callable[[int, jax.Array, jax.Array, jax.Array, Any], tuple[jax.Array, Any]]
-
-
-def matmul_precision(dtype: Any) -> jax.lax.Precision | None:
-    """float32 models get true float32 matmuls everywhere.
-
-    JAX's default precision lets GPUs run float32 dots as TF32 (10-bit mantissa), which breaks
-    parity with the PyTorch fp32 path; bf16 is the fast path, fp32 the accurate one. XLA:CPU
-    computes float32 dots exactly either way.
-    """
-    return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
-
-
-def has_o_proj_bias(config: ModelConfig) -> bool:
-    # Llama and Qwen3 put `attention_bias` on o_proj too; Qwen2's bias is on q/k/v only.
-    return config.attention_bias and config.model_type != "qwen2"
-
-
-def split_qkv(qkv: jax.Array, n: int, k: int, h: int, shards: int):
-    """Fused projection output [T, (N + 2K) H] -> q [T, N, H], k [T, K, H], v [T, K, H]. With
-    shards > 1 the columns are shard-major (each shard's q | k | v together), so the split is
-    taken inside each shard's group and the groups stacked back in head order."""
-    t = qkv.shape[0]
-    if shards == 1:
-        return (qkv[:, : n * h].reshape(t, n, h), qkv[:, n * h : (n + k) * h].reshape(t, k, h),
-                qkv[:, (n + k) * h :].reshape(t, k, h))
-    n_l, k_l = n // shards, k // shards
-    grouped = qkv.reshape(t, shards, n_l + 2 * k_l, h)                        # [T, S, n + 2k, H]
-    return (grouped[:, :, :n_l].reshape(t, n, h), grouped[:, :, n_l:n_l + k_l].reshape(t, k, h),
-            grouped[:, :, n_l + k_l:].reshape(t, k, h))
-
-
-def split_gate_up(gate_up: jax.Array, f: int, shards: int):
-    """[T, 2F] -> gate [T, F], up [T, F]; shard-major columns as in split_qkv."""
-    if shards == 1:
-        return gate_up[:, :f], gate_up[:, f:]
-    t = gate_up.shape[0]
-    grouped = gate_up.reshape(t, shards, 2, f // shards)                       # [T, S, 2, F/S]
-    return grouped[:, :, 0].reshape(t, f), grouped[:, :, 1].reshape(t, f)
 
 
 class RMSNorm(nn.Module):
@@ -94,7 +59,6 @@ class Attention(nn.Module):
     config: ModelConfig
     dtype: Any
     layer_idx: int
-    quantized: bool = False     # projections hold quantized params (models/quantized_linear.py)
     shards: int = 1             # tensor-parallel shards of the fused qkv layout
 
     @nn.compact
@@ -102,52 +66,45 @@ class Attention(nn.Module):
         c = self.config
         n, k, h = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         t = x.shape[0]
-        qkv = dense(self.quantized, (n + 2 * k) * h, use_bias=c.attention_bias, dtype=self.dtype,
-                    precision=matmul_precision(self.dtype), name="qkv_proj")(x)  # [T, (N+2K)*H]
-        q, key, value = split_qkv(qkv, n, k, h, self.shards)      # [T, N, H], [T, K, H], [T, K, H]
+        q, key, value = Linear((n + 2 * k) * h, c.attention_bias, self.dtype, parts=(n * h, k * h, k * h),
+                               shards=self.shards, name="qkv_proj")(x)        # [T, N*H], [T, K*H] x 2
+        q, key, value = q.reshape(t, n, h), key.reshape(t, k, h), value.reshape(t, k, h)
         if c.qk_norm:
             q = RMSNorm(c.rms_norm_eps, self.dtype, name="q_norm")(q)
             key = RMSNorm(c.rms_norm_eps, self.dtype, name="k_norm")(key)
         q, key = apply_rope(q, cos, sin), apply_rope(key, cos, sin)
         out, kv_cache = attention(self.layer_idx, q, key, value, kv_cache)  # [T, N, H]
-        out = dense(self.quantized, c.hidden_size, use_bias=has_o_proj_bias(c), dtype=self.dtype,
-                    precision=matmul_precision(self.dtype), name="o_proj")(out.reshape(t, n * h))  # [T, D]
+        out = Linear(c.hidden_size, has_o_proj_bias(c), self.dtype, name="o_proj")(out.reshape(t, n * h))  # [T, D]
         return out, kv_cache
 
 
 class MLP(nn.Module):
     config: ModelConfig
     dtype: Any
-    quantized: bool = False
     shards: int = 1
 
     @nn.compact
     def __call__(self, x):
         f = self.config.intermediate_size
-        precision = matmul_precision(self.dtype)
-        gate_up = dense(self.quantized, 2 * f, use_bias=False, dtype=self.dtype, precision=precision,
-                        name="gate_up_proj")(x)                               # [T, 2F]
-        gate, up = split_gate_up(gate_up, f, self.shards)                   # [T, F] each
+        gate, up = Linear(2 * f, False, self.dtype, parts=(f, f), shards=self.shards,
+                          name="gate_up_proj")(x)                             # [T, F] each
         hidden = nn.silu(gate) * up                                           # [T, F]
-        return dense(self.quantized, self.config.hidden_size, use_bias=False, dtype=self.dtype,
-                     precision=precision, name="down_proj")(hidden)           # [T, D]
+        return Linear(self.config.hidden_size, False, self.dtype, name="down_proj")(hidden)  # [T, D]
 
 
 class DecoderLayer(nn.Module):
     config: ModelConfig
     dtype: Any
     layer_idx: int
-    quantized: bool = False
     shards: int = 1
 
     @nn.compact
     def __call__(self, x, cos, sin, kv_cache, attention: AttentionFn):
         eps = self.config.rms_norm_eps
-        attn_out, kv_cache = Attention(self.config, self.dtype, self.layer_idx, self.quantized,
-                                     self.shards, name="self_attn")(
+        attn_out, kv_cache = Attention(self.config, self.dtype, self.layer_idx, self.shards, name="self_attn")(
             RMSNorm(eps, self.dtype, name="input_layernorm")(x), cos, sin, kv_cache, attention)
         x = x + attn_out
-        x = x + MLP(self.config, self.dtype, self.quantized, self.shards, name="mlp")(
+        x = x + MLP(self.config, self.dtype, self.shards, name="mlp")(
             RMSNorm(eps, self.dtype, name="post_attention_layernorm")(x))
         return x, kv_cache
 
@@ -158,7 +115,6 @@ class LlamaModel(nn.Module):
 
     config: ModelConfig
     dtype: Any = jnp.float32
-    quantized: bool = False
     shards: int = 1
 
     @nn.compact
@@ -169,7 +125,7 @@ class LlamaModel(nn.Module):
         cos, sin = rope_cos_sin(c, positions)                                  # [T, H] each
         new_caches = []
         for i in range(c.num_hidden_layers):
-            x, cache = DecoderLayer(c, self.dtype, i, self.quantized, self.shards, name=f"layers_{i}")(
+            x, cache = DecoderLayer(c, self.dtype, i, self.shards, name=f"layers_{i}")(
                 x, cos, sin, kv_caches[i], attention)
             new_caches.append(cache)
         return RMSNorm(c.rms_norm_eps, self.dtype, name="norm")(x), new_caches
@@ -177,27 +133,42 @@ class LlamaModel(nn.Module):
 
 def forward(params: Params, config: ModelConfig, input_ids: jax.Array, positions: jax.Array,
             kv_caches: Sequence[Any] | None, attention: AttentionFn, *,
-            shards: int = 1) -> tuple[jax.Array, list]:
+            shards: int = 1, record_inputs: bool = False):
     """input_ids, positions: [T] int32 -> (final-normed hidden [T, D], new per-layer caches).
 
     `shards`: the tensor-parallel size the params' fused columns are laid out for (1: the
     single-device layout); `config.num_key_value_heads` then counts replicated KV heads.
+    `record_inputs`: also return every projection's input maximum per channel, by module path
+    (models/linear.py; the calibration pass reads them).
 
     kv_caches holds one entry per layer (None entries allowed; None for all layers when the
     attention function keeps no cache); each is handed to `attention` and replaced by what it
     returns, so a jitted caller can donate the whole list.
     """
+    kv_caches = check_caches(config, kv_caches)
+    dtype = params["embed_tokens"]["embedding"].dtype
+    model = LlamaModel(config=config, dtype=dtype, shards=shards)
+    return apply_model(model, params, (input_ids, positions, list(kv_caches), attention), record_inputs)
+
+
+def check_caches(config: ModelConfig, kv_caches: Sequence[Any] | None) -> Sequence[Any]:
     if kv_caches is None:
-        kv_caches = [None] * config.num_hidden_layers
+        return [None] * config.num_hidden_layers
     if len(kv_caches) != config.num_hidden_layers:
         raise ValueError(
             f"len(kv_caches)={len(kv_caches)} but the model has {config.num_hidden_layers} layers")
-    dtype = params["embed_tokens"]["embedding"].dtype
-    model = LlamaModel(config=config, dtype=dtype, quantized=is_quantized(params), shards=shards)
-    # the LM head is not part of the module (compute_logits applies it to sampled rows only), nor
-    # are a quantized KV cache's scales (the runner's attention reads them: runner/kv_write.py)
+    return kv_caches
+
+
+def apply_model(model: nn.Module, params: Params, args: tuple, record_inputs: bool):
+    """`model.apply` on the module's params. The LM head is not part of the module
+    (compute_logits applies it to sampled rows only), nor are a quantized KV cache's scales (the
+    runner's attention reads them: runner/kv_write.py)."""
     module_params = {k: v for k, v in params.items() if k not in ("lm_head", "kv_scales")}
-    return model.apply({"params": module_params}, input_ids, positions, list(kv_caches), attention)
+    if not record_inputs:
+        return model.apply({"params": module_params}, *args)
+    (hidden, caches), state = model.apply({"params": module_params}, *args, mutable=["intermediates"])
+    return hidden, caches, recorded_inputs(state["intermediates"])
 
 
 def compute_logits(params: Params, config: ModelConfig, hidden: jax.Array) -> jax.Array:

@@ -1,6 +1,9 @@
-"""The params pytree: its layout, conversion from HF tensors, and random init.
+"""The params pytree: built from an architecture's declared tensors (models/tensor_layout.py).
 
-Layout (every leaf a jnp array in the model dtype; kernels are [in, out], used as `x @ W`):
+Every leaf is a jnp array in the model dtype; a projection's module holds `kernel` [in, out]
+(its HF weights transposed, fused parts side by side along out) and `bias` [out]; any other
+tensor sits under its declared leaf name (`embed_tokens/embedding` [V, D], norms' `weight`, an
+untied `lm_head/kernel` [D, V]). For the Llama family:
 
     embed_tokens/embedding               [V, D]   (also the LM head when tied)
     layers_{i}/input_layernorm/weight    [D]
@@ -14,14 +17,12 @@ Layout (every leaf a jnp array in the model dtype; kernels are [in, out], used a
     norm/weight                          [D]
     lm_head/kernel                       [D, V]   (untied only)
 
-A quantized checkpoint (checkpoints/quantized.py) gives its projections (qkv, o, gate_up, down)
-`qweight` / `scale` (/ `offset`, `act_scale`, `act_smooth`) leaves in place of `kernel`, in the same
-[in, out] orientation but for w8a8's qweight, [out, in] (models/quantized_linear.py); embedding,
-norms and lm_head are always float.
+A quantized checkpoint gives its projections `qweight` / `scale` (/ `offset`, `act_scale`,
+`act_smooth`) leaves in place of `kernel`, in the same [in, out] orientation but for w8a8's
+qweight, [out, in] (models/linear.py); embedding, norms and lm_head are always float.
 
-Per-layer subtrees, never stacked [L, ...] arrays, and fused q/k/v and gate/up projections:
-the forms XLA:CPU runs fastest (docs/facts.md). `abstract_params` is the single description of this
-layout; conversion, random init and the tests all follow it.
+Per-layer subtrees, never stacked [L, ...] arrays, and fused projections: the forms XLA:CPU runs
+fastest (docs/facts.md).
 """
 
 from __future__ import annotations
@@ -32,44 +33,38 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxserve.checkpoints.quantized import QuantizedTensor
+from jaxserve.models import registry
 from jaxserve.models.config import ModelConfig
-from jaxserve.models.llama import Params, has_o_proj_bias
+from jaxserve.models.quantized_tensor import QuantizedTensor
+from jaxserve.models.tensor_layout import Projection, TensorLayout
 
-# HF tensors that carry no weights jaxserve needs
-_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+Params = dict  # pytree of jnp arrays, laid out as above
+
+
+def layout_of(config: ModelConfig) -> TensorLayout:
+    return registry.for_config(config).layout(config)
+
+
+def _nest(tree: dict, path: tuple[str, ...], value: dict) -> None:
+    for key in path[:-1]:
+        tree = tree.setdefault(key, {})
+    tree.setdefault(path[-1], {}).update(value)
 
 
 def abstract_params(config: ModelConfig, dtype: Any) -> Params:
     """The params pytree as jax.ShapeDtypeStruct leaves (for AOT lowering and layout checks)."""
-    c = config
-    d, f, h = c.hidden_size, c.intermediate_size, c.head_dim
-    n, k = c.num_attention_heads, c.num_key_value_heads
-
     def leaf(*shape: int) -> jax.ShapeDtypeStruct:
         return jax.ShapeDtypeStruct(shape, jnp.dtype(dtype))
 
-    tree: dict[str, Any] = {"embed_tokens": {"embedding": leaf(c.vocab_size, d)}}
-    for i in range(c.num_hidden_layers):
-        attn: dict[str, Any] = {"qkv_proj": {"kernel": leaf(d, (n + 2 * k) * h)},
-                                "o_proj": {"kernel": leaf(n * h, d)}}
-        if c.attention_bias:
-            attn["qkv_proj"]["bias"] = leaf((n + 2 * k) * h)
-        if has_o_proj_bias(c):
-            attn["o_proj"]["bias"] = leaf(d)
-        if c.qk_norm:
-            attn["q_norm"] = {"weight": leaf(h)}
-            attn["k_norm"] = {"weight": leaf(h)}
-        tree[f"layers_{i}"] = {
-            "input_layernorm": {"weight": leaf(d)},
-            "self_attn": attn,
-            "post_attention_layernorm": {"weight": leaf(d)},
-            "mlp": {"gate_up_proj": {"kernel": leaf(d, 2 * f)},
-                    "down_proj": {"kernel": leaf(f, d)}},
-        }
-    tree["norm"] = {"weight": leaf(d)}
-    if not c.tie_word_embeddings:
-        tree["lm_head"] = {"kernel": leaf(d, c.vocab_size)}
+    tree: dict[str, Any] = {}
+    for path, spec in layout_of(config).modules.items():
+        if isinstance(spec, Projection):
+            leaves = {"kernel": leaf(spec.in_features, spec.out_features)}
+            if spec.bias:
+                leaves["bias"] = leaf(spec.out_features)
+        else:
+            leaves = {spec.leaf: leaf(*spec.shape)}
+        _nest(tree, path, leaves)
     return tree
 
 
@@ -83,14 +78,12 @@ def params_from_hf(config: ModelConfig, tensors: Mapping[str, np.ndarray], dtype
     Raises ValueError naming the tensor when one is missing, has the wrong shape, or is left over
     (a leftover tensor means the config does not describe the checkpoint, e.g. an MLP bias).
     """
-    c = config
-    d, f, h = c.hidden_size, c.intermediate_size, c.head_dim
-    n, k = c.num_attention_heads, c.num_key_value_heads
+    layout = layout_of(config)
     used: set[str] = set()
 
     def get(name: str, shape: tuple[int, ...]) -> np.ndarray:
         if name not in tensors:
-            raise ValueError(f"missing tensor {name!r} (expected shape {shape} for {c.model_type})")
+            raise ValueError(f"missing tensor {name!r} (expected shape {shape} for {config.model_type})")
         array = tensors[name]
         if not isinstance(array, QuantizedTensor):
             array = np.asarray(array)
@@ -104,55 +97,32 @@ def params_from_hf(config: ModelConfig, tensors: Mapping[str, np.ndarray], dtype
             return np.asarray(array).astype(jnp.dtype(dtype), copy=False)
         return jnp.asarray(array, dtype=dtype)
 
-    def linear(*parts: tuple[str, int, int]) -> dict[str, jax.Array]:
-        # HF [out, in] weights (name, out, in), fused along out -> {"kernel": [in, sum(out)]}
-        # or the quantized leaves of the same projection
-        weights = [get(name, (o, i)) for name, o, i in parts]
-        if any(isinstance(w, QuantizedTensor) for w in weights):
-            return quantized_leaves(weights, dtype, on_host)
-        return {"kernel": out(np.concatenate([w.T for w in weights], axis=1))}
-
-    params: dict[str, Any] = {"embed_tokens": {"embedding": out(get("model.embed_tokens.weight",
-                                                                    (c.vocab_size, d)))}}
-    for i in range(c.num_hidden_layers):
-        p = f"model.layers.{i}."
-        a = p + "self_attn."
-        qkv = linear((a + "q_proj.weight", n * h, d), (a + "k_proj.weight", k * h, d),
-                     (a + "v_proj.weight", k * h, d))                          # [D, (N+2K)H]
-        attn: dict[str, Any] = {"qkv_proj": qkv, "o_proj": linear((a + "o_proj.weight", d, n * h))}
-        if c.attention_bias:
-            attn["qkv_proj"]["bias"] = out(np.concatenate([get(a + "q_proj.bias", (n * h,)),
-                                                           get(a + "k_proj.bias", (k * h,)),
-                                                           get(a + "v_proj.bias", (k * h,))]))
-        if has_o_proj_bias(c):
-            attn["o_proj"]["bias"] = out(get(a + "o_proj.bias", (d,)))
-        if c.qk_norm:
-            attn["q_norm"] = {"weight": out(get(a + "q_norm.weight", (h,)))}
-            attn["k_norm"] = {"weight": out(get(a + "k_norm.weight", (h,)))}
-        m = p + "mlp."
-        gate_up = linear((m + "gate_proj.weight", f, d), (m + "up_proj.weight", f, d))  # [D, 2F]
-        params[f"layers_{i}"] = {
-            "input_layernorm": {"weight": out(get(p + "input_layernorm.weight", (d,)))},
-            "self_attn": attn,
-            "post_attention_layernorm": {
-                "weight": out(get(p + "post_attention_layernorm.weight", (d,)))},
-            "mlp": {"gate_up_proj": gate_up, "down_proj": linear((m + "down_proj.weight", d, f))},
-        }
-    params["norm"] = {"weight": out(get("model.norm.weight", (d,)))}
-    if c.tie_word_embeddings:
-        used.add("lm_head.weight")  # some tied checkpoints store the shared matrix twice
-    else:
-        lm_head = get("lm_head.weight", (c.vocab_size, d))
-        if isinstance(lm_head, QuantizedTensor):
-            raise ValueError("lm_head.weight is quantized; jaxserve keeps the LM head in float")
-        params["lm_head"] = {"kernel": out(lm_head.T)}
+    params: dict[str, Any] = {}
+    for path, spec in layout.modules.items():
+        if isinstance(spec, Projection):
+            # HF [out, in] parts fused along out -> {"kernel": [in, sum(out)]}, or quantized leaves
+            weights = [get(name, shape) for name, shape in spec.hf_weights().items()]
+            if any(isinstance(w, QuantizedTensor) for w in weights):
+                leaves = quantized_leaves(weights, dtype, on_host)
+            else:
+                leaves = {"kernel": out(np.concatenate([w.T for w in weights], axis=1))}
+            if spec.bias:
+                leaves["bias"] = out(np.concatenate([get(name, shape) for name, shape in spec.hf_biases().items()]))
+        else:
+            array = get(spec.hf_name, spec.hf_shape)
+            if isinstance(array, QuantizedTensor):
+                raise ValueError(f"{spec.hf_name} is quantized; jaxserve keeps it in float")
+            leaves = {spec.leaf: out(array.T if spec.transpose else array)}
+        _nest(params, path, leaves)
+    if layout.tied_lm_head is not None:
+        used.add(layout.tied_lm_head)  # some tied checkpoints store the shared matrix twice
 
     leftover = sorted(name for name in tensors
-                      if name not in used and not name.endswith(_IGNORED_SUFFIXES))
+                      if name not in used and not name.endswith(layout.ignored_suffixes))
     if leftover:
         shown = ", ".join(repr(name) for name in leftover[:5])
         more = f" and {len(leftover) - 5} more" if len(leftover) > 5 else ""
-        raise ValueError(f"tensors the {c.model_type} config does not use: {shown}{more}")
+        raise ValueError(f"tensors the {config.model_type} config does not use: {shown}{more}")
     return params
 
 
@@ -180,7 +150,8 @@ def quantized_leaves(weights: list, dtype: Any, on_host: bool = False) -> dict[s
 
 def init_random_params(config: ModelConfig, key: jax.Array, dtype: Any,
                        scale: float = 0.02) -> Params:
-    """Random weights in the layout above: norms at 1, everything else N(0, scale^2).
+    """Random weights in the layout above: a tensor declared with a `fill` (norms: 1, or 0 for a
+    `(1 + w)` norm) holds that value, everything else N(0, scale^2).
 
     For speed checks without a checkpoint; a large `scale` (about 0.1-0.3 for tiny models) keeps
     greedy choices away from near-ties. Sampled on the host with numpy, seeded from `key`:
@@ -188,16 +159,19 @@ def init_random_params(config: ModelConfig, key: jax.Array, dtype: Any,
     costs more than sampling itself up to SmolLM2-sized models (~1 s for 135M parameters).
     """
     rng = np.random.default_rng(_seed_from(key))
+    layout = layout_of(config)
     shapes = abstract_params(config, dtype)
     leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
     values = []
-    for path, spec in leaves:
-        if len(path) > 1 and str(path[-2].key).endswith("norm"):
-            values.append(jnp.asarray(np.ones(spec.shape, np.float32), dtype=spec.dtype))
+    for path, leaf in leaves:
+        spec = layout.spec_of(tuple(str(k.key) for k in path))
+        fill = getattr(spec, "fill", None)
+        if fill is not None:
+            values.append(jnp.full(leaf.shape, fill, dtype=leaf.dtype))
         else:
-            sample = rng.standard_normal(spec.shape, dtype=np.float32)
+            sample = rng.standard_normal(leaf.shape, dtype=np.float32)
             sample *= np.float32(scale)
-            values.append(jnp.asarray(sample, dtype=spec.dtype))
+            values.append(jnp.asarray(sample, dtype=leaf.dtype))
     return jax.tree_util.tree_unflatten(treedef, values)
 
 

@@ -17,14 +17,21 @@ import numpy as np
 from jaxserve.models.config import ModelConfig, RopeScaling
 
 
-def inverse_frequencies(config: ModelConfig) -> np.ndarray:
-    """Per-pair rotation speed, [head_dim // 2] float32, with Llama-3 scaling when configured."""
+def inverse_frequencies(config: ModelConfig, *, theta: float | None = None,
+                        linear_factor: float | None = None) -> np.ndarray:
+    """Per-pair rotation speed, [head_dim // 2] float32, with Llama-3 scaling when configured.
+
+    `theta`: a base other than config.rope_theta (Gemma 3's sliding layers); `linear_factor`:
+    HF's "linear" scaling, the frequencies divided by it (Gemma 3's global layers)."""
     dim = config.head_dim
+    base = config.rope_theta if theta is None else theta
     # float32 throughout, as HF computes them, so angles match HF's to the last bit where possible
     exponents = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim)
-    inv_freq = (np.float32(1.0) / (np.float32(config.rope_theta) ** exponents)).astype(np.float32)
+    inv_freq = (np.float32(1.0) / (np.float32(base) ** exponents)).astype(np.float32)
     if config.rope_scaling is not None:
         inv_freq = _llama3_scaled(inv_freq, config.rope_scaling)
+    if linear_factor is not None:
+        inv_freq = (inv_freq / np.float32(linear_factor)).astype(np.float32)
     return inv_freq
 
 
@@ -44,9 +51,11 @@ def _llama3_scaled(inv_freq: np.ndarray, s: RopeScaling) -> np.ndarray:
     return np.where(medium, smoothed, scaled).astype(np.float32)
 
 
-def rope_cos_sin(config: ModelConfig, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """positions [T] int -> (cos, sin), each [T, head_dim] float32."""
-    inv_freq = jnp.asarray(inverse_frequencies(config))              # [H/2]
+def rope_cos_sin(config: ModelConfig, positions: jax.Array, *, theta: float | None = None,
+                 linear_factor: float | None = None) -> tuple[jax.Array, jax.Array]:
+    """positions [T] int -> (cos, sin), each [T, head_dim] float32 (`theta`, `linear_factor`: as
+    in inverse_frequencies)."""
+    inv_freq = jnp.asarray(inverse_frequencies(config, theta=theta, linear_factor=linear_factor))  # [H/2]
     angles = positions.astype(jnp.float32)[:, None] * inv_freq[None]  # [T, H/2]
     angles = jnp.concatenate([angles, angles], axis=-1)               # [T, H]
     return jnp.cos(angles), jnp.sin(angles)

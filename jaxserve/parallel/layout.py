@@ -6,6 +6,7 @@ stored shard-major (the columns shard s multiplies sit together):
 
     qkv_proj  [D, S * (N/S + 2 K'/S) * H]   per shard: its q heads | its k heads | its v heads
     gate_up   [D, S * 2 F/S]                per shard: its gate columns | its up columns
+                                            (any fused projection cut evenly: split_columns_order)
 
 so a plain column split of the fused kernel gives every shard whole heads, and with S = 1 the
 layout is the single-device one. K' is the KV head count after replication: when S exceeds K,
@@ -85,12 +86,15 @@ class HeadLayout:
             cols += [(n + k) * h + np.arange(i * h, (i + 1) * h) for i in kv_heads]
         return np.concatenate(cols)
 
-    def gate_up_columns(self) -> np.ndarray:
-        """Indices into gate | up ([2F]) that give the shard-major layout."""
-        f, per = self.intermediate_size, self.intermediate_size // self.shards
-        return np.concatenate([np.concatenate([np.arange(s * per, (s + 1) * per),
-                                               f + np.arange(s * per, (s + 1) * per)])
-                               for s in range(self.shards)])
+
+
+def split_columns_order(parts: tuple[int, ...], shards: int) -> np.ndarray:
+    """Indices into a fused projection's columns (parts side by side) that give the shard-major
+    layout: shard s holds columns [s p/S, (s+1) p/S) of every part p, in part order (gate | up
+    per shard for an MLP's gate_up)."""
+    offsets = np.cumsum((0,) + tuple(parts))
+    return np.concatenate([offsets[i] + np.arange(s * (p // shards), (s + 1) * (p // shards))
+                           for s in range(shards) for i, p in enumerate(parts)])
 
 
 def _problem(config: ModelConfig, shards: int) -> str:

@@ -71,7 +71,7 @@ def planned_table(shape: str, sizes: list[int], dtype: str, *, block_size: int, 
 
     from jaxserve.bench.random_model import hf_config
     from jaxserve.models.config import ModelConfig
-    from jaxserve.models.params import abstract_params
+    from jaxserve.models.params import abstract_params, layout_of
     from jaxserve.parallel.layout import HeadLayout
     from jaxserve.parallel.sharding import planned_bytes_per_device
 
@@ -82,7 +82,8 @@ def planned_table(shape: str, sizes: list[int], dtype: str, *, block_size: int, 
     for size in sizes:
         layout = HeadLayout.for_model(config, size)
         runner_config = dataclasses.replace(config, num_key_value_heads=layout.kv_heads)
-        weights = planned_bytes_per_device(abstract_params(runner_config, dtype), size, config.vocab_size)
+        weights = planned_bytes_per_device(abstract_params(runner_config, dtype), layout_of(runner_config), size,
+                                           config.vocab_size)
         kv = (2 * config.num_hidden_layers * num_blocks * block_size * layout.kv_heads_per_shard
               * config.head_dim * itemsize)
         rows.append(f"| {size} | {weights / 2**30:.2f} | {kv / 2**30:.2f} | {layout.kv_heads_per_shard} |")

@@ -1,11 +1,14 @@
 """Every parameter's PartitionSpec over the ("data", "model") mesh, and placement shard by shard.
 
-Megatron's split, one all-reduce after attention and one after the MLP per layer:
+The rules are the architecture's declaration (models/tensor_layout.py, via the registry), read
+per leaf from the module that holds it; Megatron's split, one all-reduce after attention and one
+after the MLP per layer, for the Llama family:
 
-    qkv_proj, gate_up_proj   column-parallel: [D, out] split on out (whole heads, layout.py)
-    o_proj, down_proj        row-parallel:    [in, D] split on in; XLA sums the partial products
-    embedding, lm_head       split by vocabulary when S divides V, else replicated
-    norms, o/down biases     replicated (the bias is added once, after the sum)
+    column-parallel projection   [in, out] split on out (q|k|v, gate|up: whole heads, layout.py)
+    row-parallel projection      [in, out] split on in; XLA sums the partial products
+    embedding, LM head           split by vocabulary (VOCAB_ROWS / VOCAB_COLUMNS) when S divides V,
+                                 else replicated
+    norms, row-parallel biases   replicated (the bias is added once, after the sum)
 
 The vocabulary split: the embedding and the tied or untied LM head are a large share of a small
 model (SmolLM2-135M: 28 M of 135 M parameters) and of an 8B one (1 B of 8 B), and a split
@@ -14,7 +17,8 @@ rows' logits all-gather, [R, V]) instead of a whole copy per device.
 
 Quantized projections split the same way: `qweight` like `kernel`, group-wise `scale` /
 `offset` ([G, out]) with it, a per-channel scale of a row-parallel projection ([1, out])
-replicated, fp8's scalar `act_scale` replicated.
+replicated, fp8's scalar `act_scale` replicated. The runner's own leaves (a quantized KV
+cache's scales, [L, K']) split by KV head, like the arena.
 
 `place` builds each array from its host copy with `jax.make_array_from_callback`: every device
 receives only its own slice, so no device ever holds a whole weight it does not keep.
@@ -28,48 +32,58 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jaxserve.parallel.layout import HeadLayout
+from jaxserve.models.tensor_layout import COLUMN, VOCAB_COLUMNS, VOCAB_ROWS, Projection, TensorLayout, Weight
+from jaxserve.parallel.layout import HeadLayout, split_columns_order
 from jaxserve.parallel.mesh import MODEL_AXIS
 
-COLUMN_PARALLEL = ("qkv_proj", "gate_up_proj")
-ROW_PARALLEL = ("o_proj", "down_proj")
 KV_ARENA_SPEC = P(None, None, MODEL_AXIS, None)      # [num_blocks, block_size, K', H]: heads split
+RUNNER_LEAVES = ("kv_scales",)                       # the runner's, not the checkpoint's: [L, K'] per KV head
 
 
 def vocab_is_split(vocab_size: int, shards: int) -> bool:
     return vocab_size % shards == 0
 
 
-def param_spec(path: tuple[str, ...], shape: tuple[int, ...], vocab_split: bool) -> P:
-    """The PartitionSpec of the leaf at `path` (keys from the root, e.g. ("layers_0",
-    "self_attn", "qkv_proj", "kernel")) of the given shape."""
-    module, leaf = (path[-2] if len(path) > 1 else ""), path[-1]
-    if leaf == "act_scale":
-        return P()
-    if module in COLUMN_PARALLEL:
-        return P(*([None] * (len(shape) - 1)), MODEL_AXIS)
-    if module in ROW_PARALLEL:
+def param_spec(spec: Projection | Weight, leaf: str, shape: tuple[int, ...], vocab_split: bool) -> P:
+    """The PartitionSpec of the leaf named `leaf`, of the given shape, in the module `spec` declares."""
+    if isinstance(spec, Projection):
+        if leaf == "act_scale":
+            return P()
+        if spec.parallel == COLUMN:
+            return P(*([None] * (len(shape) - 1)), MODEL_AXIS)
         if leaf == "bias" or shape[0] == 1:          # bias, per-channel scale: after the sum
             return P()
         return P(MODEL_AXIS, None)
-    if module == "embed_tokens":
-        return P(MODEL_AXIS, None) if vocab_split else P()
-    if module == "lm_head":
-        return P(None, MODEL_AXIS) if vocab_split else P()
-    if path[0] == "kv_scales":                        # [L, K']: per KV head
+    if spec.split == VOCAB_ROWS and vocab_split:
+        return P(MODEL_AXIS, None)
+    if spec.split == VOCAB_COLUMNS and vocab_split:
         return P(None, MODEL_AXIS)
-    return P()                                        # norms
+    return P()
 
 
-def param_shardings(params, mesh: Mesh, vocab_size: int):
+def leaf_spec(tensors: TensorLayout, keys: tuple[str, ...], shape: tuple[int, ...], vocab_split: bool) -> P:
+    """The PartitionSpec of the params leaf at `keys` (from the root, e.g. ("layers_0",
+    "self_attn", "qkv_proj", "kernel"))."""
+    if keys[0] in RUNNER_LEAVES:
+        return P(None, MODEL_AXIS)
+    spec = tensors.spec_of(keys)
+    if spec is None:
+        raise ValueError(f"params leaf {'/'.join(keys)} is not in the architecture's declared tensors")
+    return param_spec(spec, keys[-1], shape, vocab_split)
+
+
+def _keys(path) -> tuple[str, ...]:
+    return tuple(str(getattr(k, "key", k)) for k in path)
+
+
+def param_shardings(params, mesh: Mesh, tensors: TensorLayout, vocab_size: int):
     """A pytree of NamedShardings matching `params` (host arrays or ShapeDtypeStructs)."""
-    split = vocab_is_split(vocab_size, mesh.shape[MODEL_AXIS])
-
     shards = mesh.shape[MODEL_AXIS]
+    split = vocab_is_split(vocab_size, shards)
 
     def one(path, leaf):
-        keys = tuple(str(getattr(k, "key", k)) for k in path)
-        spec = param_spec(keys, tuple(leaf.shape), split)
+        keys = _keys(path)
+        spec = leaf_spec(tensors, keys, tuple(leaf.shape), split)
         for axis, name in enumerate(spec):
             if name == MODEL_AXIS and leaf.shape[axis] % shards:
                 # a group-wise quantized row-parallel projection: its groups along the input must split evenly
@@ -80,21 +94,26 @@ def param_shardings(params, mesh: Mesh, vocab_size: int):
     return jax.tree_util.tree_map_with_path(one, params)
 
 
-def to_shard_major(params: dict, layout: HeadLayout) -> dict:
-    """Single-device host params -> the tensor-parallel layout (layout.py): fused columns
-    reordered shard by shard, KV heads (and a quantized KV cache's scales) replicated."""
-    qkv, gate_up = layout.qkv_columns(), layout.gate_up_columns()
-    out: dict[str, Any] = {}
-    for name, sub in params.items():
-        if name.startswith("layers_"):
-            sub = {**sub,
-                   "self_attn": {**sub["self_attn"],
-                                 "qkv_proj": _take_columns(sub["self_attn"]["qkv_proj"], qkv)},
-                   "mlp": {**sub["mlp"], "gate_up_proj": _take_columns(sub["mlp"]["gate_up_proj"], gate_up)}}
-        elif name == "kv_scales":
-            heads = layout.original_kv_head()
-            sub = {k: np.asarray(v)[:, heads] for k, v in sub.items()}
-        out[name] = sub
+def to_shard_major(params: dict, heads: HeadLayout, tensors: TensorLayout) -> dict:
+    """Single-device host params -> the tensor-parallel layout (layout.py): each fused
+    column-parallel projection's columns reordered shard by shard as it declares ("qkv": whole
+    heads, KV heads replicated; "split": every part cut evenly), and a quantized KV cache's scales
+    replicated with their heads."""
+    out: dict[str, Any] = dict(params)
+    for path, spec in tensors.projections():
+        if spec.shard_major is None:
+            continue
+        columns = (heads.qkv_columns() if spec.shard_major == "qkv"
+                   else split_columns_order(tuple(n for _, n in spec.parts), heads.shards))
+        *parents, name = path
+        tree = out
+        for key in parents:                 # copy the path down to the projection, never the source
+            tree[key] = dict(tree[key])
+            tree = tree[key]
+        tree[name] = _take_columns(tree[name], columns)
+    if "kv_scales" in out:
+        original = heads.original_kv_head()
+        out["kv_scales"] = {k: np.asarray(v)[:, original] for k, v in out["kv_scales"].items()}
     return out
 
 
@@ -110,8 +129,8 @@ def place(host: np.ndarray, sharding: NamedSharding) -> jax.Array:
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
-def place_params(host_params, mesh: Mesh, vocab_size: int):
-    shardings = param_shardings(host_params, mesh, vocab_size)
+def place_params(host_params, mesh: Mesh, tensors: TensorLayout, vocab_size: int):
+    shardings = param_shardings(host_params, mesh, tensors, vocab_size)
     return jax.tree.map(place, host_params, shardings)
 
 
@@ -119,14 +138,14 @@ def arena_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, KV_ARENA_SPEC)
 
 
-def planned_bytes_per_device(abstract_params, shards: int, vocab_size: int) -> int:
+def planned_bytes_per_device(abstract_params, tensors: TensorLayout, shards: int, vocab_size: int) -> int:
     """Bytes one device would hold of params given as ShapeDtypeStructs (nothing allocated)."""
     split = vocab_is_split(vocab_size, shards)
     total = 0
     for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_params)[0]:
-        keys = tuple(str(getattr(k, "key", k)) for k in path)
         nbytes = int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize
-        total += nbytes // shards if MODEL_AXIS in param_spec(keys, tuple(leaf.shape), split) else nbytes
+        sharded = MODEL_AXIS in leaf_spec(tensors, _keys(path), tuple(leaf.shape), split)
+        total += nbytes // shards if sharded else nbytes
     return total
 
 

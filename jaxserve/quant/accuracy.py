@@ -1,7 +1,7 @@
 """Accuracy of each quantization mode against float32: perplexity on a held-out text and the
 share of greedy tokens that match float32's.
 
-Both run the model directly (models/llama.forward with dense causal attention, no runner), so a
+Both run the model directly (its architecture's forward with dense causal attention, no runner), so a
 mode's number is its arithmetic alone, not batching or bucket padding. A quantized KV cache is
 modelled by storing K/V through the runner's own quantize_kv and reading them back scaled
 (exactly what the paged step computes: it writes a step's K/V before attending over them).
@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxserve.models import llama
+from jaxserve.models import registry
 from jaxserve.models.attention import dense_causal_attention
 from jaxserve.models.config import ModelConfig
 from pallas_kernels.kv_quant import quantize_kv
@@ -73,9 +73,11 @@ class Scorer:
         attention = attention or dense_causal_attention(config)
         self.params, self.width = params, width
 
+        model = registry.for_config(config).model()
+
         def run(params, ids):
-            hidden, _ = llama.forward(params, config, ids, jnp.arange(width, dtype=jnp.int32), None, attention)
-            return llama.compute_logits(params, config, hidden)
+            hidden, _ = model.forward(params, config, ids, jnp.arange(width, dtype=jnp.int32), None, attention)
+            return model.compute_logits(params, config, hidden)
 
         self._run = jax.jit(run, compiler_options=FAST_COMPILE)
 

@@ -17,24 +17,26 @@ import dataclasses
 import hashlib
 import json
 import math
-import re
 from collections.abc import Mapping
 
 import numpy as np
 
 from jaxserve.checkpoints import Checkpoint
-from jaxserve.checkpoints.quantized import QuantizedTensor
+from jaxserve.models.quantized_tensor import QuantizedTensor
 from jaxserve.quant.fp8 import quantize_fp8
 from jaxserve.quant.int4 import quantize_int4
 from jaxserve.quant.int8 import quantize_int8
 from jaxserve.quant.spec import QuantSpec
 from jaxserve.quant.w8a8 import quantize_w8a8, smoothing
 
-LINEAR = re.compile(r"^model\.layers\.(\d+)\.(self_attn\.[qkvo]_proj|mlp\.(?:gate|up|down)_proj)\.weight$")
-# the input each projection reads, by which calibration measures activations
-INPUT_OF = {"self_attn.q_proj": "attn_in", "self_attn.k_proj": "attn_in", "self_attn.v_proj": "attn_in",
-            "self_attn.o_proj": "o_in", "mlp.gate_proj": "mlp_in", "mlp.up_proj": "mlp_in",
-            "mlp.down_proj": "down_in"}
+def quantizable_weights(ckpt: Checkpoint) -> dict[str, str]:
+    """HF weight name -> the module path of the projection that reads it, for every weight its
+    architecture lets quantization replace (models/registry.py); the calibration records each
+    projection's input under that path."""
+    from jaxserve.checkpoints.layout import tensor_layout
+    from jaxserve.models.tensor_layout import module_name
+
+    return {name: module_name(path) for name, path in tensor_layout(ckpt.config).quantizable().items()}
 
 
 def quantized_identity(source_identity: str, spec: QuantSpec, calibration: str | None = None) -> str:
@@ -62,7 +64,7 @@ def quantize_checkpoint(ckpt: Checkpoint, spec: QuantSpec, *,
     """`ckpt` with its decoder projections quantized per `spec`.
 
     act_absmax: the calibrated max |input| of each projection per input channel (fp8 takes their
-    maximum), keyed "<layer>.<INPUT_OF value>" (quant/calibration.py); fp8 without it is
+    maximum), keyed by the projection's module path (quant/calibration.py); fp8 without it is
     uncalibrated (act_scale 1); w8a8 needs it."""
     if not spec.enabled:
         return ckpt
@@ -70,20 +72,20 @@ def quantize_checkpoint(ckpt: Checkpoint, spec: QuantSpec, *,
     if kinds - {spec.mode}:
         raise ValueError(f"{ckpt.source!r} is already quantized ({sorted(kinds)}); quantize its float source "
                          f"instead of serving it as {spec.mode}")
-    if not any(LINEAR.match(n) and not isinstance(t, QuantizedTensor) for n, t in ckpt.tensors.items()):
+    linear = quantizable_weights(ckpt)
+    if not any(n in linear and not isinstance(t, QuantizedTensor) for n, t in ckpt.tensors.items()):
         return ckpt                  # every projection already in this form (a converted checkpoint)
     if spec.uses_calibration and act_absmax is None:
         raise ValueError(f"{spec.mode} with calibration needs act_absmax (jaxserve.quant.calibration)")
-    smooth = _smoothing(ckpt.tensors, act_absmax) if spec.mode == "w8a8" else {}
+    smooth = _smoothing(ckpt.tensors, linear, act_absmax) if spec.mode == "w8a8" else {}
     tensors: dict[str, object] = {}
     for name, w in ckpt.tensors.items():
-        m = LINEAR.match(name)
         # a GGUF's natively loaded blocks stay; its other weights (float, or block types read as
         # float) are quantized like any float weight
-        if m is None or isinstance(w, QuantizedTensor):
+        if name not in linear or isinstance(w, QuantizedTensor):
             tensors[name] = w
             continue
-        key = _input_key(m)
+        key = linear[name]
         if spec.mode == "w8a8":
             tensors[name] = quantize_w8a8(np.asarray(w), smooth[key])
             continue
@@ -93,15 +95,11 @@ def quantize_checkpoint(ckpt: Checkpoint, spec: QuantSpec, *,
     return dataclasses.replace(ckpt, tensors=tensors, identity=identity)
 
 
-def _input_key(m: re.Match) -> str:
-    return f"{m.group(1)}.{INPUT_OF[m.group(2)]}"
-
-
-def _smoothing(tensors: Mapping[str, object], act_absmax: Mapping[str, object]) -> dict[str, np.ndarray]:
+def _smoothing(tensors: Mapping[str, object], linear: Mapping[str, str],
+               act_absmax: Mapping[str, object]) -> dict[str, np.ndarray]:
     """w8a8: one act_smooth per projection input, over every float weight that reads it."""
     readers: dict[str, list[np.ndarray]] = {}
     for name, w in tensors.items():
-        m = LINEAR.match(name)
-        if m is not None and not isinstance(w, QuantizedTensor):
-            readers.setdefault(_input_key(m), []).append(np.asarray(w))
+        if name in linear and not isinstance(w, QuantizedTensor):
+            readers.setdefault(linear[name], []).append(np.asarray(w))
     return {key: smoothing(ws, np.asarray(act_absmax[key], np.float32)) for key, ws in readers.items()}

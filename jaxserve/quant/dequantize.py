@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxserve.checkpoints.quantized import QuantizedTensor
+from jaxserve.models.quantized_tensor import QuantizedTensor
 from jaxserve.quant.int4 import unpack_nibbles
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxserve.checkpoints.quantized import QuantizedTensor
+from jaxserve.models.quantized_tensor import QuantizedTensor
 from jaxserve.quant.dequantize import dequantize
 from jaxserve.quant.fp8 import E4M3_MAX, quantize_fp8
 from jaxserve.quant.int4 import quantize_int4

@@ -4,7 +4,7 @@ Symmetric (no offset): scale = max|w| of the group / 7, nibble = round(w / scale
 Asymmetric (offset, llama.cpp's Q4_1 form): scale = (max - min) / 15, offset = min,
 nibble = round((w - min) / scale) in 0..15; it spends all 16 levels on the group's range, which
 halves the worst rounding error of a group whose values are one-sided.
-Packing follows checkpoints/quantized.py: byte j of a group holds element j (low nibble) and
+Packing follows models/quantized_tensor.py: byte j of a group holds element j (low nibble) and
 element j + group/2 (high nibble).
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxserve.checkpoints.quantized import QuantizedTensor
+from jaxserve.models.quantized_tensor import QuantizedTensor
 
 
 def pack_nibbles(q: np.ndarray, group: int) -> np.ndarray:

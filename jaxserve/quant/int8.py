@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxserve.checkpoints.quantized import QuantizedTensor
+from jaxserve.models.quantized_tensor import QuantizedTensor
 
 
 def quantize_int8(w: np.ndarray, group: int | None = None) -> QuantizedTensor:

@@ -67,6 +67,7 @@ def is_gguf(source: str | None) -> bool:
 
 
 def _projection_bytes(ckpt: Checkpoint) -> int:
-    from jaxserve.quant.checkpoint import LINEAR
+    from jaxserve.quant.checkpoint import quantizable_weights
 
-    return sum(t.nbytes for name, t in ckpt.tensors.items() if LINEAR.match(name))
+    linear = quantizable_weights(ckpt)
+    return sum(t.nbytes for name, t in ckpt.tensors.items() if name in linear)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from jaxserve.checkpoints import Checkpoint
-from jaxserve.checkpoints.quantized import is_quantized
+from jaxserve.models.quantized_tensor import is_quantized
 from jaxserve.models.config import ModelConfig
 from jaxserve.quant.calibration import CalibrationResult, calibrate
 from jaxserve.quant.checkpoint import quantize_checkpoint
@@ -31,7 +31,7 @@ from jaxserve.quant.texts import read_text, text_id
 
 KV_DTYPES = {"fp8_e4m3": ("float8_e4m3fn", 448.0), "int8": ("int8", 127.0)}
 CACHE_DIR = "quant_calibration"
-CACHE_FORMAT = 2        # 2: activation maxima per input channel
+CACHE_FORMAT = 3        # 2: activation maxima per input channel; 3: keyed by projection module path
 
 
 @dataclass(frozen=True, slots=True)

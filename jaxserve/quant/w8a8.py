@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxserve.checkpoints.quantized import QuantizedTensor
+from jaxserve.models.quantized_tensor import QuantizedTensor
 from jaxserve.quant.int8 import quantize_int8
 from jaxserve.quant.spec import W8A8_SMOOTHING_ALPHA
 

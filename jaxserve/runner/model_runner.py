@@ -81,11 +81,14 @@ class ModelRunner:
     def __init__(self, model_config: ModelConfig, params, arena: ArenaSpec, shapes: RunnerShapes,
                  attention_impl: str = "auto", xla_optimization_level: int | None = None,
                  num_host_blocks: int = 0, executable_cache: ExecutableCache | None = None,
-                 sampler_probs: bool = False, coupled_with_draft: bool = False, mesh=None):
+                 sampler_probs: bool = False, coupled_with_draft: bool = False, mesh=None, model=None):
         """sampler_probs: the sampler also returns each row's distribution (a draft model's runner).
         coupled_with_draft: sampled rows are coupled with a draft model's rows of the same step
-        (runner/sampler.py), which dispatch(draft_sample=...) hands over."""
+        (runner/sampler.py), which dispatch(draft_sample=...) hands over. model: what has the
+        `forward` and `compute_logits` the steps run (default: the config's architecture in the
+        model registry)."""
         self.model_config = model_config
+        self.model = model
         self.params = params
         self.arena_spec = arena
         self.shapes = shapes
@@ -125,7 +128,7 @@ class ModelRunner:
     def _lower(self, bucket: tuple[int, int]):
         D, P = bucket
         fn = make_step(self.model_config, self._attention, decode_rows=D, prefill_tiles=P,
-                       tile=self.shapes.prefill_tile, mesh=self.mesh)
+                       tile=self.shapes.prefill_tile, mesh=self.mesh, model=self.model)
         specs = {k: self._input(s, d) for k, (s, d) in
                  batch_shapes(D, P, tile=self.shapes.prefill_tile, table_width=self.shapes.table_width).items()}
         prev = self._input((self.max_sample_rows,), jnp.int32)

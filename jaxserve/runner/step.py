@@ -1,8 +1,8 @@
 """The step function: one forward pass over a packed batch, compiled per bucket.
 
 Each layer's attention writes the new K/V into the donated arena by slot mapping (runner/kv_write.py,
-quantizing them when the arena is fp8/int8), then runs
-ragged paged attention twice: over the decode rows (one query per slot) and over the prefill
+quantizing them when the arena is fp8/int8), then runs ragged paged attention with that layer's
+scale, sliding window and soft cap (`ModelConfig.layer_attention`) twice: over the decode rows (one query per slot) and over the prefill
 tiles (`tile` queries per slot). Input ids marked as placeholders (`token_src` >= 0) are taken
 from `prev_tokens`, the previous step's sampled ids still on the device. It returns the logits of
 the rows that sample; sampling is its own compiled function (runner/sampler.py), so the
@@ -20,8 +20,8 @@ from typing import Callable
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from jaxserve.models import llama
-from jaxserve.models.config import ModelConfig
+from jaxserve.models import registry
+from jaxserve.models.config import LayerAttention, ModelConfig
 from jaxserve.parallel.attention import per_shard
 from jaxserve.parallel.mesh import MODEL_AXIS
 from jaxserve.runner.kv_write import kv_scales, scaled_attention, write_kv
@@ -42,32 +42,40 @@ ATTENTION_ARRAYS = ("slot_mapping", "dec_kv_lens", "dec_tables", "dec_num", "pre
 
 
 def make_step(config: ModelConfig, attention_impl: Callable, *, decode_rows: int, prefill_tiles: int,
-              tile: int, mesh: Mesh | None = None) -> Callable:
+              tile: int, mesh: Mesh | None = None, model=None) -> Callable:
     """attention_impl has the signature of pallas_kernels' ragged paged attention, plus
     `uniform_q_len` (the number of query rows of every slot). `mesh`: run tensor-parallel over
-    its model axis (params and arena sharded as jaxserve/parallel/sharding.py says)."""
+    its model axis (params and arena sharded as jaxserve/parallel/sharding.py says). `model`: what
+    has `forward` and `compute_logits` (default: the config's architecture in the registry)."""
     D, P = decode_rows, prefill_tiles
-    sm_scale = config.head_dim ** -0.5
-    window = config.sliding_window
 
-    def layer_attention(q, k, v, k_cache, v_cache, scales, b):
-        # q: [T, N, H], k, v: [T, K, H] (a shard's heads under a mesh); scales None unless quantized
-        dec_cu = jnp.arange(D + 1, dtype=jnp.int32)
-        pre_cu = jnp.arange(P + 1, dtype=jnp.int32) * tile
-        k_cache, v_cache = write_kv(k_cache, v_cache, k, v, b["slot_mapping"], scales)
-        attend = scaled_attention(attention_impl, scales)
-        out = attend(q[:D], k_cache, v_cache, b["dec_kv_lens"], b["dec_tables"], dec_cu,
-                     b["dec_num"], sm_scale=sm_scale, sliding_window=window, uniform_q_len=1,
-                     kv_chunk_blocks=DECODE_KV_CHUNK_BLOCKS, items_per_iter=DECODE_ITEMS)
-        if P:
-            pre = attend(q[D:], k_cache, v_cache, b["pre_kv_lens"], b["pre_tables"], pre_cu,
-                         b["pre_num"], sm_scale=sm_scale, sliding_window=window,
-                         uniform_q_len=tile, kv_chunk_blocks=PREFILL_KV_CHUNK_BLOCKS,
-                         items_per_iter=PREFILL_ITEMS)
-            out = jnp.concatenate([out, pre], axis=0)
-        return out, k_cache, v_cache
+    def make_layer_attention(spec: LayerAttention):
+        # one layer's attention as the model declares it (scale, sliding window, soft cap): Gemma's
+        # sliding and global layers differ, the Llama family's layers are all alike
+        sm_scale, window, soft_cap = spec.sm_scale, spec.sliding_window, spec.soft_cap
+
+        def layer_attention(q, k, v, k_cache, v_cache, scales, b):
+            # q: [T, N, H], k, v: [T, K, H] (a shard's heads under a mesh); scales None unless quantized
+            dec_cu = jnp.arange(D + 1, dtype=jnp.int32)
+            pre_cu = jnp.arange(P + 1, dtype=jnp.int32) * tile
+            k_cache, v_cache = write_kv(k_cache, v_cache, k, v, b["slot_mapping"], scales)
+            attend = scaled_attention(attention_impl, scales)
+            out = attend(q[:D], k_cache, v_cache, b["dec_kv_lens"], b["dec_tables"], dec_cu,
+                         b["dec_num"], sm_scale=sm_scale, sliding_window=window, soft_cap=soft_cap,
+                         uniform_q_len=1, kv_chunk_blocks=DECODE_KV_CHUNK_BLOCKS, items_per_iter=DECODE_ITEMS)
+            if P:
+                pre = attend(q[D:], k_cache, v_cache, b["pre_kv_lens"], b["pre_tables"], pre_cu,
+                             b["pre_num"], sm_scale=sm_scale, sliding_window=window, soft_cap=soft_cap,
+                             uniform_q_len=tile, kv_chunk_blocks=PREFILL_KV_CHUNK_BLOCKS,
+                             items_per_iter=PREFILL_ITEMS)
+                out = jnp.concatenate([out, pre], axis=0)
+            return out, k_cache, v_cache
+
+        return layer_attention
 
     shards = 1 if mesh is None else mesh.shape[MODEL_AXIS]
+    if model is None:
+        model = registry.for_config(config).model()   # the architecture's forward and compute_logits
 
     def step(params, kv_caches, b, prev_tokens):
         # placeholders: the token the previous step sampled for that row's request, read here on
@@ -75,16 +83,20 @@ def make_step(config: ModelConfig, attention_impl: Callable, *, decode_rows: int
         src = b["token_src"]
         input_ids = jnp.where(src >= 0, prev_tokens[jnp.maximum(src, 0)], b["input_ids"])
         quantized_kv = params.get("kv_scales") is not None
-        run = layer_attention if mesh is None else per_shard(layer_attention, mesh, quantized_kv)
         arrays = {k: b[k] for k in ATTENTION_ARRAYS}
+        runs: dict[LayerAttention, Callable] = {}
 
         def attention(layer, q, k, v, cache):
-            out, k_cache, v_cache = run(q, k, v, cache[0], cache[1], kv_scales(params, layer), arrays)
+            spec = config.layer_attention(layer)
+            if spec not in runs:
+                fn = make_layer_attention(spec)
+                runs[spec] = fn if mesh is None else per_shard(fn, mesh, quantized_kv)
+            out, k_cache, v_cache = runs[spec](q, k, v, cache[0], cache[1], kv_scales(params, layer), arrays)
             return out, (k_cache, v_cache)
 
-        hidden, kv_caches = llama.forward(params, config, input_ids, b["positions"], kv_caches, attention,
+        hidden, kv_caches = model.forward(params, config, input_ids, b["positions"], kv_caches, attention,
                                           shards=shards)
-        logits = llama.compute_logits(params, config, hidden[b["logits_rows"]])   # [R, V] float32
+        logits = model.compute_logits(params, config, hidden[b["logits_rows"]])   # [R, V] float32
         return kv_caches, logits
 
     return step

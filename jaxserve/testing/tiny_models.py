@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import os
 
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+from jaxserve.models import registry
+
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3")
+MODEL_TYPES = {"gemma3": "gemma3_text"}          # an arch here -> its HF model_type, where they differ
 
 _TRAINING_TEXT = [
     "The tide comes in twice a day, pulled by the moon and the sun.",
@@ -35,9 +38,11 @@ def make_tiny_model(path: str | os.PathLike, arch: str = "llama", *, seed: int =
                     hidden_size: int = 64, num_heads: int = 4, num_kv_heads: int = 2, vocab_size: int = 320,
                     intermediate_size: int = 128, init_range: float = 0.2, tie_word_embeddings: bool = False,
                     max_position_embeddings: int = 1024, sliding_window: int | None = None) -> str:
-    """Save a tiny random HF model (safetensors) and its tokenizer under `path`; returns the path."""
+    """Save a tiny random HF model (safetensors) and its tokenizer under `path`; returns the path.
+
+    `sliding_window`: Mistral's (default 4096) or the Gemma sliding layers' (default 8). The Gemma
+    archs are always tied and get random norm weights (see _gemma_config)."""
     import torch
-    import transformers
 
     tokenizer = make_tokenizer(vocab_size)
     common = dict(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
@@ -45,26 +50,48 @@ def make_tiny_model(path: str | os.PathLike, arch: str = "llama", *, seed: int =
                   max_position_embeddings=max_position_embeddings, initializer_range=init_range,
                   tie_word_embeddings=tie_word_embeddings, bos_token_id=tokenizer.bos_token_id,
                   eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    if arch == "llama":
-        config = transformers.LlamaConfig(**common)
-        cls = transformers.LlamaForCausalLM
-    elif arch == "mistral":
-        config = transformers.MistralConfig(**common, sliding_window=sliding_window or 4096)
-        cls = transformers.MistralForCausalLM
-    elif arch == "qwen2":
-        config = transformers.Qwen2Config(**common)
-        cls = transformers.Qwen2ForCausalLM
-    elif arch == "qwen3":
-        config = transformers.Qwen3Config(**common, head_dim=hidden_size // num_heads)
-        cls = transformers.Qwen3ForCausalLM
-    else:
+    if arch not in ARCHITECTURES:
         raise ValueError(f"arch={arch!r} must be one of {ARCHITECTURES}")
+    model_type = MODEL_TYPES.get(arch, arch)
+    config_cls, cls = registry.transformers_classes(model_type)       # the registry's classes
+    if arch == "mistral":
+        common["sliding_window"] = sliding_window or 4096
+    elif arch == "qwen3":
+        common["head_dim"] = hidden_size // num_heads
+    elif arch in ("gemma2", "gemma3"):
+        common = _gemma_config(arch, common, num_layers, hidden_size // num_heads, sliding_window or 8)
+    config = config_cls(**common)
     torch.manual_seed(seed)
     model = cls(config).eval()
+    if arch.startswith("gemma"):
+        # HF initializes Gemma's (1 + weight) norms to zeros, the identity; random weights make a
+        # norm applied wrongly (or not at all) show in the logits
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    param.normal_(0.0, init_range)
     os.makedirs(path, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
     return str(path)
+
+
+def _gemma_config(arch: str, common: dict, num_layers: int, head_dim: int, sliding_window: int) -> dict:
+    """Gemma 2 (alternating sliding / global layers, both soft caps) or Gemma 3 text (5 sliding : 1
+    global, two RoPE bases, linear scaling on the global one, q/k norms) config arguments, with a
+    short window so it matters in short prompts and query_pre_attn_scalar = head_dim. Always tied,
+    as Gemma is."""
+    gemma = dict(common, head_dim=head_dim, sliding_window=sliding_window, query_pre_attn_scalar=head_dim,
+                 hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True)
+    if arch == "gemma2":
+        layer_types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(num_layers)]
+        return dict(gemma, layer_types=layer_types, attn_logit_softcapping=50.0, final_logit_softcapping=30.0)
+    # the 5 : 1 pattern, with a global layer inside even a 2-3 layer model
+    layer_types = ["sliding_attention" if (i + 1) % 6 and i != num_layers - 1 else "full_attention"
+                   for i in range(num_layers)]
+    rope = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0}}
+    return dict(gemma, layer_types=layer_types, rope_parameters=rope)
 
 
 def make_tiny_repeating_model(path: str | os.PathLike, *, seed: int = 0, residual_scale: float = 0.3,

@@ -15,7 +15,7 @@ from ckpt_testkit import tiny_config, tiny_tensors, write_gguf
 from gguf import GGMLQuantizationType as Q
 
 from jaxserve.checkpoints import load_checkpoint
-from jaxserve.checkpoints.quantized import QuantizedTensor
+from jaxserve.models.quantized_tensor import QuantizedTensor
 from jaxserve.models import ModelConfig, compute_logits, dense_causal_attention, forward, params_from_hf
 from jaxserve.quant.dequantize import dequantize
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from jaxserve.models.config import ModelConfig
-from jaxserve.parallel.layout import HeadLayout, supported_sizes
+from jaxserve.parallel.layout import HeadLayout, split_columns_order, supported_sizes
 
 
 def config(heads, kv_heads, intermediate=1536, head_dim=64):
@@ -40,6 +40,7 @@ def test_fused_columns_are_shard_major_whole_heads():
     q, key, value = 0, n * h, (n + k) * h                # where each part starts in the 1-device layout
     assert cols[0, :, 0].tolist() == [q + 0, q + 2, key + 0, value + 0]
     assert cols[1, :, 0].tolist() == [q + 4, q + 6, key + 2, value + 2]
-    assert layout.gate_up_columns().tolist() == [0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15]
+    assert split_columns_order((8, 8), 2).tolist() == [0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15]
+    assert split_columns_order((2, 4), 2).tolist() == [0, 2, 3, 1, 4, 5]     # parts of different sizes
     one = HeadLayout.for_model(config(n, k, intermediate=8, head_dim=h), 1)
     assert np.array_equal(one.qkv_columns(), np.arange((n + 2 * k) * h))   # one shard: the plain layout

@@ -1,5 +1,6 @@
 """Tensor parallelism on tiny random models, on 8 CPU devices in one child process
-(cpu_devices.py says why a child): Llama at 2 and 4 devices, Mistral at 4, Qwen2 at 8, Qwen3 at 2.
+(cpu_devices.py says why a child): Llama at 2 and 4 devices, Mistral at 4, Qwen2 at 8, Qwen3 at 2,
+Gemma 2 and Gemma 3 (sliding and global layers, soft caps, two RoPE bases) at 2.
 The models have 8 query heads and 2 KV heads, so 4 and 8 devices replicate KV heads. All engines
 keep their executables in one folder, as a server's persistent cache would. Mistral's engine runs
 the Triton kernel and Qwen3's the Mosaic kernel (in their interpreters, as on a CPU they must),
@@ -16,7 +17,7 @@ import pytest
 from jaxserve.testing.tiny_models import make_tiny_model
 from tests.parallel.cpu_devices import run_probe
 
-SIZES = {"llama": (2, 4), "mistral": (4,), "qwen2": (8,), "qwen3": (2,)}
+SIZES = {"llama": (2, 4), "mistral": (4,), "qwen2": (8,), "qwen3": (2,), "gemma2": (2,), "gemma3": (2,)}
 ATTENTION = {"mistral": "triton_interpret", "qwen3": "mosaic_interpret"}      # the rest: auto (XLA)
 HEADS, KV_HEADS = 8, 2
 TILE = 8          # tp_probe.TINY_SHAPES' prefill tile

@@ -11,8 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxserve.checkpoints import convert, load_checkpoint
-from jaxserve.checkpoints.quantized import QuantizedTensor
+from jaxserve.checkpoints import load_checkpoint
+from jaxserve.quant.convert import convert
+from jaxserve.models.quantized_tensor import QuantizedTensor
 from jaxserve.cli import main
 from jaxserve.models import ModelConfig
 from jaxserve.models.params import params_from_hf

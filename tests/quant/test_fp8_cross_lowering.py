@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxserve.models.params import quantized_leaves
-from jaxserve.models.quantized_linear import quantized_matmul
+from jaxserve.models.linear import matmul
 from jaxserve.quant.fp8 import quantize_fp8
 from jaxserve.quant.int8 import quantize_int8
 
@@ -26,7 +26,7 @@ from tests.pallas_kernels.pallas_cross_lower import export_for_cuda
 def _lower(t, dtype=jnp.bfloat16) -> str:
     leaves = quantized_leaves([t], dtype)
     x = jnp.zeros((16, t.shape[1]), dtype)
-    return export_for_cuda(lambda x, p: quantized_matmul(x, p, dtype), x, leaves).mlir_module()
+    return export_for_cuda(lambda x, p: matmul(x, p, dtype), x, leaves).mlir_module()
 
 
 W = np.random.default_rng(0).normal(0, 0.05, (256, 128)).astype(np.float32)

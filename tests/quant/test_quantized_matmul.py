@@ -15,8 +15,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from jaxserve.checkpoints.quantized import QuantizedTensor, flatten, unflatten
-from jaxserve.models.quantized_linear import quantized_matmul
+from jaxserve.models.quantized_tensor import QuantizedTensor, flatten, unflatten
+from jaxserve.models.linear import matmul
 from jaxserve.models.params import quantized_leaves
 from jaxserve.quant.dequantize import dequantize
 from jaxserve.quant.fp8 import E4M3_MAX, quantize_fp8
@@ -42,7 +42,7 @@ FORMS = {
 def _run(t: QuantizedTensor, x: np.ndarray, dtype=jnp.float32) -> np.ndarray:
     leaves = quantized_leaves([t], dtype)
     precision = jax.lax.Precision.HIGHEST if dtype == jnp.float32 else None
-    fn = jax.jit(lambda x, p: quantized_matmul(x, p, dtype, precision))
+    fn = jax.jit(lambda x, p: matmul(x, p, dtype, precision))
     return np.asarray(fn(jnp.asarray(x, dtype), leaves), np.float64)
 
 

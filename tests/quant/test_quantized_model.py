@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from jaxserve.checkpoints import Checkpoint
-from jaxserve.checkpoints.quantized import QuantizedTensor
+from jaxserve.models.quantized_tensor import QuantizedTensor
 from jaxserve.models import ModelConfig, compute_logits, dense_causal_attention, forward, params_from_hf
 from jaxserve.quant.checkpoint import quantize_checkpoint
 from jaxserve.quant.dequantize import dequantize
@@ -26,9 +26,20 @@ from jaxserve.quant.spec import QuantSpec
 from tests.models.test_llama_model import CONFIGS, _hf_tensors
 
 
-def _ckpt(tensors) -> Checkpoint:
-    return Checkpoint(config={}, tensors=tensors, tokenizer=None, identity="sha256:" + "0" * 64, source="t",
-                      format="hf")
+def _hf_config(config: ModelConfig) -> dict:
+    """The HF config.json dict a ModelConfig reads back as itself (quantization finds the
+    projections it may replace through the config's architecture)."""
+    fields = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+              "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta",
+              "max_position_embeddings", "tie_word_embeddings", "attention_bias")
+    hf = {name: getattr(config, name) for name in fields}
+    assert ModelConfig.from_hf_config(hf) == config
+    return hf
+
+
+def _ckpt(tensors, config: ModelConfig) -> Checkpoint:
+    return Checkpoint(config=_hf_config(config), tensors=tensors, tokenizer=None, identity="sha256:" + "0" * 64,
+                      source="t", format="hf")
 
 
 def _logits(config: ModelConfig, params) -> np.ndarray:
@@ -49,7 +60,7 @@ def _logits(config: ModelConfig, params) -> np.ndarray:
 def test_quantized_model_equals_its_dequantized_float_model(name, spec):
     config = CONFIGS[name]
     tensors = _hf_tensors(config)
-    q = quantize_checkpoint(_ckpt(tensors), spec)
+    q = quantize_checkpoint(_ckpt(tensors, config), spec)
     deq = {k: dequantize(v) if isinstance(v, QuantizedTensor) else v for k, v in q.tensors.items()}
     got = _logits(config, params_from_hf(config, q.tensors, jnp.float32))
     want = _logits(config, params_from_hf(config, deq, jnp.float32))
@@ -62,8 +73,9 @@ def test_fp8_model_stays_near_the_float_model():
     config = CONFIGS["llama_untied"]
     tensors = _hf_tensors(config)
     # act_absmax of 8 for every input: a plausible calibration for these activations (norms ~1)
-    acts = {f"{i}.{k}": 8.0 for i in range(2) for k in ("attn_in", "o_in", "mlp_in", "down_in")}
-    q = quantize_checkpoint(_ckpt(tensors), QuantSpec("fp8"), act_absmax=acts, calibration_id="x")
+    acts = {f"layers_{i}/{m}": 8.0 for i in range(2)
+            for m in ("self_attn/qkv_proj", "self_attn/o_proj", "mlp/gate_up_proj", "mlp/down_proj")}
+    q = quantize_checkpoint(_ckpt(tensors, config), QuantSpec("fp8"), act_absmax=acts, calibration_id="x")
     got = _logits(config, params_from_hf(config, q.tensors, jnp.float32))
     want = _logits(config, params_from_hf(config, tensors, jnp.float32))
     # e4m3 rounds weights and activations to 2^-4 relative: logits move by a few percent at most
@@ -72,7 +84,7 @@ def test_fp8_model_stays_near_the_float_model():
 
 def test_quantized_params_hold_int_weights_and_float_embedding():
     config = CONFIGS["llama_untied"]
-    q = quantize_checkpoint(_ckpt(_hf_tensors(config)), QuantSpec("int4", 32))
+    q = quantize_checkpoint(_ckpt(_hf_tensors(config), config), QuantSpec("int4", 32))
     params = params_from_hf(config, q.tensors, jnp.float32)
     qkv = params["layers_0"]["self_attn"]["qkv_proj"]
     assert set(qkv) == {"qweight", "scale", "offset"} and qkv["qweight"].dtype == jnp.uint8
@@ -83,7 +95,7 @@ def test_quantized_params_hold_int_weights_and_float_embedding():
 
 def test_identity_covers_the_quantization():
     tensors = _hf_tensors(CONFIGS["llama_untied"])
-    src = _ckpt(tensors)
+    src = _ckpt(tensors, CONFIGS["llama_untied"])
     ids = {m: quantize_checkpoint(src, s).identity
            for m, s in {"int8": QuantSpec("int8"), "int4": QuantSpec("int4", 32),
                         "int4_128": QuantSpec("int4", 128), "int4_sym": QuantSpec("int4", 32, symmetric=True)}.items()}

@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxserve.checkpoints.quantized import QuantizedTensor, flatten, unflatten
+from jaxserve.models.quantized_tensor import QuantizedTensor, flatten, unflatten
 from jaxserve.models.params import quantized_leaves
-from jaxserve.models.quantized_linear import quantized_matmul
+from jaxserve.models.linear import matmul
 from jaxserve.quant.dequantize import dequantize
 from jaxserve.quant.fuse import fuse_quantized
 from jaxserve.quant.w8a8 import quantize_w8a8, smoothing
@@ -55,7 +55,7 @@ def test_the_matmul_equals_its_definition_and_approximates_the_float_product(row
     leaves = quantized_leaves([quantize_w8a8(w, m) for w in ws], jnp.float32)
     assert leaves["qweight"].shape == (64, 64) and leaves["act_smooth"].shape == (64,)
     x = (rng.standard_normal((rows, 64)) * act / 4).astype(np.float32)
-    got = np.asarray(quantized_matmul(jnp.asarray(x), leaves, jnp.float32))
+    got = np.asarray(matmul(jnp.asarray(x), leaves, jnp.float32))
     np.testing.assert_allclose(got, _reference(x, fused), rtol=1e-5, atol=1e-5)
     want = x @ np.concatenate(ws).T
     assert np.abs(got - want).max() < 0.02 * np.abs(want).max()       # int8 on both sides: ~1% error
@@ -72,9 +72,9 @@ def test_rows_are_quantized_alone_so_batching_changes_nothing():
     leaves = quantized_leaves([quantize_w8a8(ws[0], smoothing(ws, act))], jnp.float32)
     x = (rng.standard_normal((6, 64)) * act).astype(np.float32)
     x[4] *= 100.0                                                 # one loud row must not coarsen the others
-    batch = np.asarray(quantized_matmul(jnp.asarray(x), leaves, jnp.float32))
+    batch = np.asarray(matmul(jnp.asarray(x), leaves, jnp.float32))
     for i in range(6):
-        alone = np.asarray(quantized_matmul(jnp.asarray(x[i:i + 1]), leaves, jnp.float32))
+        alone = np.asarray(matmul(jnp.asarray(x[i:i + 1]), leaves, jnp.float32))
         np.testing.assert_array_equal(alone[0], batch[i])
 
 

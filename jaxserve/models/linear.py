@@ -1,12 +1,18 @@
-"""The quantized matmul inside the compiled step, and the flax module that holds its params.
+"""Linear: the one place a projection's matmul is written, for every form its weight takes.
 
-Params of one quantized projection (params layout [in, out], as `kernel` is; see
-checkpoints/quantized.py for the values):
-    int8  qweight int8 [in, out], scale f32 [G, out]
-    int4  qweight uint8 [in // 2, out], scale f32 [G, out], offset f32 [G, out] (Q4_1 form only)
-    fp8   qweight float8_e4m3fn [in, out], scale f32 [1, out], act_scale f32 []
-    w8a8  qweight int8 [out, in], scale f32 [1, out], act_smooth f32 [in]
-The kind is read from qweight's dtype at trace time, so a step is compiled for exactly one form.
+A `Linear` module reads its own params and picks the matmul from what they hold (at trace time,
+so a step is compiled for exactly one form):
+    float  kernel [in, out] (+ bias [out])                 x @ kernel, nn.Dense's arithmetic
+    int8   qweight int8 [in, out], scale f32 [G, out]
+    int4   qweight uint8 [in // 2, out], scale f32 [G, out], offset f32 [G, out] (Q4_1 form only)
+    fp8    qweight float8_e4m3fn [in, out], scale f32 [1, out], act_scale f32 []
+    w8a8   qweight int8 [out, in], scale f32 [1, out], act_smooth f32 [in]
+(the values: models/quantized_tensor.py). A fused projection (`parts`: q | k | v, gate | up)
+returns its parts; under tensor parallelism (`shards` > 1) its columns are stored shard-major
+(each shard's slice of every part together: parallel/layout.py), and the split is taken per
+shard. Its input's per-channel maximum is recorded (flax `sow`, collection "intermediates")
+when the caller asks for that collection: the calibration pass (quant/calibration.py) reads
+every projection's input this way, under the projection's path.
 
 How the scale meets the dot:
 - per-channel (G == 1: int8, fp8): the integer / e4m3 weight goes into the dot as it is (cast to
@@ -19,7 +25,8 @@ How the scale meets the dot:
   Hopper), times act_scale * scale.
 - w8a8: x * act_smooth rounded to int8 with one scale per row (token), an int8 x int8 dot
   accumulated in int32 (exact), times the row's scale and the weight's (quant/w8a8.py).
-Dot accumulation is float32 (w8a8: int32) in every case; the result is cast to the compute dtype.
+Dot accumulation is float32 (w8a8: int32) in every quantized case; the result is cast to the
+compute dtype.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 E4M3_MAX = 448.0
 
@@ -64,12 +72,12 @@ def dequantize_weight(p: dict, dtype: Any) -> jax.Array:
     return w.reshape(-1, out).astype(dtype)
 
 
-def quantized_matmul(x: jax.Array, p: dict, dtype: Any, precision=None) -> jax.Array:
-    """x [T, in] -> [T, out] in `dtype` (bias not included)."""
+def matmul(x: jax.Array, p: dict, dtype: Any, precision=None) -> jax.Array:
+    """x [T, in] -> [T, out] in `dtype` (bias not included), whatever form `p` holds."""
     dims = (((x.ndim - 1,), (0,)), ((), ()))
     if "kernel" in p:
-        # a float projection in a partly quantized model (a GGUF whose other block types were kept
-        # as float): nn.Dense's arithmetic
+        # a float projection (and one left float in a partly quantized model, e.g. a GGUF whose
+        # other block types were kept as float): nn.Dense's arithmetic, bit for bit
         return jax.lax.dot_general(x.astype(dtype), p["kernel"].astype(dtype), dims, precision=precision)
     if "act_smooth" in p:      # w8a8: nothing is widened
         return _w8a8_matmul(x, p["qweight"], p["scale"][0], p["act_smooth"]).astype(dtype)
@@ -116,31 +124,69 @@ def _w8a8_matmul(x: jax.Array, q: jax.Array, scale: jax.Array, act_smooth: jax.A
 
 
 def is_quantized(params: dict) -> bool:
-    """Whether a params pytree holds any quantized projection (decides the module choice: then
-    every projection is a QuantDense, which also runs a float `kernel` left beside them)."""
+    """Whether a params pytree holds any quantized projection."""
     return any(getattr(path[-1], "key", None) == "qweight"
                for path, _ in jax.tree_util.tree_flatten_with_path(params)[0])
 
 
-class QuantDense(nn.Module):
-    """nn.Dense's place for a quantized projection: the same name, so the same params path."""
+def matmul_precision(dtype: Any) -> jax.lax.Precision | None:
+    """float32 models get true float32 matmuls everywhere.
+
+    JAX's default precision lets GPUs run float32 dots as TF32 (10-bit mantissa), which breaks
+    parity with the PyTorch fp32 path; bf16 is the fast path, fp32 the accurate one. XLA:CPU
+    computes float32 dots exactly either way.
+    """
+    return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
+
+
+def split_columns(y: jax.Array, parts: tuple[int, ...], shards: int = 1) -> tuple[jax.Array, ...]:
+    """A fused projection's output [..., sum(parts)] -> one array per part [..., part]. With
+    shards > 1 the columns are shard-major (shard s holds its parts[i] / shards columns of every
+    part, side by side), so each part is gathered from every shard's group in shard order."""
+    lead = y.shape[:-1]
+    if shards == 1:
+        bounds = np.cumsum((0,) + tuple(parts))
+        return tuple(y[..., bounds[i]:bounds[i + 1]] for i in range(len(parts)))
+    per = [p // shards for p in parts]
+    grouped = y.reshape(*lead, shards, sum(per))                                 # [..., S, sum / S]
+    bounds = np.cumsum([0] + per)
+    return tuple(grouped[..., bounds[i]:bounds[i + 1]].reshape(*lead, parts[i]) for i in range(len(parts)))
+
+
+class Linear(nn.Module):
+    """x [..., in] -> [..., out] in `dtype`, or the tuple of its `parts` (see the module doc).
+    The params are whatever form the checkpoint gave (the loaders build them); `init` creates the
+    float form, which is how a test checks the declared layout against the module."""
 
     features: int
-    use_bias: bool
-    dtype: Any
-    precision: Any = None
+    use_bias: bool = False
+    dtype: Any = jnp.float32
+    parts: tuple[int, ...] = ()       # a fused projection's outputs, in order (sum = features)
+    shards: int = 1                   # tensor-parallel shards of a fused projection's columns
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array):
+        if self.is_initializing():
+            self.param("kernel", nn.initializers.lecun_normal(), (x.shape[-1], self.features), self.dtype)
+            if self.use_bias:
+                self.param("bias", nn.initializers.zeros, (self.features,), self.dtype)
         p = dict(self.variables["params"])
-        y = quantized_matmul(x, p, self.dtype, self.precision)               # [T, out]
+        if self.is_mutable_collection("intermediates"):
+            self.sow("intermediates", "input_absmax", jnp.max(jnp.abs(x.reshape(-1, x.shape[-1])), axis=0))
+        y = matmul(x, p, self.dtype, matmul_precision(self.dtype))   # [..., out]
         if self.use_bias:
             y = y + p["bias"].astype(self.dtype)
+        if self.parts:
+            return split_columns(y, self.parts, self.shards)
         return y
 
 
-def dense(quantized: bool, features: int, *, use_bias: bool, dtype: Any, precision, name: str) -> nn.Module:
-    """The projection module: nn.Dense for float params (unchanged), QuantDense for quantized."""
-    if quantized:
-        return QuantDense(features, use_bias, dtype, precision, name=name)
-    return nn.Dense(features, use_bias=use_bias, dtype=dtype, param_dtype=dtype, precision=precision, name=name)
+def recorded_inputs(intermediates: dict) -> dict[str, jax.Array]:
+    """Module path ("layers_0/self_attn/qkv_proj") -> its input's max |x| per channel, from a
+    model applied with the "intermediates" collection mutable."""
+    out = {}
+    for path, value in jax.tree_util.tree_flatten_with_path(intermediates, is_leaf=lambda x: isinstance(x, tuple))[0]:
+        keys = [str(getattr(k, "key", k)) for k in path]
+        if keys and keys[-1] == "input_absmax":
+            out["/".join(keys[:-1])] = value[0]
+    return out
