@@ -44,80 +44,21 @@ import numpy as np
 
 from jaxserve.models import registry
 from jaxserve.models.config import SLIDING_ATTENTION, ModelConfig
-from jaxserve.models.linear import Linear, matmul_precision
-from jaxserve.models.llama import apply_model, check_caches
-from jaxserve.models.rope import apply_rope, rope_cos_sin
+from jaxserve.models.linear import matmul_precision
+from jaxserve.models.llama import MLP, Attention, RMSNorm, activation, apply_model, check_caches
+from jaxserve.models.rope import rope_cos_sin
 
 Params = dict
 AttentionFn = Any   # llama.AttentionFn: (layer_idx, q, k, v, kv_cache) -> (out, kv_cache)
-
-_ACTIVATIONS = {
-    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
-    "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),   # the same tanh formula
-    "gelu": lambda x: jax.nn.gelu(x, approximate=False),       # erf
-}
-
-
-def activation(config: ModelConfig):
-    if config.hidden_activation not in _ACTIVATIONS:
-        raise ValueError(f"{config.model_type}: hidden_activation={config.hidden_activation!r} "
-                         f"is not one of {tuple(_ACTIVATIONS)}")
-    return _ACTIVATIONS[config.hidden_activation]
-
 
 def soft_cap(x: jax.Array, cap: float | None) -> jax.Array:
     """cap * tanh(x / cap) (HF's order: divide, tanh, multiply); x unchanged when cap is None."""
     return x if cap is None else jnp.tanh(x / cap) * cap
 
 
-class GemmaRMSNorm(nn.Module):
-    eps: float
-    dtype: Any
-
-    @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
-        weight = self.param("weight", nn.initializers.zeros, (x.shape[-1],), self.dtype)  # [C]
-        x32 = x.astype(jnp.float32)
-        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return (normed * (1.0 + weight.astype(jnp.float32))).astype(self.dtype)
-
-
-class GemmaAttention(nn.Module):
-    config: ModelConfig
-    dtype: Any
-    layer_idx: int
-    shards: int = 1
-
-    @nn.compact
-    def __call__(self, x, cos, sin, kv_cache, attention: AttentionFn):
-        c = self.config
-        n, k, h = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        t = x.shape[0]
-        # HF's Gemma puts `attention_bias` on q, k, v and o alike
-        q, key, value = Linear((n + 2 * k) * h, c.attention_bias, self.dtype, parts=(n * h, k * h, k * h),
-                               shards=self.shards, name="qkv_proj")(x)        # [T, N*H], [T, K*H] x 2
-        q, key, value = q.reshape(t, n, h), key.reshape(t, k, h), value.reshape(t, k, h)
-        if c.qk_norm:                                                         # Gemma 3, before RoPE
-            q = GemmaRMSNorm(c.rms_norm_eps, self.dtype, name="q_norm")(q)
-            key = GemmaRMSNorm(c.rms_norm_eps, self.dtype, name="k_norm")(key)
-        q, key = apply_rope(q, cos, sin), apply_rope(key, cos, sin)
-        out, kv_cache = attention(self.layer_idx, q, key, value, kv_cache)    # [T, N, H]
-        out = Linear(c.hidden_size, c.attention_bias, self.dtype, name="o_proj")(out.reshape(t, n * h))
-        return out, kv_cache                                                  # [T, D]
-
-
-class GemmaMLP(nn.Module):
-    config: ModelConfig
-    dtype: Any
-    shards: int = 1
-
-    @nn.compact
-    def __call__(self, x):
-        f = self.config.intermediate_size
-        gate, up = Linear(2 * f, False, self.dtype, parts=(f, f), shards=self.shards,
-                          name="gate_up_proj")(x)                             # [T, F] each
-        hidden = activation(self.config)(gate) * up                           # [T, F]
-        return Linear(self.config.hidden_size, False, self.dtype, name="down_proj")(hidden)  # [T, D]
+def GemmaRMSNorm(eps: float, dtype: Any, name: str) -> RMSNorm:
+    """Gemma's norm: x / rms(x) * (1 + w) in float32, cast back after the scale."""
+    return RMSNorm(eps, dtype, unit_offset=True, name=name)
 
 
 class GemmaDecoderLayer(nn.Module):
@@ -129,10 +70,13 @@ class GemmaDecoderLayer(nn.Module):
     @nn.compact
     def __call__(self, x, cos, sin, kv_cache, attention: AttentionFn):
         eps, dt = self.config.rms_norm_eps, self.dtype
-        attn_out, kv_cache = GemmaAttention(self.config, dt, self.layer_idx, self.shards, name="self_attn")(
+        # llama.py's attention (q|k|v, Gemma 3's q/k norms with (1 + w), RoPE, o) and GeGLU MLP;
+        # HF's Gemma puts `attention_bias` on q, k, v and o alike, as Llama does
+        attn_out, kv_cache = Attention(self.config, dt, self.layer_idx, self.shards, unit_offset_norms=True,
+                                       name="self_attn")(
             GemmaRMSNorm(eps, dt, name="input_layernorm")(x), cos, sin, kv_cache, attention)
         x = x + GemmaRMSNorm(eps, dt, name="post_attention_layernorm")(attn_out)
-        mlp_out = GemmaMLP(self.config, dt, self.shards, name="mlp")(
+        mlp_out = MLP(self.config, dt, self.shards, name="mlp")(
             GemmaRMSNorm(eps, dt, name="pre_feedforward_layernorm")(x))
         return x + GemmaRMSNorm(eps, dt, name="post_feedforward_layernorm")(mlp_out), kv_cache
 

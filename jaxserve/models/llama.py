@@ -43,16 +43,37 @@ Params = dict  # pytree of jnp arrays, layout in params.py
 AttentionFn = Callable[[int, jax.Array, jax.Array, jax.Array, Any], tuple[jax.Array, Any]]
 
 
+# the MLP's gate activation, by its HF name (`hidden_act` / `hidden_activation`)
+ACTIVATIONS = {
+    "silu": jax.nn.silu,
+    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),   # the same tanh formula
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),       # erf
+}
+
+
+def activation(config: ModelConfig):
+    if config.hidden_activation not in ACTIVATIONS:
+        raise ValueError(f"{config.model_type}: hidden_activation={config.hidden_activation!r} "
+                         f"is not one of {tuple(ACTIVATIONS)}")
+    return ACTIVATIONS[config.hidden_activation]
+
+
 class RMSNorm(nn.Module):
+    """x / rms(x) * w, in float32 and cast back; `unit_offset`: * (1 + w) instead (Gemma's, whose
+    zero weight is the identity)."""
+
     eps: float
     dtype: Any
+    unit_offset: bool = False
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        weight = self.param("weight", nn.initializers.ones, (x.shape[-1],), self.dtype)  # [C]
+        init = nn.initializers.zeros if self.unit_offset else nn.initializers.ones
+        weight = self.param("weight", init, (x.shape[-1],), self.dtype).astype(jnp.float32)  # [C]
         x32 = x.astype(jnp.float32)
         normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return (normed * weight.astype(jnp.float32)).astype(self.dtype)
+        return (normed * (1.0 + weight if self.unit_offset else weight)).astype(self.dtype)
 
 
 class Attention(nn.Module):
@@ -60,6 +81,7 @@ class Attention(nn.Module):
     dtype: Any
     layer_idx: int
     shards: int = 1             # tensor-parallel shards of the fused qkv layout
+    unit_offset_norms: bool = False   # q/k norms scale by (1 + w) (Gemma 3)
 
     @nn.compact
     def __call__(self, x, cos, sin, kv_cache, attention: AttentionFn):
@@ -69,9 +91,9 @@ class Attention(nn.Module):
         q, key, value = Linear((n + 2 * k) * h, c.attention_bias, self.dtype, parts=(n * h, k * h, k * h),
                                shards=self.shards, name="qkv_proj")(x)        # [T, N*H], [T, K*H] x 2
         q, key, value = q.reshape(t, n, h), key.reshape(t, k, h), value.reshape(t, k, h)
-        if c.qk_norm:
-            q = RMSNorm(c.rms_norm_eps, self.dtype, name="q_norm")(q)
-            key = RMSNorm(c.rms_norm_eps, self.dtype, name="k_norm")(key)
+        if c.qk_norm:                                                         # before RoPE
+            q = RMSNorm(c.rms_norm_eps, self.dtype, self.unit_offset_norms, name="q_norm")(q)
+            key = RMSNorm(c.rms_norm_eps, self.dtype, self.unit_offset_norms, name="k_norm")(key)
         q, key = apply_rope(q, cos, sin), apply_rope(key, cos, sin)
         out, kv_cache = attention(self.layer_idx, q, key, value, kv_cache)  # [T, N, H]
         out = Linear(c.hidden_size, has_o_proj_bias(c), self.dtype, name="o_proj")(out.reshape(t, n * h))  # [T, D]
@@ -79,6 +101,8 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    """act(gate) * up -> down: SwiGLU for the Llama family, GeGLU for Gemma (`hidden_activation`)."""
+
     config: ModelConfig
     dtype: Any
     shards: int = 1
@@ -88,7 +112,7 @@ class MLP(nn.Module):
         f = self.config.intermediate_size
         gate, up = Linear(2 * f, False, self.dtype, parts=(f, f), shards=self.shards,
                           name="gate_up_proj")(x)                             # [T, F] each
-        hidden = nn.silu(gate) * up                                           # [T, F]
+        hidden = activation(self.config)(gate) * up                           # [T, F]
         return Linear(self.config.hidden_size, False, self.dtype, name="down_proj")(hidden)  # [T, D]
 
 
