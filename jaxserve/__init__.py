@@ -11,6 +11,7 @@ from typing import Any
 
 _EXPORTS = {
     "LLM": "jaxserve.llm",
+    "CustomModel": "jaxserve.models.custom",
     "EngineConfig": "jaxserve.config",
     "SamplingParams": "jaxserve.sampling_params",
     "RequestOutput": "jaxserve.outputs",

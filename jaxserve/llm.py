@@ -3,18 +3,24 @@
     llm = LLM()                                  # the embedded SmolLM2-135M-Instruct
     outs = llm.generate(["Tell me about tides."], SamplingParams(max_tokens=64))
 
-Every constructor argument is a field of EngineConfig (and a flag of the CLI).
+Every constructor argument is a field of EngineConfig (and a flag of the CLI). A model defined
+outside jaxserve is served the same way from its functions and params (docs/custom_models.md):
+
+    llm = LLM(model=CustomModel(forward=..., compute_logits=..., ...), params=params, tokenizer=tok)
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from jaxserve.config import EngineConfig
-from jaxserve.engine.builder import build_engine
+from jaxserve.engine.builder import build_custom_engine, build_engine
 from jaxserve.engine.stats import EngineStats
 from jaxserve.outputs import RequestOutput
 from jaxserve.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from jaxserve.models.custom import CustomModel
 
 
 OFFLINE_PREFILL_TOKEN_THRESHOLD = 0   # no per-request cap: whole token budgets of prefill per step
@@ -25,16 +31,32 @@ OFFLINE_PREFILL_TILE = 16
 
 
 class LLM:
-    def __init__(self, model: str | None = None, **kwargs: Any):
+    def __init__(self, model: "str | CustomModel | None" = None, *, params: Any = None, tokenizer: Any = None,
+                 **kwargs: Any):
+        """model: a checkpoint (GGUF file, HF directory, converted checkpoint; None: the embedded
+        model), or a CustomModel, served from `params` (its pytree of jax.Arrays) with `tokenizer`
+        (a transformers tokenizer); both are required for a CustomModel and refused otherwise."""
+        from jaxserve.models.custom import CustomModel
+
         progress = kwargs.pop("progress", True)
+        custom = isinstance(model, CustomModel)
+        if not custom and (params is not None or tokenizer is not None):
+            raise ValueError("params= and tokenizer= are for a model defined outside jaxserve "
+                             "(model=jaxserve.CustomModel(...)); a checkpoint brings its own")
         # Offline batches have no one waiting between tokens, so by default LLM does not cap
         # prefill chunks for inter-token latency (as vLLM's LLM class takes bigger batches than
         # its server); pass long_prefill_token_threshold=None for the serving default, derived
         # from an ITL budget at start-up (engine/chunk_policy.py).
         kwargs.setdefault("long_prefill_token_threshold", OFFLINE_PREFILL_TOKEN_THRESHOLD)
         kwargs.setdefault("prefill_tile", OFFLINE_PREFILL_TILE)
-        self.config = EngineConfig.from_kwargs(model=model, **kwargs)
-        self.engine = build_engine(self.config, progress=progress)
+        if custom:
+            # the config names no checkpoint: the model is the one handed over here
+            self.config = EngineConfig.from_kwargs(model=None, **kwargs)
+            self.engine = build_custom_engine(self.config, model, params, tokenizer, progress=progress)
+        else:
+            self.config = EngineConfig.from_kwargs(model=model, **kwargs)
+            self.engine = build_engine(self.config, progress=progress)
+        self.custom_model = model if custom else None
 
     @classmethod
     def sharing_runner(cls, other: "LLM", **overrides: Any) -> "LLM":
@@ -49,6 +71,7 @@ class LLM:
             raise ValueError(f"sharing a runner can only change {sorted(shape_free)}, "
                              f"not {sorted(set(overrides) - shape_free)}")
         llm = cls.__new__(cls)
+        llm.custom_model = getattr(other, "custom_model", None)
         fields = {k: getattr(other.config, k) for k in other.config.__dataclass_fields__}
         llm.config = EngineConfig.from_kwargs(**{**fields, **overrides})
         llm.engine = build_engine(llm.config, share_runner_of=other.engine)

@@ -9,6 +9,10 @@ and a GGUF's dequantized form (jaxserve.checkpoints), the serialized executables
 (runner/executables.py) and the calibration timings (runner/calibration.py). With `warm_up="all"`
 every step is loaded and run once before the engine is returned; with "none" nothing is, and
 `prepare_for_requests` warms what a known set of first requests can need.
+
+`build_custom_engine` starts from a model defined outside jaxserve (models/custom.py,
+docs/custom_models.md) and its params instead of a checkpoint; from the params on, both paths
+are one (`_serve`).
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ from jaxserve.engine.draft_model import build_draft_runner
 from jaxserve.engine.draft_proposer import DraftModelProposer
 from jaxserve.engine.engine import Engine
 from jaxserve.engine.startup_timings import PhaseClock, StartupTimings
+from jaxserve.models import custom
 from jaxserve.models.config import ModelConfig
+from jaxserve.models.custom import CustomModel
 from jaxserve.models.params import layout_of, params_from_hf
 from jaxserve.parallel.distributed import HostConfig, join, lead
 from jaxserve.parallel.layout import HeadLayout
@@ -155,12 +161,81 @@ def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, 
             # the runner's model has the replicated KV heads (parallel/layout.py)
             model_config = dataclasses.replace(model_config, num_key_value_heads=layout.kv_heads)
 
+    eos = set(model_config.eos_token_ids)
+    if ckpt.tokenizer is not None and ckpt.tokenizer.eos_token_id is not None:
+        eos.add(ckpt.tokenizer.eos_token_id)
+    return _serve(config, model_config, params, dtype=dtype, kv_dtype=quant.kv_dtype, mesh=mesh, hosts=hosts,
+                  clock=clock, identity=ckpt.identity, tokenizer=ckpt.tokenizer, eos_token_ids=eos,
+                  model_name=os.path.basename(ckpt.source.rstrip("/")), cache_dir=cache_dir, progress=progress)
+
+
+def build_custom_engine(config: EngineConfig, model: CustomModel, params, tokenizer, *,
+                        progress: bool = True) -> Engine:
+    """An Engine on a model defined outside jaxserve (models/custom.py): no checkpoint is read
+    and nothing is quantized; the params are used as given (placed on the mesh by the model's
+    partition_specs when tensor_parallel_size > 1) and the rest is build_engine's: arena,
+    runner, warm-up, calibration, scheduler. Refuses what is not built for custom models."""
+    if not isinstance(model, CustomModel):
+        raise TypeError(f"model must be a CustomModel, got {type(model).__name__}")
+    if tokenizer is None:
+        raise ValueError(f"LLM(model=CustomModel(...)) needs tokenizer=<a transformers tokenizer for "
+                         f"{model.name}>: the engine reads prompts and writes text with it")
+    refused = []
+    if config.quantization != "none":
+        refused.append(f"quantization={config.quantization!r} (custom models are served as their params are: "
+                       f"quantize them in your own forward)")
+    if config.kv_cache_dtype != "auto":
+        refused.append(f"kv_cache_dtype={config.kv_cache_dtype!r} (custom models keep K/V in the arena dtype, "
+                       f"`dtype`)")
+    if config.num_hosts != 1:
+        refused.append(f"num_hosts={config.num_hosts} (custom models run on one host)")
+    if config.role != "both":
+        refused.append(f"role={config.role!r} (disaggregated prefill/decode is not built for custom models)")
+    if _uses_draft_model(config):
+        refused.append("speculative decoding with a draft model (n-gram speculation works)")
+    if refused:
+        raise ValueError(f"not supported for a custom model ({model.name}): " + "; ".join(refused))
+    vocab = len(tokenizer)
+    if vocab > model.vocab_size:
+        raise ValueError(f"the tokenizer has {vocab} tokens, more than {model.name}'s vocab_size={model.vocab_size}")
+    clock = PhaseClock()
+    enable_compilation_cache(config.compilation_cache_dir)
+    tp = config.tensor_parallel_size
+    mesh = make_mesh(tp) if tp > 1 else None
+    with clock.phase("params"):
+        params = custom.check_params(model, params)
+        model_config = custom.model_config(model, hidden_size=custom.check_model(model, params))
+        identity = custom.model_identity(model, params)
+        if mesh is not None:
+            params = custom.tensor_parallel_params(model, params, mesh, tp)
+        params = jax.block_until_ready(custom.runner_params(params))
+    # the params are used as given, never cast: the arena holds K/V in their floating dtype
+    dtype = custom.floating_dtype(params) or resolve_dtype("auto")
+    if config.dtype not in ("auto", dtype):
+        raise ValueError(f"dtype={config.dtype!r}: {model.name}'s params are {dtype}, and a custom model runs in "
+                         f"its params' dtype (cast them before handing them over; dtype='auto' takes theirs)")
+    eos = set(model_config.eos_token_ids)
+    if tokenizer.eos_token_id is not None:
+        eos.add(tokenizer.eos_token_id)
+    return _serve(config, model_config, params, dtype=dtype, mesh=mesh, hosts=None, clock=clock, identity=identity,
+                  tokenizer=tokenizer, eos_token_ids=eos, model_name=model.name, cache_dir=config.cache_dir or None,
+                  progress=progress, model=custom.CustomModelAdapter(model, identity))
+
+
+def _serve(config: EngineConfig, model_config: ModelConfig, params, *, dtype: str, mesh, hosts, clock: PhaseClock,
+           identity: str, tokenizer, eos_token_ids: set[int], model_name: str, cache_dir: str | None,
+           progress: bool, kv_dtype: str | None = None, model=None) -> Engine:
+    """From placed params on: the KV arena, the runner and its executables, warm-up, calibration,
+    the draft model, the scheduler and the Engine. `dtype`: the model's (and the arena's, unless
+    `kv_dtype` says otherwise); `model`: the runner's forward (None: the config's architecture in
+    the registry)."""
+    tp = config.tensor_parallel_size
     max_model_len = config.max_model_len or min(model_config.max_position_embeddings, MAX_DEFAULT_MODEL_LEN)
     if max_model_len > model_config.max_position_embeddings:
         raise ValueError(f"max_model_len={max_model_len} exceeds the model's max_position_embeddings="
                          f"{model_config.max_position_embeddings}")
     kv_memory = config.kv_cache_memory or DEFAULT_KV_CACHE_MEMORY
-    arena = plan_arena(model_config, block_size=config.block_size, dtype=quant.kv_dtype or dtype,
+    arena = plan_arena(model_config, block_size=config.block_size, dtype=kv_dtype or dtype,
                        num_kv_blocks=config.num_kv_blocks, kv_cache_memory=kv_memory, shards=tp)
     shapes = runner_shapes(config, max_model_len)
     with clock.phase("kv_arena"):
@@ -170,7 +245,7 @@ def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, 
                              # the followers mirror); preemption recomputes
                              num_host_blocks=0 if hosts is not None else config.swap_space // arena.bytes_per_block,
                              executable_cache=_cache(ExecutableCache, cache_dir, "executables"), mesh=mesh,
-                             coupled_with_draft=_uses_draft_model(config))
+                             coupled_with_draft=_uses_draft_model(config), model=model)
         jax.block_until_ready(runner.kv_caches)
     with clock.phase("executables"):
         runner.warm_helpers()
@@ -187,19 +262,16 @@ def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, 
         clock.add("warm_up", report.run_seconds)
 
     with clock.phase("calibration"):
-        chunking = _calibrate(config, runner, ckpt.identity, cache_dir)
+        chunking = _calibrate(config, runner, identity, cache_dir)
     draft = None
     if _uses_draft_model(config):
         with clock.phase("draft_model"):
             draft = build_draft_runner(config, runner, cache_dir, dtype, progress=progress)
-    eos = set(model_config.eos_token_ids)
-    if ckpt.tokenizer is not None and ckpt.tokenizer.eos_token_id is not None:
-        eos.add(ckpt.tokenizer.eos_token_id)
     engine = Engine(
         scheduler=_scheduler(config, runner, max_model_len, chunking, draft), runner=runner,
-        tokenizer=ckpt.tokenizer,
-        vocab_size=model_config.vocab_size, max_model_len=max_model_len, eos_token_ids=eos, seed=config.seed,
-        checkpoint_identity=ckpt.identity, model_name=os.path.basename(ckpt.source.rstrip("/")),
+        tokenizer=tokenizer,
+        vocab_size=model_config.vocab_size, max_model_len=max_model_len, eos_token_ids=eos_token_ids,
+        seed=config.seed, checkpoint_identity=identity, model_name=model_name,
         chunk_policy=chunking, async_scheduling=config.async_scheduling, draft_runner=draft,
     )
     engine.startup_timings = clock.timings()

@@ -245,9 +245,15 @@ class ModelRunner:
     @functools.cached_property
     def _program_inputs(self) -> dict:
         """Everything that determines a step's or sampler's program (executables.py), but its kind."""
-        return {
+        # a model handed over from outside jaxserve (models/custom.py) has an identity: its own
+        # code (which traced_source() does not cover) and its params' structure, shapes and dtypes;
+        # its params are listed leaf by leaf (any pytree), with the placement its partition_specs chose
+        identity = getattr(self.model, "identity", None)
+        inputs = {
             "model": self.model_config, "arena": self.arena_spec, "shapes": self.shapes,
-            "params": jax.tree.map(lambda x: [list(x.shape), str(x.dtype)], self.params),
+            "params": (jax.tree.map(lambda x: [list(x.shape), str(x.dtype)], self.params) if not identity else
+                       [[list(x.shape), str(x.dtype), repr(getattr(x.sharding, "spec", None))]
+                        for x in jax.tree.leaves(self.params)]),
             "attention_impl": self.attention_impl, "compiler_options": self.compiler_options,
             # a 2-way executable must never serve a 4-way engine, nor one compiled for other devices
             "mesh": None if self.mesh is None else {**self.mesh_info.as_dict(),
@@ -256,6 +262,9 @@ class ModelRunner:
             "source": fingerprint.traced_source(), "software": fingerprint.software(),
             "machine": fingerprint.machine(),
         }
+        if identity:
+            inputs["model_identity"] = identity
+        return inputs
 
     def warm_helpers(self) -> None:
         """Compile the block copy used by copy-on-write and the swap transfers (jitted helpers, not
