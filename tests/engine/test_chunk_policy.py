@@ -120,7 +120,11 @@ def test_a_real_engine_measures_its_step_cost_model_at_start_up(tiny_llama_dir):
     sched_config = llm.engine.scheduler.config
     assert sched_config.objectives is policy.objectives and sched_config.step_cost is policy.step_cost
     assert policy.objectives.tpot_s == 0.05
-    assert all(s > 0 for _, s in policy.step_cost.decode_s + policy.step_cost.prefill_s)
+    assert all(s > 0 for _, s in policy.step_cost.decode_s)
+    # a tile's added time is a difference of two timings, clamped at 0: on a busy machine a tiny
+    # model's mixed step can time as fast as its decode-only one, so only its range is certain
+    assert [p for p, _ in policy.step_cost.prefill_s] == [p for p in llm.engine.runner.shapes.prefill_buckets if p]
+    assert all(0 <= s < float("inf") for _, s in policy.step_cost.prefill_s)
     assert "slo" in llm.stats().prefill_policy
     assert llm.stats().num_kv_blocks_free == llm.stats().num_kv_blocks_total
     prompts = [{"prompt_token_ids": list(range(3, 3 + n))} for n in (40, 7, 90)]

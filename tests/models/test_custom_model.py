@@ -349,6 +349,7 @@ print(json.dumps(report))
 """ % NEW_TOKENS
 
 
+@pytest.mark.slow     # a child process with 2 devices, about 20 s; the one-device path is the rest of the file
 def test_tensor_parallel_on_two_devices_matches_the_reference(reference):
     from tests.parallel.cpu_devices import REPO, cpu_device_env
 

@@ -7,6 +7,10 @@ import pytest
 
 from tests.parallel.cpu_devices import run_probe
 
+# two builds of the real model (about 75 s on 2 cores): slow; tensor parallelism's parity on tiny
+# models of every architecture is tests/parallel/test_tiny_models.py's
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def report():

@@ -7,6 +7,7 @@ rank 1 is killed and rank 0, idle as a server between requests, must exit with a
 rank 1 within a bounded time (host_timeout_s is 10 s, generous against a watchdog thread starved
 on a busy machine; the bound on the exit is more generous still)."""
 
+import json
 import os
 import signal
 import socket
@@ -53,7 +54,6 @@ def test_two_hosts_generate_like_one_and_a_dead_host_ends_the_other(model_dir, t
             assert all(p.poll() is None for p in ranks), [output(0), output(1)]
             assert time.monotonic() < deadline, "the two hosts did not generate in time"
             time.sleep(0.5)
-        import json
 
         with open(report) as f:
             got = json.load(f)
@@ -74,3 +74,44 @@ def test_two_hosts_generate_like_one_and_a_dead_host_ends_the_other(model_dir, t
                 p.wait()
         for log in logs:
             log.close()
+
+
+@pytest.mark.slow
+def test_a_second_start_of_both_hosts_loads_what_the_first_kept(model_dir, tmp_path):
+    """Each host keeps its executables in its own folder (as two machines would); two rounds of
+    fresh processes: the second compiles no step or sampler on either host and generates the
+    first round's tokens (runner/executables.py loads each onto the mesh's devices, which span
+    both hosts here)."""
+    env = cpu_device_env(2)
+    rounds = []
+    for round_ in range(2):
+        port, report = str(free_port()), str(tmp_path / f"report{round_}.json")
+        logs, ranks = [], []
+        for rank in (0, 1):
+            log = open(tmp_path / f"round{round_}-rank{rank}.log", "w+")
+            rank_env = {**env, "IDLE_S": "0", "CACHE_DIR": str(tmp_path / f"cache-rank{rank}"),
+                        "COMPILE_LOG": str(tmp_path / f"round{round_}-rank{rank}.compiled")}
+            logs.append(log)
+            ranks.append(subprocess.Popen([sys.executable, DRIVER, str(rank), port, model_dir, report], env=rank_env,
+                                          cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True))
+        try:
+            for p in ranks:
+                p.wait(timeout=START_BOUND_S)
+            texts = [(tmp_path / f"round{round_}-rank{rank}.log").read_text()[-4000:] for rank in (0, 1)]
+            assert [p.returncode for p in ranks] == [0, 0], texts
+        finally:
+            for p in ranks:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            for log in logs:
+                log.close()
+        with open(report) as f:
+            got = json.load(f)
+        compiled = [len((tmp_path / f"round{round_}-rank{rank}.compiled").read_text().splitlines())
+                    if (tmp_path / f"round{round_}-rank{rank}.compiled").exists() else 0 for rank in (0, 1)]
+        rounds.append((got["tokens"], compiled))
+    (cold_tokens, cold_compiled), (warm_tokens, warm_compiled) = rounds
+    assert min(cold_compiled) > 0
+    assert warm_compiled == [0, 0]
+    assert warm_tokens == cold_tokens

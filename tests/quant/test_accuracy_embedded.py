@@ -18,6 +18,9 @@ from jaxserve.quant.accuracy import PROMPTS, measure_accuracy
 
 # fp8_uncalibrated, bench accuracy's other mode, holds no bound: it is left to the benchmark
 MODES = ["int8", "int4", "fp8", "kv_fp8", "kv_int8", "w8a8"]
+# a measurement of the real model (every mode's calibration and forward, about 80 s on 2 cores):
+# slow; each mode's arithmetic on tiny models is tests/quant/test_engine_quantized.py's
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
