@@ -13,7 +13,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxserve.models.config import ModelConfig
-from jaxserve.models.llama import AttentionFn, matmul_precision
+from jaxserve.models.linear import matmul_precision
+from jaxserve.models.llama import AttentionFn
 
 
 def dense_causal_attention(config: ModelConfig, sm_scale: float | None = None) -> AttentionFn:

@@ -44,7 +44,7 @@ import numpy as np
 
 from jaxserve.models import registry
 from jaxserve.models.config import SLIDING_ATTENTION, ModelConfig
-from jaxserve.models.linear import matmul_precision
+from jaxserve.models.linear import lm_head_logits
 from jaxserve.models.llama import MLP, Attention, RMSNorm, activation, apply_model, check_caches
 from jaxserve.models.rope import rope_cos_sin
 
@@ -137,12 +137,5 @@ def forward(params: Params, config: ModelConfig, input_ids: jax.Array, positions
 
 def compute_logits(params: Params, config: ModelConfig, hidden: jax.Array) -> jax.Array:
     """hidden [S, D] -> logits [S, V] float32, soft-capped by final_logit_softcap (in float32)."""
-    precision = matmul_precision(hidden.dtype)
-    if config.tie_word_embeddings:
-        embedding = params["embed_tokens"]["embedding"]                         # [V, D], unscaled
-        logits = jax.lax.dot_general(hidden, embedding, (((1,), (1,)), ((), ())),
-                                     precision=precision, preferred_element_type=jnp.float32)
-    else:
-        logits = jnp.matmul(hidden, params["lm_head"]["kernel"], precision=precision,
-                            preferred_element_type=jnp.float32)                # [S, V]
+    logits = lm_head_logits(params, hidden, tied=config.tie_word_embeddings)   # the unscaled embedding
     return soft_cap(logits, config.final_logit_softcap)

@@ -190,3 +190,15 @@ def recorded_inputs(intermediates: dict) -> dict[str, jax.Array]:
         if keys and keys[-1] == "input_absmax":
             out["/".join(keys[:-1])] = value[0]
     return out
+
+
+def lm_head_logits(params: dict, hidden: jax.Array, *, tied: bool) -> jax.Array:
+    """hidden [S, D] -> logits [S, V] float32 (accumulated in float32 even for bf16 params): the
+    LM head, always float, which is the embedding [V, D] when `tied` (stored once, so both
+    operands' D is contracted) and `lm_head/kernel` [D, V] otherwise."""
+    precision = matmul_precision(hidden.dtype)
+    if tied:
+        embedding = params["embed_tokens"]["embedding"]                         # [V, D]
+        return jax.lax.dot_general(hidden, embedding, (((1,), (1,)), ((), ())),
+                                   precision=precision, preferred_element_type=jnp.float32)
+    return jnp.matmul(hidden, params["lm_head"]["kernel"], precision=precision, preferred_element_type=jnp.float32)

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxserve.models.config import ModelConfig
-from jaxserve.models.linear import Linear, matmul_precision, recorded_inputs
+from jaxserve.models.linear import Linear, lm_head_logits, recorded_inputs
 from jaxserve.models.registry import has_o_proj_bias
 from jaxserve.models.rope import apply_rope, rope_cos_sin
 
@@ -197,12 +197,5 @@ def apply_model(model: nn.Module, params: Params, args: tuple, record_inputs: bo
 
 def compute_logits(params: Params, config: ModelConfig, hidden: jax.Array) -> jax.Array:
     """hidden [S, D] -> logits [S, V] float32 (accumulated in float32 even for bf16 params)."""
-    precision = matmul_precision(hidden.dtype)
-    if config.tie_word_embeddings:
-        embedding = params["embed_tokens"]["embedding"]                         # [V, D]
-        # contract D of both operands; the tied weight is stored once, as [V, D]
-        return jax.lax.dot_general(hidden, embedding, (((1,), (1,)), ((), ())),
-                                   precision=precision, preferred_element_type=jnp.float32)
-    kernel = params["lm_head"]["kernel"]                                        # [D, V]
-    return jnp.matmul(hidden, kernel, precision=precision, preferred_element_type=jnp.float32)
+    return lm_head_logits(params, hidden, tied=config.tie_word_embeddings)
 
