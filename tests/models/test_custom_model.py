@@ -373,7 +373,7 @@ def test_a_restart_reuses_the_compiled_steps_until_the_model_source_changes(tmp_
     import importlib
     import shutil
 
-    from jaxserve.runner import compile_counter
+    from jaxserve.runner import model_runner
 
     shutil.copy(ex.__file__, tmp_path / "lab_model_under_edit.py")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -385,11 +385,19 @@ def test_a_restart_reuses_the_compiled_steps_until_the_model_source_changes(tmp_
     prompt = {"prompt_token_ids": list(range(20, 31))}
     greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
+    # steps and samplers compiled because the executable cache had none (compile_to_keep runs only
+    # then): counted per call, not process-wide, so a compile elsewhere in the process (an earlier
+    # test's engine thread) never counts here
+    compiled_steps = []
+    keep = model_runner.compile_to_keep
+    monkeypatch.setattr(model_runner, "compile_to_keep",
+                        lambda *a, **k: compiled_steps.append(1) or keep(*a, **k))
+
     def start():
-        before = compile_counter.compilations()
+        before = len(compiled_steps)
         llm = LLM(model=lab.custom_model(), params=params, tokenizer=tokenizer, **small)
         tokens = llm.generate(prompt, greedy, use_tqdm=False)[0].outputs[0].token_ids
-        return llm, compile_counter.compilations() - before, len(os.listdir(kept)), tokens
+        return llm, len(compiled_steps) - before, len(os.listdir(kept)), tokens
 
     first, compiled, files, tokens = start()
     assert compiled > 0 and files > 0
