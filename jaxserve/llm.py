@@ -85,8 +85,6 @@ class LLM:
         prompts: a string, a dict ({"prompt": str} or {"prompt_token_ids": [...]}, optionally
         "cache_salt"), or a list of those. sampling_params: one for all, or one per prompt.
         """
-        if self.engine.paused or self.engine.pausing:
-            raise RuntimeError("the engine is paused: call resume() before generate() (offline calls run to the end)")
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -160,50 +158,6 @@ class LLM:
                 raise ValueError(f"{name} has {len(value)} entries for {n} prompts")
             return list(value)
         return [value] * n
-
-    # -- weight updates and pause (docs/rl.md) -------------------------------------------------
-    def update_weights(self, params: Any, *, version: int | str | None = None) -> None:
-        """Replace the model's weights in place, between steps, compiling nothing.
-
-        params: either
-          - a pytree with exactly the structure, shapes and dtypes of `self.engine.runner.params`
-            (a custom model: of its own params). It is the engine's own layout: with
-            tensor_parallel_size > 1, fused projections shard-major and KV heads replicated, as
-            runner.params holds them. A jax.Array already on the target leaf's sharding, in its
-            dtype, is used without a copy (the engine keeps that buffer: do not donate or delete
-            it afterwards); anything else is jax.device_put there.
-          - an iterable of (HF tensor name, array) pairs, in the checkpoint's names, single-device
-            layout and orientation (linear weights [out, in]); converted on the host as at load
-            (the shard-major reorder applied for tensor parallelism). Only the leaves named are
-            replaced; a fused leaf (q|k|v, gate|up) is all of its parts or none.
-        version: an int or str kept as `weights_version` and in stats().
-
-        The prefix cache is emptied, and any request holding KV (only possible through an
-        AsyncEngine on this engine) is recomputed under the new weights. Raises ValueError naming
-        the leaf or tensor (wrong shape, dtype or structure, unknown name) and changes nothing
-        then; not built for quantized engines (quantization != "none") nor disaggregated roles."""
-        self.engine.update_weights(params, version=version)
-
-    @property
-    def weights_version(self) -> int | str | None:
-        """The version the last update_weights named (None: never updated, or no version given)."""
-        return self.engine.weights_version
-
-    def pause(self, mode: str = "abort") -> None:
-        """Pause the engine (Engine.pause: "abort", "wait" or "keep"). Offline generate() calls
-        run to the end, so between them nothing is in flight and every mode just pauses;
-        generate() refuses until resume(). The modes matter for an AsyncEngine on this engine
-        (AsyncEngine.pause)."""
-        outputs, _ = self.engine.pause(mode)
-        del outputs   # nothing offline waits for them: no generate() call is running
-        if self.engine.pausing:   # "wait" with requests left (from a cancelled call): finish them
-            while not self.engine.paused:
-                self.engine.step()
-
-    def resume(self) -> None:
-        errors = self.engine.resume()
-        if errors:
-            raise errors[0][1]
 
     # -- introspection -----------------------------------------------------------------------
     def get_tokenizer(self):

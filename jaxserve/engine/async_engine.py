@@ -20,11 +20,6 @@ Leaving the `async for` early (break, an exception, task cancellation) aborts th
 abort is applied before the next step, so its KV blocks are free as soon as the current step ends.
 If a step raises, every in-flight request fails with EngineDeadError, the engine is marked
 unhealthy, and later calls fail at once: nothing waits forever.
-
-RL rollouts (docs/rl.md): `pause(mode)` stops the loop between steps ("abort": live requests end
-with "abort"; "wait": returns once they have finished; "keep": they are held), `update_weights`
-swaps the weights in (Engine.update_weights), `resume()` runs again. Requests added while paused
-are accepted and wait; they run after resume().
 """
 
 from __future__ import annotations
@@ -81,12 +76,6 @@ class _Call:
 
 
 @dataclass(frozen=True, slots=True)
-class _Pause:
-    mode: str
-    future: asyncio.Future
-
-
-@dataclass(frozen=True, slots=True)
 class _Stop:
     request_ids: tuple[str, ...]   # streams still live: aborted in the engine before the thread ends
 
@@ -133,7 +122,6 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._stopped = False
-        self._pause_waiters: list[asyncio.Future] = []   # step-thread side: pause("wait") callers
         self.snapshot = EngineSnapshot(engine.stats(), dict(engine.finished_by_reason))
 
     # -- state -------------------------------------------------------------------------------
@@ -265,41 +253,6 @@ class AsyncEngine:
     async def stats(self) -> EngineStats:
         return await self.call(lambda engine: engine.stats())
 
-    # -- weight updates and pause (docs/rl.md) -------------------------------------------------
-    async def pause(self, mode: str = "abort") -> None:
-        """Pause the step loop between steps; returns once paused.
-
-        abort: every live request ends now (its stream ends with finish_reason "abort").
-        wait:  returns once every request already added has finished; requests added meanwhile wait.
-        keep:  returns at once; live requests are held where they are and continue after resume().
-               If update_weights runs while they are held, each is recomputed (prompt and outputs
-               prefilled again under the new weights) before it continues: the tokens it already
-               had were sampled under the old weights, every later one under the new.
-        While paused, requests may be added (they wait) and update_weights may run."""
-        if mode not in ("abort", "wait", "keep"):
-            raise ValueError(f"pause mode must be 'abort', 'wait' or 'keep', got {mode!r}")
-        self._check_open()
-        fut = asyncio.get_running_loop().create_future()
-        self._calls.add(fut)
-        self._commands.put(_Pause(mode, fut))
-        try:
-            await fut
-        finally:
-            self._calls.discard(fut)
-
-    async def resume(self) -> None:
-        """Run again: held requests continue, requests added while paused are scheduled."""
-        await self.call(self._apply_resume)
-
-    async def update_weights(self, params: Any, *, version: int | str | None = None) -> None:
-        """Engine.update_weights on the step thread, between two steps (the LLM's docstring has the
-        forms `params` takes). Works paused or not; paused, nothing is in flight."""
-        await self.call(lambda engine: engine.update_weights(params, version=version))
-
-    @property
-    def paused(self) -> bool:
-        return self.engine.paused
-
     async def shutdown(self) -> None:
         """Abort every live request (their streams end with "abort"), stop the step thread."""
         if self._stopped:
@@ -328,8 +281,6 @@ class AsyncEngine:
                 for cmd in cmds:
                     if isinstance(cmd, _Stop):
                         engine.abort(cmd.request_ids)
-                        for fut in self._pause_waiters:
-                            self._post(_settle, fut, None, EngineStoppedError("the engine is shut down"))
                         self._publish_snapshot()
                         self._refuse_remaining()
                         return
@@ -340,10 +291,6 @@ class AsyncEngine:
                         self._post(self._deliver, outputs)
                     for rid, err in engine.take_request_errors():
                         self._post(self._deliver_one, rid, err)
-                if self._pause_waiters and engine.paused:
-                    for fut in self._pause_waiters:
-                        self._post(_settle, fut, None, None)
-                    self._pause_waiters = []
                 self._publish_snapshot()
         except BaseException as e:   # noqa: BLE001 - any failure must fail the requests, not hang them
             self._die(e)
@@ -357,8 +304,6 @@ class AsyncEngine:
                 self._post(self._deliver_one, cmd.request_id, e)
         elif isinstance(cmd, _Abort):
             self._apply_abort(engine, cmd)
-        elif isinstance(cmd, _Pause):
-            self._apply_pause(engine, cmd)
         elif isinstance(cmd, _Call):
             try:
                 result = cmd.fn(engine)
@@ -373,32 +318,13 @@ class AsyncEngine:
             for rid in cmd.request_ids:
                 self._post(self._deliver_one, rid, _ABORTED)
 
-    def _apply_pause(self, engine, cmd: _Pause) -> None:
-        try:
-            outputs, aborted = engine.pause(cmd.mode)
-        except Exception as e:
-            self._post(_settle, cmd.future, None, e)
-            return
-        if outputs:
-            self._post(self._deliver, outputs)   # the step that was in flight
-        for rid in aborted:
-            self._post(self._deliver_one, rid, _ABORTED)
-        if engine.paused:
-            self._post(_settle, cmd.future, None, None)
-        else:   # "wait": settled by the loop once the last request has ended
-            self._pause_waiters.append(cmd.future)
-
-    def _apply_resume(self, engine) -> None:
-        for rid, err in engine.resume():
-            self._post(self._deliver_one, rid, err)
-
     def _refuse_remaining(self) -> None:
         while True:
             try:
                 cmd = self._commands.get_nowait()
             except queue.Empty:
                 return
-            if isinstance(cmd, (_Call, _Pause)):
+            if isinstance(cmd, _Call):
                 self._post(_settle, cmd.future, None, EngineStoppedError("the engine is shut down"))
 
     def _publish_snapshot(self) -> None:

@@ -11,13 +11,6 @@ packing overlap the device's work, and the host's output processing of step N ov
 Step N's tokens stay on the device and feed step N+1 there (placeholders, see
 sched/scheduler_output.py); a request that step N ends may already be in step N+1, whose token for
 it is dropped. Outputs are the same with the loop on and off.
-
-Weight updates and pause (docs/rl.md): `update_weights` swaps the runner's params between steps
-(the step in flight, if any, is collected first, under the weights it was dispatched with), sends
-every request holding KV back to be recomputed and empties the prefix cache, so no KV computed
-under other weights is ever read again; nothing compiles. `pause(mode)` stops the loop ("abort"
-ends the requests, "wait" lets them finish first, "keep" holds them) and requests added while
-paused or pausing are held, not scheduled, until `resume()`.
 """
 
 from __future__ import annotations
@@ -30,7 +23,6 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from jaxserve.engine import weight_update
 from jaxserve.engine.detokenizer import IncrementalDetokenizer
 from jaxserve.engine.draft_proposer import draft_sampling
 from jaxserve.engine.input_processor import EngineRequest, InputProcessor
@@ -51,7 +43,6 @@ from jaxserve.sched.scheduler_output import SchedulerOutput
 
 
 GREEDY_BELOW = 1e-5  # a temperature this small samples as greedy (as vLLM's _SAMPLING_EPS)
-PAUSE_MODES = ("abort", "wait", "keep")
 
 
 @dataclass(slots=True)
@@ -94,13 +85,6 @@ class Engine:
         # disaggregated prefill and decode (jaxserve/disagg/attach.py); None: colocated
         self.kv_connector = None
         self.role = "both"
-        # weight updates and pause (docs/rl.md)
-        self.weights_version: int | str | None = None
-        self.num_weight_updates = 0
-        self._paused = False        # no step runs; adds are held
-        self._pausing = False       # pause("wait"): the requests there finish, adds are held
-        self._held: list[tuple] = []    # (request_id, EngineRequest, arrival_time, kv_transfer) held while paused
-        self._collected: list[RequestOutput] = []   # outputs of a step collected outside step(): the next returns them
 
     # -- the door ----------------------------------------------------------------------------
     def new_request_id(self) -> str:
@@ -120,13 +104,9 @@ class Engine:
         its tokenization, off the step thread). kv_transfer (disaggregated serving): "send" keeps
         the prompt's KV for a decode engine when the request ends, a sched RemoteKV loads it."""
         request_id = self.new_request_id() if request_id is None else str(request_id)
-        if request_id in self.outputs or any(h[0] == request_id for h in self._held):
+        if request_id in self.outputs:
             raise ValueError(f"request_id {request_id!r} is already in use")
         now = time.perf_counter() if arrival_time is None else arrival_time
-        if self._paused or self._pausing:
-            # scheduled at resume(); its latency counts from its arrival, the wait included
-            self._held.append((request_id, req, now, kv_transfer))
-            return request_id
         params = req.params
         ids = [request_id] if params.n == 1 else [f"{request_id}#{i}" for i in range(params.n)]
         samples = [SampleState(i, sid, self._detokenizer(req), logprobs=[] if params.logprobs is not None else None,
@@ -187,32 +167,16 @@ class Engine:
 
     def abort(self, request_ids: str | Iterable[str]) -> None:
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
-        if self._held:
-            self._held = [h for h in self._held if h[0] not in ids]
         scheduler_ids = [sid for rid in ids for sid in self.outputs.scheduler_ids(rid)]
         self.scheduler.abort_requests(scheduler_ids)
         self.outputs.remove(ids, reason="abort")
 
     # -- the loop ----------------------------------------------------------------------------
     def has_unfinished_requests(self) -> bool:
-        """Whether step() has work: False while paused (held requests wait for resume())."""
-        if self._paused:
-            return False
-        return self.scheduler.has_unfinished_requests() or self._in_flight is not None or bool(self._collected)
+        return self.scheduler.has_unfinished_requests() or self._in_flight is not None
 
     def step(self) -> list[RequestOutput]:
         """Run one step. With async scheduling it returns the outputs of the step before."""
-        if self._paused:
-            return []
-        if self._collected:   # a step collected between steps (by an update): its outputs first
-            outputs, self._collected = self._collected, []
-            self._check_paused()
-            return outputs
-        outputs = self._step()
-        self._check_paused()
-        return outputs
-
-    def _step(self) -> list[RequestOutput]:
         if self.kv_connector is not None and self._in_flight is None and self.scheduler.only_waiting_for_kv():
             self.kv_connector.wait(0.01)   # nothing to compute until a KV load ends: no busy loop
         self._timer.step_started()
@@ -301,97 +265,6 @@ class Engine:
                                "engine's requests before stepping the other")
         self.runner.owner = self
 
-    # -- pause and weight updates (docs/rl.md) ------------------------------------------------
-    @property
-    def paused(self) -> bool:
-        return self._paused
-
-    @property
-    def pausing(self) -> bool:
-        """pause("wait") was asked and requests are still finishing."""
-        return self._pausing and not self._paused
-
-    def pause(self, mode: str = "abort") -> tuple[list[RequestOutput], list[str]]:
-        """Stop the loop between steps. Returns the outputs of the step that was in flight (collected
-        now; the caller delivers them) and the ids of the requests aborted.
-
-        abort: every request in the engine ends with finish_reason "abort"; paused at once.
-        wait:  the requests in the engine run to the end; paused once the last one ends (`paused`
-               turns True within step()); requests added meanwhile are held.
-        keep:  the requests stay where they are; paused at once. After resume() they continue; if
-               update_weights ran meanwhile they are recomputed under the new weights first.
-        Requests added while paused or pausing are held until resume()."""
-        if mode not in PAUSE_MODES:
-            raise ValueError(f"pause mode must be one of {PAUSE_MODES}, got {mode!r}")
-        if self._paused:
-            return [], []
-        if mode == "wait":
-            self._pausing = True
-            self._check_paused()
-            return [], []
-        outputs, self._collected = self._collected + self._drain(), []
-        aborted: list[str] = []
-        if mode == "abort":
-            aborted = self._live_request_ids()
-            self.abort(aborted)
-        self._paused, self._pausing = True, False
-        return outputs, aborted
-
-    def resume(self) -> list[tuple[str, Exception]]:
-        """Run again; the requests held while paused are queued now, in their order. Returns the
-        held requests that could not be queued (a full waiting queue) with their errors."""
-        self._paused = self._pausing = False
-        held, self._held = self._held, []
-        errors = []
-        for request_id, req, arrival, kv_transfer in held:
-            try:
-                self.add_processed(request_id, req, arrival_time=arrival,
-                                   **({"kv_transfer": kv_transfer} if kv_transfer is not None else {}))
-            except Exception as e:   # noqa: BLE001 - one refused request fails alone
-                errors.append((request_id, e))
-        return errors
-
-    def update_weights(self, params: Any, *, version: int | str | None = None) -> None:
-        """Swap in new weights between two steps, with nothing compiled (the compiled steps take
-        the params as an argument). `params`: a pytree like `runner.params` or (HF name, array)
-        pairs, checked, converted and placed as engine/weight_update.py says; a ValueError names
-        the bad leaf, and then nothing changed.
-
-        A step in flight is collected first (its tokens were computed under the old weights; its
-        outputs come with the next step()). Every request holding KV goes back to be recomputed:
-        it keeps the tokens it has, and its prompt and outputs are prefilled again under the new
-        weights when it runs next. The prefix cache is emptied: no KV computed under other weights
-        is served again."""
-        if version is not None and (isinstance(version, bool) or not isinstance(version, (int, str))):
-            raise ValueError(f"version must be an int or a str, got {type(version).__name__}")
-        if self.kv_connector is not None:
-            raise ValueError("update_weights is not built for disaggregated prefill/decode engines "
-                             "(KV sent to or loaded from another engine follows its weights)")
-        with compile_counter.attributed_to(self._compilations):
-            new = weight_update.new_params(self.runner, params)   # every check, before anything changes
-            self._collected += self._drain()
-            weight_update.recompute_all(self.scheduler)
-            if not self.scheduler.reset_prefix_cache():
-                raise RuntimeError("blocks are still held after every request was sent back for recompute")
-            self.runner.params = new
-            self.runner.owner = self   # an engine sharing this runner forgets its cached prefixes
-        self.weights_version = version
-        self.num_weight_updates += 1
-
-    def _drain(self) -> list[RequestOutput]:
-        """Collect the step in flight, if any (its outputs are returned, not lost)."""
-        behind, self._in_flight = self._in_flight, None
-        with compile_counter.attributed_to(self._compilations):
-            return self._finish(behind)
-
-    def _check_paused(self) -> None:
-        if (self._pausing and not self._paused and self._in_flight is None and not self._collected
-                and not self.scheduler.has_unfinished_requests()):
-            self._paused, self._pausing = True, False
-
-    def _live_request_ids(self) -> list[str]:
-        return list(self.outputs._requests)   # the output processor's live requests, in arrival order
-
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix block (they return to the free pool)."""
         if self._in_flight is not None or not self.scheduler.reset_prefix_cache():
@@ -434,9 +307,6 @@ class Engine:
             spec_num_draft_tokens=s.spec_num_draft_tokens,
             spec_num_accepted_tokens=s.spec_num_accepted_tokens,
             spec_num_verifications=s.spec_num_verifications,
-            weights_version="" if self.weights_version is None else str(self.weights_version),
-            num_weight_updates=self.num_weight_updates,
-            paused=self._paused,
             **_mesh_stats(self.runner),
         )
 

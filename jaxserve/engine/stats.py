@@ -36,11 +36,6 @@ class EngineStats:
     spec_num_draft_tokens: int = 0     # speculative guesses verified
     spec_num_accepted_tokens: int = 0  # of those, accepted
     spec_num_verifications: int = 0    # request-steps that verified guesses
-    # in-place weight updates (docs/rl.md): the version the last update_weights named ("" if none
-    # or never), how many updates ran, and whether the engine is paused
-    weights_version: str = ""
-    num_weight_updates: int = 0
-    paused: bool = False
     # where the model runs (jaxserve/parallel/mesh.py): devices it is split over, the processes
     # (hosts) they belong to, and the mesh's axis sizes ("model" is the tensor-parallel size)
     mesh_num_devices: int = 1
