@@ -371,6 +371,7 @@ def test_tensor_parallel_on_two_devices_matches_the_reference(reference):
 
 def test_a_restart_reuses_the_compiled_steps_until_the_model_source_changes(tmp_path, monkeypatch, tokenizer, params):
     import importlib
+    import random
     import shutil
 
     from jaxserve.runner import model_runner
@@ -378,8 +379,13 @@ def test_a_restart_reuses_the_compiled_steps_until_the_model_source_changes(tmp_
     shutil.copy(ex.__file__, tmp_path / "lab_model_under_edit.py")
     monkeypatch.syspath_prepend(str(tmp_path))
     lab = importlib.import_module("lab_model_under_edit")
-    # warm_up="none": each start loads (or compiles) only the steps its one request needs
-    small = dict(TINY_ENGINE, max_num_seqs=2, max_model_len=64, max_num_batched_tokens=8, num_kv_blocks=40,
+    # warm_up="none": each start loads (or compiles) only the steps its one request needs. The
+    # arena's size is drawn per run so that its programs are new to XLA's persistent cache, which
+    # is process-wide (the first engine's cache_dir) and may hold an earlier test's same program:
+    # an executable found there is used but never kept (compile_to_keep), so the second start
+    # would compile it again and the count below would not be the executable cache's doing
+    blocks = 40 + random.SystemRandom().randrange(4000)
+    small = dict(TINY_ENGINE, max_num_seqs=2, max_model_len=64, max_num_batched_tokens=8, num_kv_blocks=blocks,
                  cache_dir=str(tmp_path / "cache"), warm_up="none")
     kept = tmp_path / "cache" / "executables"
     prompt = {"prompt_token_ids": list(range(20, 31))}
