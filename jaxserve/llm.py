@@ -20,6 +20,7 @@ from jaxserve.outputs import RequestOutput
 from jaxserve.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from jaxserve.engine.engine import WeightUpdate
     from jaxserve.models.custom import CustomModel
 
 
@@ -85,6 +86,8 @@ class LLM:
         prompts: a string, a dict ({"prompt": str} or {"prompt_token_ids": [...]}, optionally
         "cache_salt"), or a list of those. sampling_params: one for all, or one per prompt.
         """
+        if self.engine.paused or self.engine.pausing:
+            raise RuntimeError("the engine is paused: call resume() before generating")
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -158,6 +161,35 @@ class LLM:
                 raise ValueError(f"{name} has {len(value)} entries for {n} prompts")
             return list(value)
         return [value] * n
+
+    # -- weights and pause (docs/rl.md) ------------------------------------------------------
+    def update_weights(self, params: Any, *, version: int | str | None = None) -> "WeightUpdate":
+        """Serve new weights in place, without a restart or a compile: `params` is a pytree with
+        the structure, shapes and dtypes of `engine.runner.params` (placed onto the engine's
+        shardings: a leaf already there is used as it is), or an iterable of (checkpoint tensor
+        name, array) pairs, a subset of the checkpoint's tensors (jaxserve/engine/weight_update.py).
+        The prefix cache is flushed; nothing cached under the old weights is served again."""
+        return self.engine.update_weights(params, version=version)
+
+    @property
+    def weights_version(self) -> int | str | None:
+        """The version the last update_weights named (None before any, or when it named none)."""
+        return self.engine.weights_version
+
+    def pause(self, mode: str = "abort") -> list[str]:
+        """Pause the engine (Engine.pause): offline, between generate calls, "abort" and "keep"
+        hold nothing (generate returns only when its requests are done); generate refuses while
+        paused. Returns the ids of the requests aborted."""
+        aborted = self.engine.pause(mode)
+        if mode == "wait":   # offline nothing runs between calls: waiting means stepping to the end
+            while self.engine.pausing:
+                self.engine.step()
+        return aborted
+
+    def resume(self) -> None:
+        failed = self.engine.resume()
+        if failed:
+            raise failed[0][1]
 
     # -- introspection -----------------------------------------------------------------------
     def get_tokenizer(self):

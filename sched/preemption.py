@@ -76,3 +76,30 @@ class Preemption:
         # in the prefix cache would be found again, so they do not count as lost work
         lost = req.num_computed_tokens - self.kv.num_cached_prefix_tokens(req)
         return lost >= self.config.swap_crossover_tokens
+
+    def recompute_all(self) -> int:
+        """Every request holding KV (running, or swapped out to the host pool) goes back to the
+        waiting queue holding none, under its own queue key, as a preemption by recompute leaves
+        it: it keeps its outputs and prefills prompt + outputs again when admitted. What a weight
+        update does (engine/weight_update.py): K/V computed under the old weights must not be
+        read under the new ones. Only between steps, with no step in flight. Returns how many."""
+        moved = 0
+        for req in list(self.running):
+            if req.num_pending_output_tokens:
+                raise RuntimeError(f"request {req.request_id!r} has a token in flight; collect the step first")
+            self.running.remove(req)
+            self.kv.free(req)
+            req.num_computed_tokens = 0
+            req.status = RequestStatus.PREEMPTED
+            req.num_preemptions += 1
+            self.num_preemptions_recompute += 1
+            self.waiting.push(req, req.queue_key)
+            moved += 1
+        for req in list(self.waiting):
+            if req.status is RequestStatus.SWAPPED:   # its host blocks hold K/V of the old weights
+                self.host_pool.free(req.host_block_ids)
+                req.host_block_ids = []
+                req.num_computed_tokens = 0
+                req.status = RequestStatus.PREEMPTED
+                moved += 1
+        return moved

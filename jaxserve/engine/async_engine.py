@@ -118,6 +118,7 @@ class AsyncEngine:
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, asyncio.Queue] = {}      # event-loop side only
         self._calls: set[asyncio.Future] = set()           # event-loop side only
+        self._pause_waiters: list[asyncio.Future] = []     # step-thread side: pause("wait") calls
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -253,6 +254,53 @@ class AsyncEngine:
     async def stats(self) -> EngineStats:
         return await self.call(lambda engine: engine.stats())
 
+    # -- weights and pause (docs/rl.md) ------------------------------------------------------
+    async def update_weights(self, params: Any, *, version: int | str | None = None):
+        """Engine.update_weights between two steps (the step thread does it; the event loop
+        never waits on the placement). Returns its WeightUpdate."""
+        return await self.call(lambda engine: engine.update_weights(params, version=version))
+
+    async def pause(self, mode: str = "abort") -> list[str]:
+        """Engine.pause between two steps; returns the ids aborted. mode "wait" returns once the
+        requests in flight have finished (their streams end normally). Streams of requests held
+        ("keep", or added while paused) stay open until resume() lets them run."""
+        self._check_open()
+        paused = asyncio.get_running_loop().create_future()
+        self._calls.add(paused)    # a crash fails it, as every call
+        try:
+            aborted = await self.call(lambda engine: self._pause_on_thread(engine, mode, paused))
+            await paused
+            return aborted
+        finally:
+            self._calls.discard(paused)
+
+    async def resume(self) -> None:
+        """Step again; the requests held while paused run now."""
+        await self.call(self._resume_on_thread)
+
+    def _pause_on_thread(self, engine, mode: str, paused: asyncio.Future) -> list[str]:
+        aborted = engine.pause(mode)
+        drained = engine.take_drained()
+        if drained:
+            self._post(self._deliver, drained)
+        for rid in aborted:
+            self._post(self._deliver_one, rid, _ABORTED)
+        self._pause_waiters.append(paused)
+        self._settle_pause_waiters(engine)
+        return aborted
+
+    def _resume_on_thread(self, engine) -> None:
+        for rid, err in engine.resume():
+            self._post(self._deliver_one, rid, err)
+        self._settle_pause_waiters(engine, resumed=True)
+
+    def _settle_pause_waiters(self, engine, resumed: bool = False) -> None:
+        """Tell the pause() calls waiting that the engine is paused (or was resumed first)."""
+        if self._pause_waiters and (engine.paused or resumed):
+            for fut in self._pause_waiters:
+                self._post(_settle, fut, None, None)
+            self._pause_waiters = []
+
     async def shutdown(self) -> None:
         """Abort every live request (their streams end with "abort"), stop the step thread."""
         if self._stopped:
@@ -291,6 +339,10 @@ class AsyncEngine:
                         self._post(self._deliver, outputs)
                     for rid, err in engine.take_request_errors():
                         self._post(self._deliver_one, rid, err)
+                    self._settle_pause_waiters(engine)
+                drained = engine.take_drained()   # a step collected by an update between steps
+                if drained:
+                    self._post(self._deliver, drained)
                 self._publish_snapshot()
         except BaseException as e:   # noqa: BLE001 - any failure must fail the requests, not hang them
             self._die(e)

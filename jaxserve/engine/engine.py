@@ -24,6 +24,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from jaxserve.engine.detokenizer import IncrementalDetokenizer
+from jaxserve.engine import weight_update
 from jaxserve.engine.draft_proposer import draft_sampling
 from jaxserve.engine.input_processor import EngineRequest, InputProcessor
 from jaxserve.engine.output_processor import OutputProcessor
@@ -43,6 +44,17 @@ from jaxserve.sched.scheduler_output import SchedulerOutput
 
 
 GREEDY_BELOW = 1e-5  # a temperature this small samples as greedy (as vLLM's _SAMPLING_EPS)
+PAUSE_MODES = ("abort", "wait", "keep")
+
+
+@dataclass(frozen=True, slots=True)
+class WeightUpdate:
+    """What one update_weights call did."""
+
+    version: int | str | None
+    seconds: float                   # checks, placement and the swap, on the calling thread
+    num_requests_recomputed: int     # requests that held KV and will recompute it
+    num_prefix_blocks_flushed: int   # cached prefix blocks forgotten
 
 
 @dataclass(slots=True)
@@ -85,6 +97,13 @@ class Engine:
         # disaggregated prefill and decode (jaxserve/disagg/attach.py); None: colocated
         self.kv_connector = None
         self.role = "both"
+        # weights and pause (engine/weight_update.py, docs/rl.md)
+        self.weights_version: int | str | None = None
+        self.num_weight_updates = 0
+        self.paused = False        # no step runs; requests added are held until resume()
+        self.pausing = False       # pause("wait"): the requests in flight run to their end first
+        self._held: list[tuple] = []        # (request_id, EngineRequest, arrival_time, kv_transfer)
+        self._drained: list[RequestOutput] = []   # outputs of a step collected outside step()
 
     # -- the door ----------------------------------------------------------------------------
     def new_request_id(self) -> str:
@@ -104,8 +123,12 @@ class Engine:
         its tokenization, off the step thread). kv_transfer (disaggregated serving): "send" keeps
         the prompt's KV for a decode engine when the request ends, a sched RemoteKV loads it."""
         request_id = self.new_request_id() if request_id is None else str(request_id)
-        if request_id in self.outputs:
+        if request_id in self.outputs or any(h[0] == request_id for h in self._held):
             raise ValueError(f"request_id {request_id!r} is already in use")
+        if self.paused or self.pausing:   # accepted (it passed the door), run after resume()
+            self._held.append((request_id, req, time.perf_counter() if arrival_time is None else arrival_time,
+                               kv_transfer))
+            return request_id
         now = time.perf_counter() if arrival_time is None else arrival_time
         params = req.params
         ids = [request_id] if params.n == 1 else [f"{request_id}#{i}" for i in range(params.n)]
@@ -167,16 +190,30 @@ class Engine:
 
     def abort(self, request_ids: str | Iterable[str]) -> None:
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        if self._held:
+            gone = set(ids)
+            self._held = [h for h in self._held if h[0] not in gone]
         scheduler_ids = [sid for rid in ids for sid in self.outputs.scheduler_ids(rid)]
         self.scheduler.abort_requests(scheduler_ids)
         self.outputs.remove(ids, reason="abort")
 
     # -- the loop ----------------------------------------------------------------------------
     def has_unfinished_requests(self) -> bool:
+        """Whether step() has work: never while paused (requests kept then are not stepped)."""
+        if self.paused:
+            return False
         return self.scheduler.has_unfinished_requests() or self._in_flight is not None
 
     def step(self) -> list[RequestOutput]:
         """Run one step. With async scheduling it returns the outputs of the step before."""
+        if self.paused:
+            return self.take_drained()
+        outputs = self.take_drained() + self._step()
+        if self.pausing and not self.has_unfinished_requests():
+            self.pausing, self.paused = False, True   # pause("wait"): the last request in flight ended
+        return outputs
+
+    def _step(self) -> list[RequestOutput]:
         if self.kv_connector is not None and self._in_flight is None and self.scheduler.only_waiting_for_kv():
             self.kv_connector.wait(0.01)   # nothing to compute until a KV load ends: no busy loop
         self._timer.step_started()
@@ -270,6 +307,74 @@ class Engine:
         if self._in_flight is not None or not self.scheduler.reset_prefix_cache():
             raise RuntimeError("cannot reset the prefix cache while requests are running")
 
+    # -- weights and pause (docs/rl.md) ------------------------------------------------------
+    def update_weights(self, update: Any, *, version: int | str | None = None) -> WeightUpdate:
+        """Serve new weights from the next step on (engine/weight_update.py: a params pytree, or
+        (checkpoint name, array) pairs). Nothing compiles: the steps take the params as an
+        argument. KV computed under the old weights is never read again: requests holding KV go
+        back to the waiting queue and recompute theirs (they keep their outputs), and the prefix
+        cache is flushed. Every check runs first: a bad update raises ValueError, changes nothing."""
+        if version is not None and (isinstance(version, bool) or not isinstance(version, (int, str))):
+            raise ValueError(f"version must be an int, a str or None, got {version!r}")
+        t0 = time.perf_counter()
+        new = weight_update.new_params(self.runner, update)
+        self._drain()
+        recomputed = self.scheduler.recompute_all()
+        flushed = self.scheduler.num_kv_blocks_cached
+        if not self.scheduler.reset_prefix_cache():
+            raise RuntimeError("the prefix cache could not be flushed: blocks are still held")  # a bug
+        self.runner.params = new
+        self.weights_version = version
+        self.num_weight_updates += 1
+        return WeightUpdate(version=version, seconds=time.perf_counter() - t0,
+                            num_requests_recomputed=recomputed, num_prefix_blocks_flushed=flushed)
+
+    def pause(self, mode: str = "abort") -> list[str]:
+        """Stop stepping. mode: "abort" ends every request in flight or held (finish_reason
+        "abort"; returns their ids); "wait" lets the requests in flight run to their end first
+        (paused once they have: `paused`, meanwhile `pausing`); "keep" holds them where they are,
+        to continue after resume() (under new weights if update_weights ran meanwhile). Requests
+        added while paused or pausing are accepted and held until resume()."""
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"pause mode must be one of {PAUSE_MODES}, got {mode!r}")
+        aborted: list[str] = []
+        if mode == "wait":
+            self.pausing = not self.paused and self.has_unfinished_requests()
+            self.paused = not self.pausing
+            return aborted
+        self._drain()
+        if mode == "abort":
+            aborted = self.outputs.request_ids() + [h[0] for h in self._held]
+            self.abort(aborted)
+        self.pausing, self.paused = False, True
+        return aborted
+
+    def resume(self) -> list[tuple[str, Exception]]:
+        """Step again; the requests held while paused are queued now, in the order they came.
+        Returns those that could not be (their id and the error, e.g. the queue is full)."""
+        self.paused = self.pausing = False
+        held, self._held = self._held, []
+        failed = []
+        for request_id, req, arrival_time, kv_transfer in held:
+            try:
+                self.add_processed(request_id, req, arrival_time=arrival_time,
+                                   **({"kv_transfer": kv_transfer} if kv_transfer is not None else {}))
+            except Exception as e:  # noqa: BLE001 - each held request fails alone, as at the door
+                failed.append((request_id, e))
+        return failed
+
+    def take_drained(self) -> list[RequestOutput]:
+        """Outputs of a step collected outside step() (by pause or update_weights), not yet returned."""
+        out, self._drained = self._drained, []
+        return out
+
+    def _drain(self) -> None:
+        """Collect the step in flight (the one-step-ahead loop's), keeping its outputs for the caller."""
+        behind, self._in_flight = self._in_flight, None
+        if behind is not None:
+            with compile_counter.attributed_to(self._compilations):
+                self._drained += self._finish(behind)
+
     # -- introspection -----------------------------------------------------------------------
     @property
     def finished_by_reason(self) -> dict[str, int]:
@@ -307,6 +412,10 @@ class Engine:
             spec_num_draft_tokens=s.spec_num_draft_tokens,
             spec_num_accepted_tokens=s.spec_num_accepted_tokens,
             spec_num_verifications=s.spec_num_verifications,
+            weights_version="" if self.weights_version is None else str(self.weights_version),
+            num_weight_updates=self.num_weight_updates,
+            paused=self.paused,
+            num_requests_held=len(self._held),
             **_mesh_stats(self.runner),
         )
 

@@ -52,6 +52,10 @@ class OutputProcessor:
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._requests
 
+    def request_ids(self) -> list[str]:
+        """The live requests' ids, in the order they were added."""
+        return list(self._requests)
+
     def add(self, state: RequestState) -> None:
         self._requests[state.request_id] = state
         for s in state.samples:

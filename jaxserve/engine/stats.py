@@ -38,6 +38,10 @@ class EngineStats:
     spec_num_verifications: int = 0    # request-steps that verified guesses
     # where the model runs (jaxserve/parallel/mesh.py): devices it is split over, the processes
     # (hosts) they belong to, and the mesh's axis sizes ("model" is the tensor-parallel size)
+    weights_version: str = ""          # the version the last update_weights named ("" : none)
+    num_weight_updates: int = 0        # update_weights calls since start
+    paused: bool = False               # pause() in effect: no step runs (a pause "wait" not yet done: False)
+    num_requests_held: int = 0         # requests added while paused, queued at resume()
     mesh_num_devices: int = 1
     mesh_num_hosts: int = 1
     mesh_axis_sizes: tuple[tuple[str, int], ...] = (("data", 1), ("model", 1))
