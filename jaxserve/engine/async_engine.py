@@ -260,6 +260,15 @@ class AsyncEngine:
         never waits on the placement). Returns its WeightUpdate."""
         return await self.call(lambda engine: engine.update_weights(params, version=version))
 
+    async def update_weights_from_disk(self, path: str, *, version: int | str | None = None):
+        """Load a checkpoint's tensors (engine/weight_update.py `checkpoint_tensors`) in a
+        worker thread, the steps running meanwhile, then update_weights with them."""
+        from jaxserve.engine.weight_update import checkpoint_tensors
+
+        self._check_open()
+        tensors = await asyncio.to_thread(checkpoint_tensors, path)
+        return await self.update_weights(tensors.items(), version=version)
+
     async def pause(self, mode: str = "abort") -> list[str]:
         """Engine.pause between two steps; returns the ids aborted. mode "wait" returns once the
         requests in flight have finished (their streams end normally). Streams of requests held

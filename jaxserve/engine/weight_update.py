@@ -266,3 +266,17 @@ def _nest(tree: dict, path: tuple[str, ...], value: dict) -> None:
 
 def _copy_dicts(tree):
     return {k: _copy_dicts(v) for k, v in tree.items()} if isinstance(tree, dict) else tree
+
+
+# -- from a checkpoint on disk -----------------------------------------------------------------
+def checkpoint_tensors(path: str, *, cache_dir: str | None = None) -> dict[str, Any]:
+    """The tensors of a checkpoint on disk (an HF directory, a GGUF file, a converted directory:
+    checkpoints/loader.py), HF-named, for the named form of an update. What a trainer that saves
+    with `save_pretrained` hands to a server's update control call. Runs on the caller's thread
+    (the server's loads off the step thread); the tensors are checked against the engine's
+    model when the update is applied."""
+    from jaxserve.checkpoints.loader import load_checkpoint
+
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"the checkpoint path must be a non-empty string, got {path!r}")
+    return dict(load_checkpoint(path, cache_dir=cache_dir).tensors)

@@ -1,7 +1,8 @@
 """The FastAPI application of the OpenAI-compatible API.
 
-Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models (behind the API key, when
-the server has one), GET /health and GET /metrics (open, as gRPC health and the metrics port are:
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models and the control routes of
+http/control.py (pause, resume, weight updates; all behind the API key, when the server has one),
+GET /health and GET /metrics (open, as gRPC health and the metrics port are:
 probes and scrapers carry no key). Every error, FastAPI's own included (a body that does not
 parse, a field of the wrong type, an unknown route), answers in OpenAI's error shape.
 """
@@ -18,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from jaxserve.server.auth import bearer_token
 from jaxserve.server.http import errors
 from jaxserve.server.http.body_limit import BodyLimit
+from jaxserve.server.http.control import add_control_routes
 from jaxserve.server.http.openai_front import OpenAIFront
 from jaxserve.server.http.schemas import ChatCompletionRequest, CompletionRequest, ModelList
 from jaxserve.server.servicer import Phase
@@ -83,6 +85,7 @@ def create_app(front: OpenAIFront, *, api_key: str | None = None, max_body_bytes
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         return _json(await front.chat_completions(req, request))
 
+    add_control_routes(app, front, authorized)   # /pause, /resume, /update_weights_from_disk (docs/rl.md)
     return app
 
 
