@@ -159,6 +159,19 @@ class GenerationClient:
     def server_info(self) -> pb.ServerInfo:
         return self._stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=self.timeout, metadata=self._md)
 
+    # a trainer's control calls (docs/rl.md)
+    def pause(self, mode: str = "abort") -> list[str]:
+        """Pause generation ("abort", "wait" or "keep"); returns the request ids aborted."""
+        return list(self._stub.Pause(pb.PauseRequest(mode=mode), timeout=self.timeout, metadata=self._md).aborted)
+
+    def resume(self) -> None:
+        self._stub.Resume(pb.ResumeRequest(), timeout=self.timeout, metadata=self._md)
+
+    def update_weights(self, model_path: str, *, version: str | None = None) -> pb.UpdateWeightsReply:
+        """New weights from a checkpoint on the server's disk (an HF directory, GGUF, converted)."""
+        return self._stub.UpdateWeights(pb.UpdateWeightsRequest(model_path=model_path, version=version),
+                                        timeout=self.timeout, metadata=self._md)
+
     def close(self) -> None:
         self._channel.close()
 
@@ -215,6 +228,18 @@ class AsyncGenerationClient:
 
     async def server_info(self) -> pb.ServerInfo:
         return await self._stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=self.timeout, metadata=self._md)
+
+    # a trainer's control calls (docs/rl.md): as GenerationClient's
+    async def pause(self, mode: str = "abort") -> list[str]:
+        reply = await self._stub.Pause(pb.PauseRequest(mode=mode), timeout=self.timeout, metadata=self._md)
+        return list(reply.aborted)
+
+    async def resume(self) -> None:
+        await self._stub.Resume(pb.ResumeRequest(), timeout=self.timeout, metadata=self._md)
+
+    async def update_weights(self, model_path: str, *, version: str | None = None) -> pb.UpdateWeightsReply:
+        return await self._stub.UpdateWeights(pb.UpdateWeightsRequest(model_path=model_path, version=version),
+                                              timeout=self.timeout, metadata=self._md)
 
     async def close(self) -> None:
         await self._channel.close()

@@ -153,4 +153,6 @@ def server_info(stats, *, active_streams: int, state: str) -> pb.ServerInfo:
         num_requests_finished=stats.num_requests_finished, kv_usage=stats.kv_usage,
         prefix_hit_rate=stats.prefix_hit_rate, active_streams=active_streams, state=state,
         mesh=pb.MeshInfo(num_devices=getattr(stats, "mesh_num_devices", 1), num_hosts=getattr(stats, "mesh_num_hosts", 1),
-                         axis_sizes=dict(getattr(stats, "mesh_axis_sizes", ()))))
+                         axis_sizes=dict(getattr(stats, "mesh_axis_sizes", ()))),
+        weights_version=getattr(stats, "weights_version", ""), num_weight_updates=getattr(stats, "num_weight_updates", 0),
+        paused=getattr(stats, "paused", False), num_requests_held=getattr(stats, "num_requests_held", 0))

@@ -179,6 +179,24 @@ class GenerationServicer(pb_grpc.GenerationServicer):
 
         return await kv_lease_control(await self._engine(context), request, context)
 
+    # -- a trainer's control calls (docs/rl.md) ----------------------------------------------
+    async def Pause(self, request: pb.PauseRequest, context) -> pb.PauseReply:
+        aengine = await self._engine(context)
+        aborted = await _control(aengine.pause(request.mode or "abort"), context)
+        return pb.PauseReply(aborted=aborted)
+
+    async def Resume(self, request: pb.ResumeRequest, context) -> pb.ResumeReply:
+        await _control((await self._engine(context)).resume(), context)
+        return pb.ResumeReply()
+
+    async def UpdateWeights(self, request: pb.UpdateWeightsRequest, context) -> pb.UpdateWeightsReply:
+        aengine = await self._engine(context)
+        version = request.version if request.HasField("version") else None
+        done = await _control(aengine.update_weights_from_disk(request.model_path, version=version), context)
+        return pb.UpdateWeightsReply(version="" if done.version is None else str(done.version), seconds=done.seconds,
+                                     num_requests_recomputed=done.num_requests_recomputed,
+                                     num_prefix_blocks_flushed=done.num_prefix_blocks_flushed)
+
     async def GetModelInfo(self, request, context) -> pb.ModelInfo:
         aengine = self.state.aengine
         if aengine is None:
@@ -197,6 +215,15 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         except (EngineDeadError, EngineStoppedError):
             stats = aengine.snapshot.stats
         return convert.server_info(stats, active_streams=self.state.active_streams, state=self.state.phase.value)
+
+
+async def _control(call, context):
+    """Await a control call; a bad argument (ValueError, a path that does not exist) is
+    INVALID_ARGUMENT, anything else propagates."""
+    try:
+        return await call
+    except (ValueError, FileNotFoundError) as e:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
 
 
 def _kv_transfer(request: pb.GenerateRequest):

@@ -6,6 +6,46 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class PauseRequest(_message.Message):
+    __slots__ = ("mode",)
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    mode: str
+    def __init__(self, mode: _Optional[str] = ...) -> None: ...
+
+class PauseReply(_message.Message):
+    __slots__ = ("aborted",)
+    ABORTED_FIELD_NUMBER: _ClassVar[int]
+    aborted: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, aborted: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ResumeRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ResumeReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class UpdateWeightsRequest(_message.Message):
+    __slots__ = ("model_path", "version")
+    MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    model_path: str
+    version: str
+    def __init__(self, model_path: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+
+class UpdateWeightsReply(_message.Message):
+    __slots__ = ("version", "seconds", "num_requests_recomputed", "num_prefix_blocks_flushed")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_REQUESTS_RECOMPUTED_FIELD_NUMBER: _ClassVar[int]
+    NUM_PREFIX_BLOCKS_FLUSHED_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    seconds: float
+    num_requests_recomputed: int
+    num_prefix_blocks_flushed: int
+    def __init__(self, version: _Optional[str] = ..., seconds: _Optional[float] = ..., num_requests_recomputed: _Optional[int] = ..., num_prefix_blocks_flushed: _Optional[int] = ...) -> None: ...
+
 class TokenIds(_message.Message):
     __slots__ = ("ids",)
     IDS_FIELD_NUMBER: _ClassVar[int]
@@ -282,7 +322,7 @@ class GetServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ServerInfo(_message.Message):
-    __slots__ = ("num_kv_blocks_total", "num_kv_blocks_free", "num_kv_blocks_cached", "num_requests_running", "num_requests_waiting", "num_preemptions", "num_compilations_after_warmup", "uptime_s", "prompt_tokens_total", "generation_tokens_total", "num_requests_finished", "kv_usage", "prefix_hit_rate", "active_streams", "state", "replicas", "mesh")
+    __slots__ = ("num_kv_blocks_total", "num_kv_blocks_free", "num_kv_blocks_cached", "num_requests_running", "num_requests_waiting", "num_preemptions", "num_compilations_after_warmup", "uptime_s", "prompt_tokens_total", "generation_tokens_total", "num_requests_finished", "kv_usage", "prefix_hit_rate", "active_streams", "state", "replicas", "mesh", "weights_version", "num_weight_updates", "paused", "num_requests_held")
     NUM_KV_BLOCKS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     NUM_KV_BLOCKS_FREE_FIELD_NUMBER: _ClassVar[int]
     NUM_KV_BLOCKS_CACHED_FIELD_NUMBER: _ClassVar[int]
@@ -300,6 +340,10 @@ class ServerInfo(_message.Message):
     STATE_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     MESH_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_VERSION_FIELD_NUMBER: _ClassVar[int]
+    NUM_WEIGHT_UPDATES_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    NUM_REQUESTS_HELD_FIELD_NUMBER: _ClassVar[int]
     num_kv_blocks_total: int
     num_kv_blocks_free: int
     num_kv_blocks_cached: int
@@ -317,7 +361,11 @@ class ServerInfo(_message.Message):
     state: str
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaInfo]
     mesh: MeshInfo
-    def __init__(self, num_kv_blocks_total: _Optional[int] = ..., num_kv_blocks_free: _Optional[int] = ..., num_kv_blocks_cached: _Optional[int] = ..., num_requests_running: _Optional[int] = ..., num_requests_waiting: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_compilations_after_warmup: _Optional[int] = ..., uptime_s: _Optional[float] = ..., prompt_tokens_total: _Optional[int] = ..., generation_tokens_total: _Optional[int] = ..., num_requests_finished: _Optional[int] = ..., kv_usage: _Optional[float] = ..., prefix_hit_rate: _Optional[float] = ..., active_streams: _Optional[int] = ..., state: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ..., mesh: _Optional[_Union[MeshInfo, _Mapping]] = ...) -> None: ...
+    weights_version: str
+    num_weight_updates: int
+    paused: bool
+    num_requests_held: int
+    def __init__(self, num_kv_blocks_total: _Optional[int] = ..., num_kv_blocks_free: _Optional[int] = ..., num_kv_blocks_cached: _Optional[int] = ..., num_requests_running: _Optional[int] = ..., num_requests_waiting: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_compilations_after_warmup: _Optional[int] = ..., uptime_s: _Optional[float] = ..., prompt_tokens_total: _Optional[int] = ..., generation_tokens_total: _Optional[int] = ..., num_requests_finished: _Optional[int] = ..., kv_usage: _Optional[float] = ..., prefix_hit_rate: _Optional[float] = ..., active_streams: _Optional[int] = ..., state: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ..., mesh: _Optional[_Union[MeshInfo, _Mapping]] = ..., weights_version: _Optional[str] = ..., num_weight_updates: _Optional[int] = ..., paused: _Optional[bool] = ..., num_requests_held: _Optional[int] = ...) -> None: ...
 
 class MeshInfo(_message.Message):
     __slots__ = ("num_devices", "num_hosts", "axis_sizes")

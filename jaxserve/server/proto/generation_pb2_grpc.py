@@ -69,6 +69,21 @@ class GenerationStub:
                 request_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.KVLeaseRequest.SerializeToString,
                 response_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.KVLeaseReply.FromString,
                 _registered_method=True)
+        self.Pause = channel.unary_unary(
+                '/jaxserve.v1.Generation/Pause',
+                request_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.PauseRequest.SerializeToString,
+                response_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.PauseReply.FromString,
+                _registered_method=True)
+        self.Resume = channel.unary_unary(
+                '/jaxserve.v1.Generation/Resume',
+                request_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.ResumeRequest.SerializeToString,
+                response_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.ResumeReply.FromString,
+                _registered_method=True)
+        self.UpdateWeights = channel.unary_unary(
+                '/jaxserve.v1.Generation/UpdateWeights',
+                request_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.UpdateWeightsRequest.SerializeToString,
+                response_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.UpdateWeightsReply.FromString,
+                _registered_method=True)
 
 
 class GenerationServicer:
@@ -123,6 +138,28 @@ class GenerationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Pause(self, request, context):
+        """A trainer's control calls (docs/rl.md), behind the API key as every call here: pause and
+        resume generation, and new weights from a checkpoint on disk (applied between two steps;
+        requests holding KV recompute it, the prefix cache is flushed, nothing compiles).
+        INVALID_ARGUMENT for a bad mode, a missing path or tensors that do not fit the model.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Resume(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateWeights(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GenerationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -160,6 +197,21 @@ def add_GenerationServicer_to_server(servicer, server):
                     servicer.KVLeaseControl,
                     request_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.KVLeaseRequest.FromString,
                     response_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.KVLeaseReply.SerializeToString,
+            ),
+            'Pause': grpc.unary_unary_rpc_method_handler(
+                    servicer.Pause,
+                    request_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.PauseRequest.FromString,
+                    response_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.PauseReply.SerializeToString,
+            ),
+            'Resume': grpc.unary_unary_rpc_method_handler(
+                    servicer.Resume,
+                    request_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.ResumeRequest.FromString,
+                    response_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.ResumeReply.SerializeToString,
+            ),
+            'UpdateWeights': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateWeights,
+                    request_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.UpdateWeightsRequest.FromString,
+                    response_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.UpdateWeightsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -351,6 +403,87 @@ class Generation:
             '/jaxserve.v1.Generation/KVLeaseControl',
             jaxserve_dot_server_dot_proto_dot_generation__pb2.KVLeaseRequest.SerializeToString,
             jaxserve_dot_server_dot_proto_dot_generation__pb2.KVLeaseReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Pause(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/jaxserve.v1.Generation/Pause',
+            jaxserve_dot_server_dot_proto_dot_generation__pb2.PauseRequest.SerializeToString,
+            jaxserve_dot_server_dot_proto_dot_generation__pb2.PauseReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Resume(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/jaxserve.v1.Generation/Resume',
+            jaxserve_dot_server_dot_proto_dot_generation__pb2.ResumeRequest.SerializeToString,
+            jaxserve_dot_server_dot_proto_dot_generation__pb2.ResumeReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/jaxserve.v1.Generation/UpdateWeights',
+            jaxserve_dot_server_dot_proto_dot_generation__pb2.UpdateWeightsRequest.SerializeToString,
+            jaxserve_dot_server_dot_proto_dot_generation__pb2.UpdateWeightsReply.FromString,
             options,
             channel_credentials,
             insecure,
