@@ -12,6 +12,8 @@ assert on the report; nothing here decides pass or fail.
                                         prefix hits, chunked prefill, preemption and n=2
     tp_probe.py start DIR CACHE SIZE    one start at SIZE devices keeping its executables in CACHE:
                                         how many steps and samplers it compiled, its greedy outputs
+    tp_probe.py update DIR DIR2 SIZE    weight updates at SIZE devices: DIR2's tensors by name, then
+                                        DIR's params from one device (resharded); greedy outputs
 """
 
 from __future__ import annotations
@@ -183,8 +185,41 @@ def start(model_dir: str, cache_dir: str, size: str) -> dict:
             "compilations_after_warmup": llm.stats().num_compilations_after_warmup}
 
 
+def update(first_dir: str, second_dir: str, size: str) -> dict:
+    """Weight updates on a SIZE-way engine (engine/weight_update.py): the second model's tensors
+    by checkpoint name (the shard-major reorder applied on the host), then the first model's
+    params as a pytree placed on one device (resharded onto the mesh); greedy outputs after each,
+    HF transformers' beside them, and whether every leaf kept the engine's sharding."""
+    from safetensors.numpy import load_file
+
+    from jaxserve.testing.tiny_models import hf_greedy
+
+    llm = LLM(first_dir, **TINY_SHAPES, tensor_parallel_size=int(size))
+    greedy = SamplingParams(max_tokens=12, min_tokens=12, temperature=0.0)
+    tok = llm.get_tokenizer()
+    ids = [tok.encode(p) for p in TINY_PROMPTS]
+
+    def tokens():
+        return [o.outputs[0].token_ids for o in llm.generate(TINY_PROMPTS, greedy, use_tqdm=False)]
+
+    runner = runner_of(llm)
+    own = runner.params
+    shardings = jax.tree.map(lambda x: x.sharding, own)
+    first = tokens()
+    llm.update_weights(load_file(os.path.join(second_dir, "model.safetensors")).items(), version="second")
+    second = tokens()
+    one_device = jax.tree.map(lambda x: jax.device_put(x, jax.devices()[0]), own)
+    llm.update_weights(one_device, version="first")
+    kept = jax.tree.all(jax.tree.map(lambda x, s: x.sharding == s, runner.params, shardings))
+    back = tokens()
+    return {"first": first, "second": second, "back": back, "shardings_kept": bool(kept),
+            "hf_first": [hf_greedy(first_dir, i, 12) for i in ids],
+            "hf_second": [hf_greedy(second_dir, i, 12) for i in ids],
+            "compilations_after_warmup": llm.stats().num_compilations_after_warmup}
+
+
 if __name__ == "__main__":
     cmd, *args = sys.argv[1:]
     result = {"tiny": tiny, "quantized": quantized, "embedded": lambda size: embedded(int(size)),
-              "start": start}[cmd](*args)
+              "start": start, "update": update}[cmd](*args)
     print(json.dumps(result))
