@@ -18,8 +18,10 @@ are one (`_serve`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
+import uuid
 from collections.abc import Sequence
 
 import jax
@@ -140,33 +142,56 @@ def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, 
                          f"devices ({jax.device_count()})")
     mesh = make_mesh(tp) if layout is not None else None
     with clock.phase("params"):
-        # quantized weights (and the calibration pass fp8 and a quantized KV cache need): jaxserve/quant
-        quant = prepare_quantization(ckpt, quant_request(config), model_config, jnp.dtype(dtype), cache_dir)
+        params, quant = checkpoint_params(config, ckpt, model_config, dtype, layout, mesh, cache_dir)
         ckpt = quant.checkpoint
-        if layout is not None and any(getattr(t, "act_smooth", None) is not None for t in ckpt.tensors.values()):
-            raise ValueError("w8a8 weights are not built for tensor_parallel_size > 1 (int8, int4 and fp8 are)")
-        if layout is None:
-            params = jax.block_until_ready(params_from_hf(model_config, ckpt.tensors, jnp.dtype(dtype)))
-            if quant.kv_scales is not None:
-                params["kv_scales"] = {k: jnp.asarray(v) for k, v in quant.kv_scales.items()}
-        else:
-            # tensor parallel: the host arrays are laid out shard-major and each device gets its slice
-            host = params_from_hf(model_config, ckpt.tensors, jnp.dtype(dtype), on_host=True)
-            if quant.kv_scales is not None:
-                host["kv_scales"] = dict(quant.kv_scales)
-            tensors = layout_of(model_config)
-            params = jax.block_until_ready(place_params(to_shard_major(host, layout, tensors), mesh, tensors,
-                                                        model_config.vocab_size))
-            del host
-            # the runner's model has the replicated KV heads (parallel/layout.py)
-            model_config = dataclasses.replace(model_config, num_key_value_heads=layout.kv_heads)
+    source_config = model_config
+    if layout is not None:   # the runner's model has the replicated KV heads (parallel/layout.py)
+        model_config = dataclasses.replace(model_config, num_key_value_heads=layout.kv_heads)
 
     eos = set(model_config.eos_token_ids)
     if ckpt.tokenizer is not None and ckpt.tokenizer.eos_token_id is not None:
         eos.add(ckpt.tokenizer.eos_token_id)
-    return _serve(config, model_config, params, dtype=dtype, kv_dtype=quant.kv_dtype, mesh=mesh, hosts=hosts,
-                  clock=clock, identity=ckpt.identity, tokenizer=ckpt.tokenizer, eos_token_ids=eos,
-                  model_name=os.path.basename(ckpt.source.rstrip("/")), cache_dir=cache_dir, progress=progress)
+    engine = _serve(config, model_config, params, dtype=dtype, kv_dtype=quant.kv_dtype, mesh=mesh, hosts=hosts,
+                    clock=clock, identity=ckpt.identity, tokenizer=ckpt.tokenizer, eos_token_ids=eos,
+                    model_name=os.path.basename(ckpt.source.rstrip("/")), cache_dir=cache_dir, progress=progress)
+    if config.quantization != "none":
+        # a weight update of a quantized engine goes through the same pass (engine/weight_update.py)
+        engine.requantize = functools.partial(_requantized_params, config, dict(ckpt.config), source_config, dtype,
+                                              layout, mesh)
+    return engine
+
+
+def checkpoint_params(config: EngineConfig, ckpt, model_config: ModelConfig, dtype, layout, mesh, cache_dir):
+    """The params of `ckpt` as the engine serves them, and what quantization prepared: weights
+    quantized (with the calibration pass fp8 and a quantized KV cache need: jaxserve/quant) and
+    placed on one device, or laid out shard-major and split over the mesh's devices."""
+    quant = prepare_quantization(ckpt, quant_request(config), model_config, jnp.dtype(dtype), cache_dir)
+    tensors_in = quant.checkpoint.tensors
+    if layout is not None and any(getattr(t, "act_smooth", None) is not None for t in tensors_in.values()):
+        raise ValueError("w8a8 weights are not built for tensor_parallel_size > 1 (int8, int4 and fp8 are)")
+    if layout is None:
+        params = jax.block_until_ready(params_from_hf(model_config, tensors_in, jnp.dtype(dtype)))
+        if quant.kv_scales is not None:
+            params["kv_scales"] = {k: jnp.asarray(v) for k, v in quant.kv_scales.items()}
+        return params, quant
+    # tensor parallel: the host arrays are laid out shard-major and each device gets its slice
+    host = params_from_hf(model_config, tensors_in, jnp.dtype(dtype), on_host=True)
+    if quant.kv_scales is not None:
+        host["kv_scales"] = dict(quant.kv_scales)
+    tensors = layout_of(model_config)
+    return jax.block_until_ready(place_params(to_shard_major(host, layout, tensors), mesh, tensors,
+                                              model_config.vocab_size)), quant
+
+
+def _requantized_params(config: EngineConfig, hf_config: dict, model_config: ModelConfig, dtype, layout, mesh,
+                        tensors: dict) -> dict:
+    """A complete set of checkpoint-named float tensors -> the quantized engine's params, through
+    the pass that built them at start (calibrated modes calibrate again, on the new weights)."""
+    # a fresh identity: the calibration must never be one measured on other weights
+    ckpt = Checkpoint(config=hf_config, tensors=tensors, tokenizer=None, identity="sha256:" + uuid.uuid4().hex * 2,
+                      source="update_weights", format="hf")
+    params, _ = checkpoint_params(config, ckpt, model_config, dtype, layout, mesh, cache_dir=None)
+    return params
 
 
 def build_custom_engine(config: EngineConfig, model: CustomModel, params, tokenizer, *,
@@ -393,4 +418,5 @@ def _engine_on_shared_runner(config: EngineConfig, other: Engine) -> Engine:
         model_name=other.model_name, chunk_policy=chunking, async_scheduling=config.async_scheduling,
     )
     engine.startup_timings = StartupTimings()     # it loaded, compiled and measured nothing
+    engine.requantize = other.requantize
     return engine

@@ -104,6 +104,8 @@ class Engine:
         self.pausing = False       # pause("wait"): the requests in flight run to their end first
         self._held: list[tuple] = []        # (request_id, EngineRequest, arrival_time, kv_transfer)
         self._drained: list[RequestOutput] = []   # outputs of a step collected outside step()
+        # a quantized engine's pass from checkpoint-named float tensors to its params (builder.py)
+        self.requantize = None
 
     # -- the door ----------------------------------------------------------------------------
     def new_request_id(self) -> str:
@@ -317,7 +319,7 @@ class Engine:
         if version is not None and (isinstance(version, bool) or not isinstance(version, (int, str))):
             raise ValueError(f"version must be an int, a str or None, got {version!r}")
         t0 = time.perf_counter()
-        new = weight_update.new_params(self.runner, update)
+        new = weight_update.new_params(self.runner, update, requantize=self.requantize)
         self._drain()
         recomputed = self.scheduler.recompute_all()
         flushed = self.scheduler.num_kv_blocks_cached

@@ -23,9 +23,11 @@ Placement: a jax.Array that already has the target leaf's sharding and dtype is 
 anything else is `jax.device_put` onto the target's sharding. Every check runs before anything is
 replaced, and each error is a ValueError naming the leaf or tensor.
 
-Not built: quantized engines (quantization != none; their projections hold qweight / scale leaves
-that would need the quantization pass, jaxserve/quant, on every update) and the named form for
-custom models (they have no checkpoint names).
+A quantized engine (quantization != none) takes the pytree form quantized as `runner.params`
+holds it, or the named form complete (every tensor of the checkpoint, in float): it runs the
+quantization pass that built it (engine/builder.py `checkpoint_params`) on them, calibrating
+again in a calibrated mode. Not built: a partial named update of a quantized engine (it keeps no
+float copy to fill the rest from) and the named form for custom models (no checkpoint names).
 
 What an update does to the requests that hold KV (Scheduler.recompute_all, sched/preemption.py):
 they go back to the waiting queue to be recomputed under the new weights, as a preemption by
@@ -35,7 +37,7 @@ recompute leaves them; the prefix cache is flushed (Engine.update_weights).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import jax
@@ -51,16 +53,18 @@ from jaxserve.parallel.sharding import RUNNER_LEAVES, to_shard_major
 QUANTIZED_LEAVES = ("qweight", "scale", "offset", "act_scale", "act_smooth")
 
 
-def new_params(runner, update: Any) -> Any:
+def new_params(runner, update: Any, *, requantize: Callable[[dict], Any] | None = None) -> Any:
     """The runner's params with `update` applied (see the module docstring), placed on the
-    runner's shardings. Changes nothing on the runner."""
+    runner's shardings. Changes nothing on the runner. `requantize`: a quantized engine's pass
+    from a complete set of checkpoint-named float tensors to its params (engine/builder.py)."""
     current = runner.params
     if isinstance(runner.model, custom.CustomModelAdapter):
         if _is_named(update):
             raise ValueError("a custom model's weights are updated with the pytree of its own params (the one "
                              "LLM(model=CustomModel(...), params=...) took), not with checkpoint tensor names")
         return {custom.PARAMS_KEY: from_pytree(current[custom.PARAMS_KEY], update)}
-    _refuse_quantized(current)
+    if _is_named(update) and _is_quantized(current):
+        return from_named_quantized(runner, current, update, requantize)
     if _is_named(update):
         return from_named(runner, current, update)
     if isinstance(update, Mapping) and isinstance(current, Mapping):
@@ -77,12 +81,29 @@ def _is_named(update: Any) -> bool:
     return isinstance(update, Iterable) and not isinstance(update, (str, bytes, np.ndarray, jax.Array))
 
 
-def _refuse_quantized(current) -> None:
-    for path, _ in jax.tree_util.tree_flatten_with_path(current)[0]:
-        keys = _keys(path)
-        if keys[-1] in QUANTIZED_LEAVES and keys[0] not in RUNNER_LEAVES:
-            raise ValueError(f"update_weights is not built for a quantized engine: {'/'.join(keys)} is a quantized "
-                             f"leaf (build the engine with quantization='none' to update its weights in place)")
+def _is_quantized(current) -> bool:
+    return any(_keys(path)[-1] in QUANTIZED_LEAVES and _keys(path)[0] not in RUNNER_LEAVES
+               for path, _ in jax.tree_util.tree_flatten_with_path(current)[0])
+
+
+def from_named_quantized(runner, current: dict, pairs: Iterable, requantize) -> dict:
+    """A quantized engine's update by name: every tensor of the checkpoint, in float, quantized
+    here by the pass that built the engine (a calibrated mode calibrates again on the new weights;
+    a quantized KV cache keeps the scales it started with). A partial update is refused: the
+    engine keeps no float copy to fill the rest from."""
+    if requantize is None:
+        raise ValueError("this quantized engine cannot quantize an update (it was not built from a checkpoint); "
+                         "pass its params pytree, quantized as engine.runner.params holds them")
+    tensors = _named_dict(pairs)
+    layout = layout_of(runner.model_config)
+    needed = [n for n in layout.hf_shapes() if n != layout.tied_lm_head]
+    missing = [n for n in needed if n not in tensors]
+    if missing:
+        raise ValueError(f"a quantized engine takes complete updates (it quantizes every projection again): "
+                         f"{missing[0]!r} is missing" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    new = requantize({n: np.asarray(a) for n, a in tensors.items()})
+    kept = {k: current[k] for k in RUNNER_LEAVES if k in current}
+    return from_pytree(current, {**{k: v for k, v in new.items() if k not in RUNNER_LEAVES}, **kept})
 
 
 def _keys(path) -> tuple[str, ...]:
@@ -143,19 +164,7 @@ def _same_placement(a, b, ndim: int) -> bool:
 # -- the named form ----------------------------------------------------------------------------
 def from_named(runner, current: dict, pairs: Iterable) -> dict:
     """HF-named tensors -> `current` with the leaves they name replaced (see the module docstring)."""
-    tensors: dict[str, Any] = {}
-    for item in pairs:
-        try:
-            name, array = item
-        except (TypeError, ValueError):
-            raise ValueError(f"a named update is (HF tensor name, array) pairs; got {type(item).__name__}") from None
-        if not isinstance(name, str):
-            raise ValueError(f"tensor name {name!r} is not a str")
-        if name in tensors:
-            raise ValueError(f"tensor {name!r} is named twice")
-        tensors[name] = array
-    if not tensors:
-        raise ValueError("the update names no tensors")
+    tensors = _named_dict(pairs)
     config, heads = checkpoint_config(runner, tensors)
     layout = layout_of(config)
     known = layout.hf_shapes()
@@ -192,6 +201,23 @@ def from_named(runner, current: dict, pairs: Iterable) -> dict:
             tree = tree[k]
         tree[keys[-1]] = place_like(np.ascontiguousarray(leaf).astype(old.dtype, copy=False), old)
     return out
+
+
+def _named_dict(pairs: Iterable) -> dict[str, Any]:
+    tensors: dict[str, Any] = {}
+    for item in pairs:
+        try:
+            name, array = item
+        except (TypeError, ValueError):
+            raise ValueError(f"a named update is (HF tensor name, array) pairs; got {type(item).__name__}") from None
+        if not isinstance(name, str):
+            raise ValueError(f"tensor name {name!r} is not a str")
+        if name in tensors:
+            raise ValueError(f"tensor {name!r} is named twice")
+        tensors[name] = array
+    if not tensors:
+        raise ValueError("the update names no tensors")
+    return tensors
 
 
 def _module_leaves(spec, tensors: Mapping[str, Any], dtype: np.dtype) -> dict[str, np.ndarray]:

@@ -269,3 +269,33 @@ def test_offline_generate_refuses_while_paused(llm):
         llm.resume()
     assert not llm.stats().paused
     assert len(greedy_ids(llm)) == N
+
+
+# -- a quantized engine ------------------------------------------------------------------------
+@pytest.mark.slow   # an int8 engine of its own (~45 s); the update's float path runs by default
+def test_a_quantized_engine_quantizes_a_complete_named_update_as_a_fresh_start_would(tiny_llama_dir, second_dir):
+    import jax
+
+    from jaxserve.checkpoints.loader import load_checkpoint
+    from jaxserve.config import EngineConfig
+    from jaxserve.engine.builder import checkpoint_params
+    from jaxserve.models.config import ModelConfig
+
+    llm = LLM(tiny_llama_dir, **TINY_ENGINE, quantization="int8")
+    before = llm.engine.runner.params
+    with pytest.raises(ValueError, match="complete updates.*is missing"):
+        llm.update_weights(((n, tensors_of(second_dir)[n]) for n in MLP_0))
+    assert llm.engine.runner.params is before
+    llm.update_weights(tensors_of(second_dir).items(), version="q2")
+
+    # what a fresh int8 start on the second model's checkpoint would serve, leaf for leaf
+    ckpt = load_checkpoint(second_dir)
+    config = EngineConfig.from_kwargs(model=second_dir, **{k: v for k, v in TINY_ENGINE.items() if k != "progress"},
+                                      quantization="int8")
+    fresh, _ = checkpoint_params(config, ckpt, ModelConfig.from_hf_config(ckpt.config), "float32", None, None, None)
+    got = llm.engine.runner.params
+    assert jax.tree.structure(got) == jax.tree.structure(fresh)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(fresh)):
+        assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b))
+    assert llm.stats().weights_version == "q2" and llm.stats().num_compilations_after_warmup == 0
+    assert len(greedy_ids(llm)) == N
