@@ -42,6 +42,8 @@ class EngineStats:
     num_weight_updates: int = 0        # update_weights calls since start
     paused: bool = False               # pause() in effect: no step runs (a pause "wait" not yet done: False)
     num_requests_held: int = 0         # requests added while paused, queued at resume()
+    asleep: bool = False               # sleep() in effect: the KV arena (and weights, level >= 1) given back
+    sleep_level: int = -1              # the level of that sleep (runner/sleep.py); -1: awake
     mesh_num_devices: int = 1
     mesh_num_hosts: int = 1
     mesh_axis_sizes: tuple[tuple[str, int], ...] = (("data", 1), ("model", 1))

@@ -417,10 +417,14 @@ def _code_digest(fn, name: str) -> str:
 
 
 def tensor_parallel_params(model: CustomModel, params, mesh, tensor_parallel_size: int):
-    """The params placed on `mesh` as `model.partition_specs` says (tensor_parallel_size > 1)."""
+    """The params placed on `mesh` as `model.partition_specs` says (tensor_parallel_size > 1, or a
+    caller's mesh of one device, where no partition_specs are needed)."""
     from jax.sharding import NamedSharding
 
     n, k = model.num_heads, model.num_kv_heads
+    if model.partition_specs is None and tensor_parallel_size == 1:
+        # a caller's mesh of one device (LLM(mesh=...)): every leaf whole, on that device
+        return jax.device_put(params, NamedSharding(mesh, jax.sharding.PartitionSpec()))
     if model.partition_specs is None:
         raise ValueError(f"tensor_parallel_size={tensor_parallel_size} for a custom model needs "
                          f"CustomModel(partition_specs=params -> pytree of PartitionSpec over the axes "

@@ -35,6 +35,44 @@ def make_mesh(tensor_parallel_size: int, devices=None) -> Mesh:
     return Mesh(grid, AXES, axis_types=(AxisType.Auto, AxisType.Auto))
 
 
+def engine_mesh(mesh: Mesh, axis: str | None = None) -> Mesh:
+    """The engine's ("data" 1, "model" N) mesh over the devices of a mesh the caller owns
+    (`LLM(mesh=...)`: an engine beside a trainer, on a sub-mesh of the process's devices).
+
+    `axis` names the caller's tensor-parallel axis; by default "model" when the mesh has one, or
+    the only axis of a 1-D mesh. Every other axis must have size 1: data-parallel replicas are
+    not built, so a 2 x 2 trainer mesh is passed as the sub-mesh the engine should take (e.g.
+    `Mesh(mesh.devices[0], ("model",))`). The devices keep the caller's order along the axis, and
+    the result is a new Mesh with the engine's axis names and Auto axes (mesh.py's docstring):
+    the caller's axis names and types never reach the engine's shardings."""
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"mesh must be a jax.sharding.Mesh of concrete devices, got {type(mesh).__name__}")
+    names = tuple(mesh.axis_names)
+    if axis is None:
+        if MODEL_AXIS in names:
+            axis = MODEL_AXIS
+        elif len(names) == 1:
+            axis = names[0]
+        else:
+            raise ValueError(f"mesh has axes {dict(mesh.shape)}: name its tensor-parallel axis with "
+                             f"mesh_axis=... (or pass a 1-D mesh, or one with a {MODEL_AXIS!r} axis)")
+    if axis not in names:
+        raise ValueError(f"mesh_axis={axis!r} is not an axis of the mesh {dict(mesh.shape)}")
+    others = {name: size for name, size in mesh.shape.items() if name != axis and size != 1}
+    if others:
+        raise ValueError(f"mesh {dict(mesh.shape)}: the engine splits the model over {axis!r} only, and "
+                         f"data-parallel replicas are not built, so every other axis must have size 1 "
+                         f"(got {others}); pass the sub-mesh of the devices the engine should take")
+    devices = np.moveaxis(mesh.devices, names.index(axis), -1).reshape(-1)
+    here = jax.process_index()
+    remote = [d for d in devices if d.process_index != here]
+    if remote:
+        raise ValueError(f"mesh holds devices of other processes ({remote[:3]}): an engine on a caller's mesh "
+                         f"runs on one host (several hosts: --num-hosts)")
+    return Mesh(np.array(list(devices), dtype=object).reshape(1, len(devices)), AXES,
+                axis_types=(AxisType.Auto, AxisType.Auto))
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 

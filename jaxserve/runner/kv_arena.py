@@ -14,6 +14,7 @@ replication (parallel/layout.py), and `kv_cache_memory` is the bytes each device
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import jax
@@ -69,11 +70,18 @@ def plan_arena(model: ModelConfig, *, block_size: int, dtype: str, num_kv_blocks
 
 def allocate_arena(spec: ArenaSpec, device=None, sharding=None):
     """Zeroed per-layer (k, v) caches on `device`, or split as `sharding` says (each device
-    allocating only its own slice: zeros created by a compiled function with that output sharding)."""
+    allocating only its own slice: zeros created by a compiled function with that output sharding).
+    That function is kept per shape and sharding, so allocating again (wake_up after sleep,
+    runner/sleep.py) compiles nothing."""
     if sharding is not None:
-        zeros_split = jax.jit(lambda: jnp.zeros(spec.layer_shape, jnp.dtype(spec.dtype)), out_shardings=sharding)
+        zeros_split = _zeros_split(spec.layer_shape, spec.dtype, sharding)
         return [(zeros_split(), zeros_split()) for _ in range(spec.num_layers)]
 
     def zeros():
         return jnp.zeros(spec.layer_shape, jnp.dtype(spec.dtype), device=device)
     return [(zeros(), zeros()) for _ in range(spec.num_layers)]
+
+
+@functools.lru_cache(maxsize=16)
+def _zeros_split(shape: tuple[int, ...], dtype: str, sharding):
+    return jax.jit(lambda: jnp.zeros(shape, jnp.dtype(dtype)), out_shardings=sharding)
