@@ -3,8 +3,9 @@
     llm = LLM()                                  # the embedded SmolLM2-135M-Instruct
     outs = llm.generate(["Tell me about tides."], SamplingParams(max_tokens=64))
 
-Every constructor argument is a field of EngineConfig (and a flag of the CLI). A model defined
-outside jaxserve is served the same way from its functions and params (docs/custom_models.md):
+Every constructor argument is a field of EngineConfig (and a flag of the CLI) but `mesh=` /
+`mesh_axis=` (devices a caller owns, beside a trainer: docs/rl.md). A model defined outside
+jaxserve is served the same way from its functions and params (docs/custom_models.md):
 
     llm = LLM(model=CustomModel(forward=..., compute_logits=..., ...), params=params, tokenizer=tok)
 """
@@ -20,8 +21,11 @@ from jaxserve.outputs import RequestOutput
 from jaxserve.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from jax.sharding import Mesh
+
     from jaxserve.engine.engine import WeightUpdate
     from jaxserve.models.custom import CustomModel
+    from jaxserve.runner.sleep import SleepReport, WakeUpReport
 
 
 OFFLINE_PREFILL_TOKEN_THRESHOLD = 0   # no per-request cap: whole token budgets of prefill per step
@@ -33,10 +37,13 @@ OFFLINE_PREFILL_TILE = 16
 
 class LLM:
     def __init__(self, model: "str | CustomModel | None" = None, *, params: Any = None, tokenizer: Any = None,
-                 **kwargs: Any):
+                 mesh: "Mesh | None" = None, mesh_axis: str | None = None, **kwargs: Any):
         """model: a checkpoint (GGUF file, HF directory, converted checkpoint; None: the embedded
         model), or a CustomModel, served from `params` (its pytree of jax.Arrays) with `tokenizer`
-        (a transformers tokenizer); both are required for a CustomModel and refused otherwise."""
+        (a transformers tokenizer); both are required for a CustomModel and refused otherwise.
+        mesh: a jax.sharding.Mesh (or sub-mesh) the caller owns, e.g. beside a trainer: the model
+        is split over its `mesh_axis` (default "model", or a 1-D mesh's axis) and lives on those
+        devices only; tensor_parallel_size is that axis's size (parallel/mesh.py `engine_mesh`)."""
         from jaxserve.models.custom import CustomModel
 
         progress = kwargs.pop("progress", True)
@@ -50,13 +57,17 @@ class LLM:
         # from an ITL budget at start-up (engine/chunk_policy.py).
         kwargs.setdefault("long_prefill_token_threshold", OFFLINE_PREFILL_TOKEN_THRESHOLD)
         kwargs.setdefault("prefill_tile", OFFLINE_PREFILL_TILE)
+        if mesh is not None:
+            mesh = _caller_mesh(mesh, mesh_axis, kwargs)
+        elif mesh_axis is not None:
+            raise ValueError("mesh_axis= names an axis of mesh=, which was not given")
         if custom:
             # the config names no checkpoint: the model is the one handed over here
             self.config = EngineConfig.from_kwargs(model=None, **kwargs)
-            self.engine = build_custom_engine(self.config, model, params, tokenizer, progress=progress)
+            self.engine = build_custom_engine(self.config, model, params, tokenizer, progress=progress, mesh=mesh)
         else:
             self.config = EngineConfig.from_kwargs(model=model, **kwargs)
-            self.engine = build_engine(self.config, progress=progress)
+            self.engine = build_engine(self.config, progress=progress, mesh=mesh)
         self.custom_model = model if custom else None
 
     @classmethod
@@ -88,6 +99,8 @@ class LLM:
         """
         if self.engine.paused or self.engine.pausing:
             raise RuntimeError("the engine is paused: call resume() before generating")
+        if self.engine.asleep:
+            raise RuntimeError("the engine is asleep: call wake_up() before generating")
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -191,6 +204,22 @@ class LLM:
         if failed:
             raise failed[0][1]
 
+    # -- colocating with a trainer: sleep and wake up (docs/rl.md) ---------------------------
+    def sleep(self, level: int = 1) -> "SleepReport":
+        """Give the devices' memory to a colocated trainer until wake_up(), between generate calls:
+        level 0 frees the KV arena only, 1 (vLLM's default) also moves the weights to host memory,
+        2 drops the weights (update_weights(params) must bring them before wake_up). The prefix
+        cache is flushed. Returns the bytes released (jaxserve/runner/sleep.py SleepReport)."""
+        return self.engine.sleep(level)
+
+    def wake_up(self) -> "WakeUpReport":
+        """Take the arena and weights back; nothing compiles. Returns the bytes taken back."""
+        return self.engine.wake_up()
+
+    @property
+    def is_sleeping(self) -> bool:
+        return self.engine.asleep
+
     # -- introspection -----------------------------------------------------------------------
     def get_tokenizer(self):
         return self.engine.tokenizer
@@ -201,3 +230,17 @@ class LLM:
     @property
     def checkpoint_identity(self) -> str:
         return self.engine.checkpoint_identity
+
+
+def _caller_mesh(mesh, axis: str | None, kwargs: dict):
+    """The engine's mesh over a caller's (parallel/mesh.py `engine_mesh`); tensor_parallel_size
+    follows it (a different one given is refused)."""
+    from jaxserve.parallel.mesh import MODEL_AXIS, engine_mesh
+
+    engine = engine_mesh(mesh, axis)
+    size = engine.shape[MODEL_AXIS]
+    asked = kwargs.setdefault("tensor_parallel_size", size)
+    if asked != size:
+        raise ValueError(f"tensor_parallel_size={asked} but the mesh's tensor-parallel axis has {size} devices "
+                         f"(leave tensor_parallel_size out with mesh=: it follows the mesh)")
+    return engine

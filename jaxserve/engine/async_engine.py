@@ -287,6 +287,18 @@ class AsyncEngine:
         """Step again; the requests held while paused run now."""
         await self.call(self._resume_on_thread)
 
+    # -- sleep and wake up (runner/sleep.py, docs/rl.md) -------------------------------------
+    async def sleep(self, level: int = 1):
+        """Engine.sleep between two steps (refused while requests run: pause() first); returns its
+        SleepReport. Requests added while asleep wait, their streams open, until wake_up()."""
+        self._check_open()
+        return await self.call(lambda engine: engine.sleep(level))
+
+    async def wake_up(self):
+        """Engine.wake_up between two steps; returns its WakeUpReport. Waiting requests run then."""
+        self._check_open()
+        return await self.call(lambda engine: engine.wake_up())
+
     def _pause_on_thread(self, engine, mode: str, paused: asyncio.Future) -> list[str]:
         aborted = engine.pause(mode)
         drained = engine.take_drained()

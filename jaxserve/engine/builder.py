@@ -26,6 +26,7 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh
 
 from jaxserve.checkpoints import Checkpoint, load_checkpoint
 from jaxserve.config import EngineConfig
@@ -40,7 +41,7 @@ from jaxserve.models.custom import CustomModel
 from jaxserve.models.params import layout_of, params_from_hf
 from jaxserve.parallel.distributed import HostConfig, join, lead
 from jaxserve.parallel.layout import HeadLayout
-from jaxserve.parallel.mesh import make_mesh
+from jaxserve.parallel.mesh import AXES, DATA_AXIS, MODEL_AXIS, make_mesh
 from jaxserve.parallel.sharding import place_params, to_shard_major
 from jaxserve.quant.prepare import prepare as prepare_quantization
 from jaxserve.quant.prepare import quant_request
@@ -111,12 +112,15 @@ def runner_shapes(config: EngineConfig, max_model_len: int) -> RunnerShapes:
 
 
 def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, progress: bool = True,
-                 share_runner_of: Engine | None = None) -> Engine:
+                 share_runner_of: Engine | None = None, mesh: Mesh | None = None) -> Engine:
     """Load, compile and wire an Engine. `share_runner_of` reuses another engine's compiled runner
     and arena (same model and shapes) under a new scheduler: tests use it to create KV pressure
-    with a capped pool without compiling again."""
+    with a capped pool without compiling again. `mesh`: the engine's ("data", "model") mesh over
+    devices the caller chose (parallel/mesh.py `engine_mesh`; LLM(mesh=...)), its "model" axis
+    tensor_parallel_size long; None: the first tensor_parallel_size devices."""
     if share_runner_of is not None:
         return _engine_on_shared_runner(config, share_runner_of)
+    _check_caller_mesh(mesh, config)
     # several hosts: join them first (jax.distributed must start before jax's backend does)
     host_config = HostConfig.resolve(config.num_hosts, config.host_rank, config.coordinator_address,
                                      config.host_timeout_s)
@@ -133,14 +137,16 @@ def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, 
     model_config = ModelConfig.from_hf_config(ckpt.config)
     dtype = resolve_dtype(config.dtype)
     tp = config.tensor_parallel_size
-    layout = HeadLayout.for_model(model_config, tp) if tp > 1 else None   # refuses sizes that do not divide
+    # refuses sizes that do not divide; a caller's mesh of one device runs the mesh's program too
+    layout = HeadLayout.for_model(model_config, tp) if tp > 1 or mesh is not None else None
     if layout is not None and config.speculative_config is not None and config.speculative_config.method == "draft_model":
         raise ValueError("speculative decoding with a draft model is not built for tensor_parallel_size > 1 "
                          "(n-gram speculation is)")
     if hosts is not None and tp != jax.device_count():
         raise ValueError(f"num_hosts={host_config.num_hosts}: tensor_parallel_size={tp} must count every host's "
                          f"devices ({jax.device_count()})")
-    mesh = make_mesh(tp) if layout is not None else None
+    if mesh is None:
+        mesh = make_mesh(tp) if layout is not None else None
     with clock.phase("params"):
         params, quant = checkpoint_params(config, ckpt, model_config, dtype, layout, mesh, cache_dir)
         ckpt = quant.checkpoint
@@ -195,7 +201,7 @@ def _requantized_params(config: EngineConfig, hf_config: dict, model_config: Mod
 
 
 def build_custom_engine(config: EngineConfig, model: CustomModel, params, tokenizer, *,
-                        progress: bool = True) -> Engine:
+                        progress: bool = True, mesh: Mesh | None = None) -> Engine:
     """An Engine on a model defined outside jaxserve (models/custom.py): no checkpoint is read
     and nothing is quantized; the params are used as given (placed on the mesh by the model's
     partition_specs when tensor_parallel_size > 1) and the rest is build_engine's: arena,
@@ -226,7 +232,9 @@ def build_custom_engine(config: EngineConfig, model: CustomModel, params, tokeni
     clock = PhaseClock()
     enable_compilation_cache(config.compilation_cache_dir)
     tp = config.tensor_parallel_size
-    mesh = make_mesh(tp) if tp > 1 else None
+    _check_caller_mesh(mesh, config)
+    if mesh is None:
+        mesh = make_mesh(tp) if tp > 1 else None
     with clock.phase("params"):
         params = custom.check_params(model, params)
         model_config = custom.model_config(model, hidden_size=custom.check_model(model, params))
@@ -383,6 +391,21 @@ def _scheduler(config: EngineConfig, runner: ModelRunner, max_model_len: int, ch
                              and config.speculative_config.adaptive else ()),
         draft_step_seconds=draft.decode_step_seconds if draft is not None else (),
     ), draft_proposer=DraftModelProposer(draft) if draft is not None else None)
+
+
+def _check_caller_mesh(mesh: Mesh | None, config: EngineConfig) -> None:
+    """A mesh handed to the builder is the engine's own kind (parallel/mesh.py `engine_mesh` makes
+    it from a caller's), tensor_parallel_size long, on one host."""
+    if mesh is None:
+        return
+    if tuple(mesh.axis_names) != AXES or mesh.shape[DATA_AXIS] != 1:
+        raise ValueError(f"the builder takes a ({DATA_AXIS!r} 1, {MODEL_AXIS!r} N) mesh, got {dict(mesh.shape)}: "
+                         f"pass a caller's mesh through jaxserve.parallel.mesh.engine_mesh (LLM(mesh=...) does)")
+    if mesh.shape[MODEL_AXIS] != config.tensor_parallel_size:
+        raise ValueError(f"tensor_parallel_size={config.tensor_parallel_size} but the mesh's tensor-parallel axis "
+                         f"has {mesh.shape[MODEL_AXIS]} devices")
+    if config.num_hosts != 1:
+        raise ValueError(f"num_hosts={config.num_hosts}: an engine on a caller's mesh runs on one host")
 
 
 def _uses_draft_model(config: EngineConfig) -> bool:

@@ -33,6 +33,7 @@ from jaxserve.engine.stats import EngineStats
 from jaxserve.engine.step_timing import StepTimer
 from jaxserve.outputs import RequestMetrics, RequestOutput
 from jaxserve.runner import compile_counter
+from jaxserve.runner import sleep as runner_sleep
 from jaxserve.runner.logit_adjustments import AdjustedSamplingOptions, LogitAdjustments
 from jaxserve.runner.token_mask import TokenConstraint
 from jaxserve.sampling_params import SamplingParams
@@ -201,14 +202,15 @@ class Engine:
 
     # -- the loop ----------------------------------------------------------------------------
     def has_unfinished_requests(self) -> bool:
-        """Whether step() has work: never while paused (requests kept then are not stepped)."""
-        if self.paused:
+        """Whether step() has work: never while paused (requests kept then are not stepped) or
+        asleep (requests added then wait for wake_up)."""
+        if self.paused or self.asleep:
             return False
         return self.scheduler.has_unfinished_requests() or self._in_flight is not None
 
     def step(self) -> list[RequestOutput]:
         """Run one step. With async scheduling it returns the outputs of the step before."""
-        if self.paused:
+        if self.paused or self.asleep:
             return self.take_drained()
         outputs = self.take_drained() + self._step()
         if self.pausing and not self.has_unfinished_requests():
@@ -377,6 +379,56 @@ class Engine:
             with compile_counter.attributed_to(self._compilations):
                 self._drained += self._finish(behind)
 
+    # -- sleep and wake up (runner/sleep.py, docs/rl.md) ---------------------------------------
+    @property
+    def asleep(self) -> bool:
+        """Between sleep() and wake_up(): no step runs (the runner's, so engines sharing it agree)."""
+        return getattr(self.runner, "sleep_state", None) is not None
+
+    def sleep(self, level: int = 1) -> runner_sleep.SleepReport:
+        """Give the device memory back until wake_up(): level 0 frees the KV arena, 1 also moves the
+        weights to host memory, 2 drops them (update_weights must bring new ones before wake_up).
+        Refused while requests run unless the engine is paused: then requests kept ("keep") lose
+        their KV and recompute it after wake_up and resume, as after update_weights. The prefix
+        cache is flushed (the arena's contents are gone). Requests added while asleep wait for
+        wake_up. Returns the bytes released (runner/sleep.py)."""
+        if level not in runner_sleep.LEVELS:
+            raise ValueError(f"sleep level must be one of {runner_sleep.LEVELS}, got {level!r}")
+        if self.asleep:
+            raise RuntimeError(f"the engine is asleep already (level {self.runner.sleep_state.level}): wake_up() first")
+        if self.pausing or (not self.paused and self.has_unfinished_requests()):
+            raise RuntimeError("cannot sleep while requests are running: let them finish, or pause() first "
+                               "(\"abort\" ends them; \"keep\" holds them to recompute after wake_up and resume)")
+        if getattr(self.runner, "step_mirror", None) is not None:
+            raise RuntimeError("sleep is not built for an engine on several hosts (the followers would keep "
+                               "their memory)")
+        if self.kv_connector is not None:
+            raise RuntimeError("sleep is not built for disaggregated prefill/decode roles (leases hold arena blocks)")
+        t0 = time.perf_counter()
+        self._drain()
+        self.scheduler.recompute_all()
+        if not self.scheduler.reset_prefix_cache():
+            raise RuntimeError("the prefix cache could not be flushed: blocks are still held")  # a bug
+        runners = [self.runner] + ([self.draft_runner] if self.draft_runner is not None else [])
+        with compile_counter.attributed_to(self._compilations):
+            released = [runner_sleep.sleep(r, level) for r in runners]
+        return runner_sleep.report(level, released, time.perf_counter() - t0)
+
+    def wake_up(self) -> runner_sleep.WakeUpReport:
+        """Take the arena (zeroed) and the weights back; nothing compiles. After sleep(level=2)
+        every weight must have come with update_weights first (else ValueError, still asleep).
+        Awake already: nothing to do."""
+        t0 = time.perf_counter()
+        runners = [r for r in [self.runner, self.draft_runner] if getattr(r, "sleep_state", None) is not None]
+        for r in runners:
+            runner_sleep.check_can_wake(r)
+        kv = weights = 0
+        with compile_counter.attributed_to(self._compilations):
+            for r in runners:
+                a, w = runner_sleep.wake_up(r)
+                kv, weights = kv + a, weights + w
+        return runner_sleep.WakeUpReport(kv_cache_bytes=kv, weight_bytes=weights, seconds=time.perf_counter() - t0)
+
     # -- introspection -----------------------------------------------------------------------
     @property
     def finished_by_reason(self) -> dict[str, int]:
@@ -418,6 +470,8 @@ class Engine:
             num_weight_updates=self.num_weight_updates,
             paused=self.paused,
             num_requests_held=len(self._held),
+            asleep=self.asleep,
+            sleep_level=self.runner.sleep_state.level if self.asleep else -1,
             **_mesh_stats(self.runner),
         )
 

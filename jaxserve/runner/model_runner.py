@@ -96,6 +96,8 @@ class ModelRunner:
         self.step_mirror = None          # multi-host leader: publishes each step's inputs to the followers
         self.mesh_info = describe_mesh(mesh)
         self.kv_caches = self._allocate_arena()
+        # set between sleep and wake_up (runner/sleep.py): kv_caches is None, params maybe abstract
+        self.sleep_state = None
         self.host_pool = HostSwapPool(arena, num_host_blocks) if num_host_blocks else None
         self.swap_cost: SwapCostModel | None = None
         self.calibration: dict[str, object] | None = None  # start-up timings (runner/calibration.py)
