@@ -46,3 +46,7 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = None
+    # SamplingParams.prompt_logprobs: one entry per prompt token, None for the first (nothing
+    # before it); set once every position is computed (by the output that carries the first token;
+    # with DELTA outputs in that one output only)
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None

@@ -59,6 +59,11 @@ class SamplingParams:
     logit_bias: dict[int, float] | tuple[tuple[int, float], ...] | None = None
     # the output must match a JSON schema, a regex, a choice or a grammar (llguidance, on the device)
     structured_outputs: StructuredOutputs | dict | None = None
+    # for each prompt token after the first: its logprob given the tokens before it and the top-k
+    # alternatives there (the first gets None); RequestOutput.prompt_logprobs. Needs an engine built
+    # with enable_prompt_logprobs; such a request never reads the prefix cache (every prompt
+    # position is computed)
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         # Normalise list inputs (a natural thing to pass) into hashable tuples.
@@ -98,6 +103,9 @@ class SamplingParams:
                    self.stop_token_ids, f"must be integers in [0, {MAX_INT32}]")
         _check(self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS),
                "logprobs", self.logprobs, f"must be an integer in [0, {MAX_LOGPROBS}] or None")
+        _check(self.prompt_logprobs is None or (_is_int(self.prompt_logprobs)
+                                                and 0 <= self.prompt_logprobs <= MAX_LOGPROBS),
+               "prompt_logprobs", self.prompt_logprobs, f"must be an integer in [0, {MAX_LOGPROBS}] or None")
         for name in ("presence_penalty", "frequency_penalty"):
             v = getattr(self, name)
             _check(_is_finite(v) and -MAX_PENALTY <= v <= MAX_PENALTY, name, v,

@@ -77,8 +77,9 @@ class KVCacheManager:
     # ---- admission ----------------------------------------------------------------------------
     def find_cached_prefix(self, req: Request) -> SharedPrefix:
         """Longest prefix of req's tokens cached in the tree, leaving at least the last token to
-        compute. Counts the lookup in the hit statistics on a request's first admission."""
-        if self.cache is None:
+        compute (none for a request that skips reading the cache: prompt logprobs). Counts the lookup
+        in the hit statistics on a request's first admission."""
+        if self.cache is None or req.skip_reading_prefix_cache:
             return SharedPrefix()
         tokens = req.all_token_ids
         max_blocks = (len(tokens) - 1) // self.block_size

@@ -71,6 +71,10 @@ class Request:
     # (a RemoteKV), and whether its blocks are kept for a receiver when it ends (the sending side)
     remote_kv: object | None = None
     kv_send: bool = False
+    # never share cached prefix blocks at admission (every prompt position is computed): a request
+    # that asks for prompt logprobs needs every prompt row's logits. Its blocks still enter the
+    # cache for others.
+    skip_reading_prefix_cache: bool = False
 
     # ---- state, mutated by the scheduler ----
     output_token_ids: list[int] = field(default_factory=list)

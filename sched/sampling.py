@@ -25,6 +25,11 @@ class SamplingOptions:
     # ids masked while fewer than min_tokens outputs exist (EOS unless ignored, and stop ids)
     banned_before_min_tokens: tuple[int, ...] = ()
     num_logprobs: int | None = None        # top logprobs per sampled token; None = no logprobs
+    # prompt logprobs (runner/prompt_logprobs.py): top alternatives per prompt token (None: none
+    # asked), and the prompt's ids, which a prompt row's target (the next prompt token) comes from
+    # when a chunk ends before it
+    num_prompt_logprobs: int | None = None
+    prompt_token_ids: tuple[int, ...] = ()
 
     @property
     def wants_logprobs(self) -> bool:

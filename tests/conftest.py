@@ -31,6 +31,19 @@ TINY_ENGINE = dict(max_num_seqs=4, max_model_len=128, block_size=4, prefill_tile
 # from timings measured at start-up (tests/engine/test_chunk_policy.py covers that path).
 
 
+# TINY_ENGINE serving prompt logprobs, on few buckets (each compiles a step and a prompt-logprob
+# function): the engine tests of prompt logprobs and the HTTP echo tests share one.
+PROMPT_LOGPROBS_ENGINE = dict(TINY_ENGINE, enable_prompt_logprobs=True, decode_buckets=(4,),
+                              decode_only_buckets=(1, 4), prefill_buckets=(0, 4))
+
+
+@pytest.fixture(scope="session")
+def prompt_logprobs_llm(tiny_llama_dir):
+    from jaxserve import LLM
+
+    return LLM(tiny_llama_dir, **PROMPT_LOGPROBS_ENGINE)
+
+
 # Markers whose tests run only when `-m` names them: CI's default run stays well under 15 minutes
 # on 2 cores. slow: the full from_pretrained comparison, benchmark commands end to end, checks
 # another test covers on a smaller model; full_grid: the whole kernel case grid.

@@ -39,8 +39,10 @@ _PROMPT_KEYS = {"prompt", "prompt_token_ids", "cache_salt"}
 
 
 class InputProcessor:
-    def __init__(self, *, tokenizer, vocab_size: int, limits: RequestLimits, eos_token_ids: frozenset[int]):
+    def __init__(self, *, tokenizer, vocab_size: int, limits: RequestLimits, eos_token_ids: frozenset[int],
+                 prompt_logprobs: bool = False):
         self.tokenizer = tokenizer
+        self.prompt_logprobs = prompt_logprobs    # whether the runner computes prompt logprobs
         self.vocab_size = vocab_size
         self.limits = limits
         self.eos_token_ids = frozenset(eos_token_ids)
@@ -70,6 +72,9 @@ class InputProcessor:
             self._check_ids("stop_token_ids", params.stop_token_ids)
         if params.logit_bias:
             self._check_ids("SamplingParams.logit_bias token id(s)", [t for t, _ in params.logit_bias])
+        if params.prompt_logprobs is not None and not self.prompt_logprobs:
+            raise ValueError(f"SamplingParams.prompt_logprobs={params.prompt_logprobs} needs an engine built with "
+                             f"enable_prompt_logprobs=True (jaxserve serve --enable-prompt-logprobs)")
         if params.min_tokens:
             banned = self.banned_before_min_tokens(params)
             if len(banned) > MAX_BANNED_IDS:

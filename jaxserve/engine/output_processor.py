@@ -1,5 +1,5 @@
-"""Turning a step's updates into what users see: detokenizing, stop strings, logprobs,
-RequestOutputs (cumulative, delta or final only), and the engine's output counters.
+"""Turning a step's updates into what users see: detokenizing, stop strings, logprobs (and prompt
+logprobs), RequestOutputs (cumulative, delta or final only), and the engine's output counters.
 
 The engine calls `process` once per step with the scheduler's updates and the runner's sampled
 tokens. It never writes the scheduler's state: a stop string found here is returned, and the
@@ -88,10 +88,16 @@ class OutputProcessor:
                 entry[0].metrics.first_scheduled_time = now
 
     # ---- a step -------------------------------------------------------------------------------
-    def process(self, updates: Sequence[RequestUpdate], sampled: Mapping[str, Sequence], now: float) -> ProcessedStep:
-        """`sampled[scheduler id]`: the runner's SampledTokens (with logprobs) of this step."""
+    def process(self, updates: Sequence[RequestUpdate], sampled: Mapping[str, Sequence], now: float, *,
+                prompt_logprobs: Mapping | None = None) -> ProcessedStep:
+        """`sampled[scheduler id]`: the runner's SampledTokens (with logprobs) of this step;
+        `prompt_logprobs[scheduler id]`: the prompt positions its rows described (a PromptLogprobChunk)."""
         hits: list[StopStringHit] = []
         touched: dict[str, RequestState] = {}
+        for sid, chunk in (prompt_logprobs or {}).items():
+            entry = self._samples.get(sid)
+            if entry is not None and entry[0].prompt_logprobs is not None:
+                entry[0].record_prompt_logprobs(chunk)
         for u in updates:
             entry = self._samples.get(u.request.request_id)
             if entry is None:
@@ -152,7 +158,20 @@ class OutputProcessor:
         else:  # n > 1 outputs are cumulative whatever the kind: each completion carries its index
             completions = [_completion(s, OutputKind.CUMULATIVE) for s in state.samples if s.started]
         return RequestOutput(state.request_id, state.prompt, list(state.prompt_token_ids), completions, done,
-                             num_cached_tokens=state.num_cached_tokens, metrics=state.metrics)
+                             num_cached_tokens=state.num_cached_tokens, metrics=state.metrics,
+                             prompt_logprobs=_prompt_logprobs(state, kind))
+
+
+def _prompt_logprobs(state: RequestState, kind: OutputKind) -> list | None:
+    """The prompt logprobs once every position has them (None before, and for a request that did
+    not ask); a DELTA stream carries them in one output only."""
+    if state.prompt_logprobs is None or state.prompt_logprobs_missing:
+        return None
+    if kind is OutputKind.DELTA:
+        if state.prompt_logprobs_sent:
+            return None
+        state.prompt_logprobs_sent = True
+    return list(state.prompt_logprobs)
 
 
 def _completion(s: SampleState, kind: OutputKind) -> CompletionOutput:

@@ -51,6 +51,33 @@ class RequestState:
     metrics: RequestMetrics
     samples: list[SampleState]
     num_cached_tokens: int = 0
+    # SamplingParams.prompt_logprobs: an entry per prompt position, filled as steps compute them
+    # (by any sample's rows: the first sample's prefill, a fork's own); None for position 0
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    prompt_logprobs_missing: int = 0      # positions >= 1 not filled yet
+    prompt_logprobs_sent: bool = False    # a DELTA output carried them
+
+    def __post_init__(self) -> None:
+        if self.params.prompt_logprobs is not None and self.prompt_logprobs is None:
+            self.prompt_logprobs = [None] * len(self.prompt_token_ids)
+            self.prompt_logprobs_missing = len(self.prompt_token_ids) - 1
+
+    def record_prompt_logprobs(self, chunk) -> None:
+        """A step's prompt logprobs of some positions (runner/prompt_logprobs.PromptLogprobChunk):
+        the token at each position with its logprob and rank, and the top-k there with theirs.
+        A position computed again (after a preemption) keeps its first entry."""
+        k = self.params.prompt_logprobs
+        ids = self.prompt_token_ids
+        for i in range(len(chunk.logprob)):
+            pos = chunk.first + i
+            if pos >= len(ids) or self.prompt_logprobs[pos] is not None:
+                continue
+            entry = {ids[pos]: Logprob(float(chunk.logprob[i]), int(chunk.rank[i]))}
+            for rank, (tid, lp) in enumerate(zip(chunk.top_ids[i][:k].tolist(), chunk.top_logprobs[i][:k].tolist()),
+                                             start=1):
+                entry.setdefault(tid, Logprob(lp, rank))
+            self.prompt_logprobs[pos] = entry
+            self.prompt_logprobs_missing -= 1
 
     @property
     def finished(self) -> bool:

@@ -6,7 +6,9 @@ scale, sliding window and soft cap (`ModelConfig.layer_attention`) twice: over t
 tiles (`tile` queries per slot). Input ids marked as placeholders (`token_src` >= 0) are taken
 from `prev_tokens`, the previous step's sampled ids still on the device. It returns the logits of
 the rows that sample; sampling is its own compiled function (runner/sampler.py), so the
-vocabulary sort is compiled once per row count rather than once per bucket.
+vocabulary sort is compiled once per row count rather than once per bucket. An engine with prompt
+logprobs enabled compiles steps that also return every row's final hidden state
+(runner/prompt_logprobs.py reads them).
 
 With a mesh (tensor parallelism, jaxserve/parallel/) the KV write and the attention of each
 layer run per shard inside `shard_map` (parallel/attention.py) and the rest is partitioned by
@@ -42,11 +44,13 @@ ATTENTION_ARRAYS = ("slot_mapping", "dec_kv_lens", "dec_tables", "dec_num", "pre
 
 
 def make_step(config: ModelConfig, attention_impl: Callable, *, decode_rows: int, prefill_tiles: int,
-              tile: int, mesh: Mesh | None = None, model=None) -> Callable:
+              tile: int, mesh: Mesh | None = None, model=None, return_hidden: bool = False) -> Callable:
     """attention_impl has the signature of pallas_kernels' ragged paged attention, plus
     `uniform_q_len` (the number of query rows of every slot). `mesh`: run tensor-parallel over
     its model axis (params and arena sharded as jaxserve/parallel/sharding.py says). `model`: what
-    has `forward` and `compute_logits` (default: the config's architecture in the registry)."""
+    has `forward` and `compute_logits` (default: the config's architecture in the registry).
+    `return_hidden`: also return every row's final hidden state [T, D] (prompt logprobs read
+    them: runner/prompt_logprobs.py)."""
     D, P = decode_rows, prefill_tiles
 
     def make_layer_attention(spec: LayerAttention):
@@ -97,6 +101,8 @@ def make_step(config: ModelConfig, attention_impl: Callable, *, decode_rows: int
         hidden, kv_caches = model.forward(params, config, input_ids, b["positions"], kv_caches, attention,
                                           shards=shards)
         logits = model.compute_logits(params, config, hidden[b["logits_rows"]])   # [R, V] float32
+        if return_hidden:
+            return kv_caches, logits, hidden
         return kv_caches, logits
 
     return step

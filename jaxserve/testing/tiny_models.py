@@ -128,6 +128,17 @@ def hf_greedy(path: str, prompt_ids: list[int], max_new_tokens: int) -> list[int
     return out[0, len(prompt_ids):].tolist()
 
 
+def hf_logprobs(path: str, token_ids: list[int]):
+    """log_softmax of HF transformers' logits (fp32) at every position of `token_ids`: a float64
+    numpy array [len, V]; row i is the distribution of token i + 1."""
+    import torch
+
+    model = _hf_model(path)
+    with torch.no_grad():
+        logits = model(torch.tensor([token_ids])).logits[0].double()
+    return torch.log_softmax(logits, dim=-1).numpy()
+
+
 _HF_CACHE: dict[str, object] = {}
 
 
