@@ -149,3 +149,15 @@ def test_penalties_and_logit_bias_are_applied_as_the_python_api_applies_them(ser
     forced = client.completions.create(model=server.model, prompt=PROMPT, max_tokens=5, temperature=1.0,
                                        logit_bias={"42": 100}, extra_body={"ignore_eos": True})
     assert forced.choices[0].text == tiny_llm.get_tokenizer().decode([42] * 5)
+
+
+def test_echo_without_logprobs_runs_anywhere_and_with_them_needs_prompt_logprobs(server, client):
+    kw = dict(model=server.model, prompt=PROMPT, max_tokens=3, temperature=0, extra_body={"ignore_eos": True})
+    plain = client.completions.create(**kw)
+    echo = client.completions.create(echo=True, **kw)
+    assert echo.choices[0].text == PROMPT + plain.choices[0].text
+    # this engine was built without enable_prompt_logprobs: the echoed prompt's logprobs are refused
+    r = httpx.post(server.base_url + "/completions", json={"model": server.model, "prompt": PROMPT, "echo": True,
+                                                          "logprobs": 1},
+                   headers={"Authorization": f"Bearer {server.api_key}"}, timeout=60)
+    assert r.status_code == 400 and "enable-prompt-logprobs" in r.json()["error"]["message"]

@@ -1,9 +1,10 @@
 """The FastAPI application of the OpenAI-compatible API.
 
-Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models and the control routes of
-http/control.py (pause, resume, weight updates; all behind the API key, when the server has one),
-GET /health and GET /metrics (open, as gRPC health and the metrics port are:
-probes and scrapers carry no key). Every error, FastAPI's own included (a body that does not
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, vLLM's tokenizer routes
+(POST /tokenize, POST /detokenize, GET /tokenizer_info: http/tokenization.py) and the control
+routes of http/control.py (pause, resume, weight updates), all behind the API key when the server
+has one; GET /health and GET /metrics (open, as gRPC health and the metrics port are: probes and
+scrapers carry no key). Every error, FastAPI's own included (a body that does not
 parse, a field of the wrong type, an unknown route), answers in OpenAI's error shape.
 """
 
@@ -21,7 +22,9 @@ from jaxserve.server.http import errors
 from jaxserve.server.http.body_limit import BodyLimit
 from jaxserve.server.http.control import add_control_routes
 from jaxserve.server.http.openai_front import OpenAIFront
-from jaxserve.server.http.schemas import ChatCompletionRequest, CompletionRequest, ModelList
+from jaxserve.server.http import tokenization
+from jaxserve.server.http.schemas import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
+                                          DetokenizeResponse, ModelList, TokenizeRequest, TokenizeResponse)
 from jaxserve.server.servicer import Phase
 
 
@@ -84,6 +87,23 @@ def create_app(front: OpenAIFront, *, api_key: str | None = None, max_body_bytes
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         return _json(await front.chat_completions(req, request))
+
+    # vLLM's tokenizer routes (http/tokenization.py), behind the key as generation is
+    @app.post("/tokenize", dependencies=[Depends(authorized)], response_model=TokenizeResponse)
+    async def tokenize(req: TokenizeRequest):
+        aengine = front.engine()
+        front.check_model(req.model, aengine)
+        return await tokenization.tokenize(aengine, req)
+
+    @app.post("/detokenize", dependencies=[Depends(authorized)], response_model=DetokenizeResponse)
+    async def detokenize(req: DetokenizeRequest):
+        aengine = front.engine()
+        front.check_model(req.model, aengine)
+        return await tokenization.detokenize(aengine, req)
+
+    @app.get("/tokenizer_info", dependencies=[Depends(authorized)])
+    async def tokenizer_info():
+        return JSONResponse(tokenization.tokenizer_info(front.engine()))
 
     add_control_routes(app, front, authorized)   # /pause, /resume, /update_weights_from_disk (docs/rl.md)
     return app

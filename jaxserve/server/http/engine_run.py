@@ -38,6 +38,7 @@ class _Prompt:
     deltas: SampleDeltas
     arrival: float
     last: RequestOutput | None = None
+    prompt_logprobs: list | None = None    # RequestOutput.prompt_logprobs, kept from the output that had them
 
 
 @dataclass
@@ -97,6 +98,8 @@ class EngineRun:
             if isinstance(item, BaseException):
                 raise item
             p.last = item
+            if item.prompt_logprobs is not None:   # DELTA outputs carry them once
+                p.prompt_logprobs = item.prompt_logprobs
             for d in p.deltas.deltas(item):
                 yield ChoiceDelta(p.index * self.params.n + d.index, d)
 

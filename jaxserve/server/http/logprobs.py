@@ -5,7 +5,7 @@ chat shape (one object per token with its top alternatives)."""
 from __future__ import annotations
 
 from jaxserve.outputs import Logprob
-from jaxserve.server.http.schemas import ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
+from jaxserve.server.http.schemas import ChatLogprobs, CompletionLogprobs, PromptLogprob, TokenLogprob, TopLogprob
 
 
 class TokenText:
@@ -34,13 +34,21 @@ def _ranked(entry: dict[int, Logprob], k: int) -> list[tuple[int, Logprob]]:
     return sorted(entry.items(), key=lambda x: -x[1].logprob)[:k]
 
 
-def completion_logprobs(token_ids: list[int], entries: list[dict[int, Logprob]], k: int, text: TokenText,
+def completion_logprobs(token_ids: list[int], entries: list[dict[int, Logprob] | None], k: int, text: TokenText,
                         offset: int) -> CompletionLogprobs:
-    """`offset`: characters of this choice's text before these tokens (text_offset counts from there)."""
+    """`offset`: characters of this choice's text before these tokens (text_offset counts from there).
+    An entry None (an echoed prompt's first token: nothing before it) lists the token with null
+    token_logprobs and top_logprobs, as OpenAI's and vLLM's echo do."""
     out = CompletionLogprobs()
     for t, entry in zip(token_ids, entries):
         s = text(t)
         out.tokens.append(s)
+        if entry is None:
+            out.token_logprobs.append(None)
+            out.top_logprobs.append(None)
+            out.text_offset.append(offset)
+            offset += len(s)
+            continue
         out.token_logprobs.append(entry[t].logprob)
         top = {text(tid): lp.logprob for tid, lp in _ranked(entry, k)}
         top.setdefault(s, entry[t].logprob)   # the sampled token is always listed
@@ -58,3 +66,11 @@ def chat_logprobs(token_ids: list[int], entries: list[dict[int, Logprob]], k: in
                for tid, lp in _ranked(entry, k)]
         content.append(TokenLogprob(token=s, logprob=entry[t].logprob, bytes=list(s.encode()), top_logprobs=top))
     return ChatLogprobs(content=content)
+
+
+def prompt_logprobs_field(entries: list[dict[int, Logprob] | None], text: TokenText) -> list:
+    """RequestOutput.prompt_logprobs in vLLM's JSON shape: per prompt token None (the first) or
+    {token id: {logprob, rank, decoded_token}}."""
+    return [None if e is None else {str(tid): PromptLogprob(logprob=lp.logprob, rank=lp.rank, decoded_token=text(tid))
+                                    for tid, lp in e.items()}
+            for e in entries]

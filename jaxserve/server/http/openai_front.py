@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable
 
 from starlette.requests import Request
@@ -22,8 +23,9 @@ from jaxserve.server.convert import RequestLimits
 from jaxserve.server.http import errors
 from jaxserve.server.http.disconnect import ClientDisconnected, unless_disconnected
 from jaxserve.server.http.engine_run import EngineRun
-from jaxserve.server.http.logprobs import TokenText, chat_logprobs, completion_logprobs
-from jaxserve.server.http.sampling import chat_messages, chat_params, completion_params, completion_prompts
+from jaxserve.server.http.logprobs import TokenText, chat_logprobs, completion_logprobs, prompt_logprobs_field
+from jaxserve.server.http.sampling import (chat_messages, chat_params, completion_params, completion_prompts,
+                                           echo_only)
 from jaxserve.server.http.schemas import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk,
                                           ChatCompletionRequest, ChatCompletionResponse,
                                           CompletionChoice, CompletionChunk, CompletionRequest,
@@ -62,6 +64,13 @@ class _Choice:
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.chars = 0    # characters streamed so far: text_offset of the next token
+
+
+@dataclass(frozen=True, slots=True)
+class _Echo:
+    text: str
+    token_ids: list[int]
+    entries: list
 
 
 class OpenAIFront:
@@ -136,7 +145,7 @@ class OpenAIFront:
                 return StreamingResponse(self._events(run, req, model, params, chat=chat),
                                          media_type="text/event-stream")
             try:
-                return await unless_disconnected(http, self._collect(run, model, params, chat=chat))
+                return await unless_disconnected(http, self._collect(run, req, model, params, chat=chat))
             finally:
                 await run.close()
         except ClientDisconnected:
@@ -169,7 +178,7 @@ class OpenAIFront:
     def _token_text(self, run: EngineRun) -> TokenText:
         return TokenText(run.aengine.engine.tokenizer)
 
-    async def _collect(self, run: EngineRun, model: str, params: SamplingParams, *, chat: bool):
+    async def _collect(self, run: EngineRun, req, model: str, params: SamplingParams, *, chat: bool):
         choices = [_Choice() for _ in range(len(run.prompts) * params.n)]
         try:
             async for cd in run.deltas():
@@ -194,12 +203,35 @@ class OpenAIFront:
                            logprobs=(chat_logprobs(c.token_ids, c.logprobs, k, text_of) if k is not None else None),
                            finish_reason=c.finish_reason, stop_reason=c.stop_reason)
                 for i, c in enumerate(choices)])
-        return CompletionResponse(id=new_id("cmpl"), created=now(), model=model, usage=usage, choices=[
-            CompletionChoice(index=i, text="".join(c.text),
-                             logprobs=(completion_logprobs(c.token_ids, c.logprobs, k, text_of, 0)
-                                       if k is not None else None),
-                             finish_reason=c.finish_reason, stop_reason=c.stop_reason)
-            for i, c in enumerate(choices)])
+        if echo_only(req):   # the one token the engine ran is not part of the answer
+            usage = usage.model_copy(update={"completion_tokens": 0, "total_tokens": usage.prompt_tokens})
+        out = []
+        for i, c in enumerate(choices):
+            p = run.prompts[i // params.n]
+            ids, entries, text = (([], [], "") if echo_only(req) else (c.token_ids, c.logprobs, "".join(c.text)))
+            if req.echo:
+                echo = self._echo(run, p)
+                ids, entries, text = echo.token_ids + ids, echo.entries + entries, echo.text + text
+            out.append(CompletionChoice(
+                index=i, text=text,
+                logprobs=completion_logprobs(ids, entries, k, text_of, 0) if k is not None else None,
+                finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+                prompt_logprobs=(prompt_logprobs_field(p.prompt_logprobs, text_of)
+                                 if req.prompt_logprobs is not None and p.prompt_logprobs is not None else None)))
+        return CompletionResponse(id=new_id("cmpl"), created=now(), model=model, usage=usage, choices=out)
+
+    def _echo(self, run: EngineRun, p) -> "_Echo":
+        """A prompt as echo puts it before a choice's completion: its text (decoded when it came as
+        token ids), its ids, and its logprob entries (None for the first token, or for all of
+        them when the prompt's logprobs never came: the request ended first)."""
+        out = p.last
+        ids = list(out.prompt_token_ids) if out is not None else []
+        text = out.prompt if out is not None and out.prompt is not None else None
+        if text is None:
+            tok = run.aengine.engine.tokenizer
+            text = tok.decode(ids, skip_special_tokens=False) if tok is not None else ""
+        entries = list(p.prompt_logprobs) if p.prompt_logprobs is not None else [None] * len(ids)
+        return _Echo(text, ids, entries)
 
     async def _events(self, run: EngineRun, req, model: str, params: SamplingParams, *,
                       chat: bool) -> AsyncIterator[str]:
@@ -212,6 +244,7 @@ class OpenAIFront:
         k = params.logprobs
         chars = [0] * (len(run.prompts) * params.n)
         started: set[int] = set()
+        echoed: set[int] = set()
         try:
             async for cd in run.deltas():
                 d = cd.delta
@@ -225,15 +258,26 @@ class OpenAIFront:
                         ChatChunkChoice(index=cd.choice, delta=DeltaMessage(content=d.text), logprobs=lp,
                                         finish_reason=d.finish_reason)]))
                 else:
-                    lp = (completion_logprobs(d.token_ids, d.logprobs, k, text_of, chars[cd.choice])
-                          if d.logprobs is not None else None)
-                    chars[cd.choice] += len(d.text)
+                    ids, entries, text = (([], [], "") if echo_only(req) else
+                                          (d.token_ids, d.logprobs or [], d.text))
+                    if req.echo and cd.choice not in echoed:   # the choice's first chunk leads with the prompt
+                        echoed.add(cd.choice)
+                        echo = self._echo(run, run.prompts[cd.choice // params.n])
+                        ids, entries, text = echo.token_ids + ids, echo.entries + entries, echo.text + text
+                    lp = (completion_logprobs(ids, entries, k, text_of, chars[cd.choice])
+                          if k is not None and (ids or d.logprobs is not None) else None)
+                    chars[cd.choice] += len(text)
+                    if not text and not ids and d.finish_reason is None:
+                        continue
                     yield _sse(CompletionChunk(id=rid, created=created, model=model, choices=[
-                        CompletionChoice(index=cd.choice, text=d.text, logprobs=lp, finish_reason=d.finish_reason,
+                        CompletionChoice(index=cd.choice, text=text, logprobs=lp, finish_reason=d.finish_reason,
                                          stop_reason=d.stop_reason)]))
             if include_usage:
                 cls = ChatCompletionChunk if chat else CompletionChunk
-                yield _sse(cls(id=rid, created=created, model=model, choices=[], usage=run.usage()))
+                usage = run.usage()
+                if not chat and echo_only(req):
+                    usage = usage.model_copy(update={"completion_tokens": 0, "total_tokens": usage.prompt_tokens})
+                yield _sse(cls(id=rid, created=created, model=model, choices=[], usage=usage))
         except Exception as e:   # after the 200 went out: the error is an event of its own
             err = engine_error(e)
             if err is None:

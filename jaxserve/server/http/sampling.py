@@ -18,13 +18,29 @@ from jaxserve.server.http.schemas import ChatCompletionRequest, ChatMessage, Com
 
 
 def completion_params(req: CompletionRequest, limits: RequestLimits) -> SamplingParams:
-    if req.echo:
-        raise bad_request("echo=true is not supported: the prompt is in usage, not in the text", "echo")
+    """With echo and logprobs, the prompt's logprobs are asked too (the echoed prompt's entries);
+    max_tokens 0 with echo runs one token (the engine samples at least one) that the answer drops."""
     if req.suffix is not None:
         raise bad_request("suffix is not supported (no fill-in-the-middle)", "suffix")
     if req.best_of is not None and req.best_of != req.n:
         raise bad_request(f"best_of={req.best_of} is not supported; only best_of=n", "best_of")
-    return _params(req, limits, max_tokens=req.max_tokens, logprobs=req.logprobs, logprobs_field="logprobs")
+    if req.max_tokens == 0 and not req.echo:
+        raise bad_request("max_tokens=0 asks for nothing; it is allowed with echo=true (the prompt alone)",
+                          "max_tokens")
+    if req.prompt_logprobs is not None and req.stream:
+        raise bad_request("prompt_logprobs are not available when stream=true (echo with logprobs is)",
+                          "prompt_logprobs")
+    prompt_logprobs = req.prompt_logprobs
+    if prompt_logprobs is None and req.echo and req.logprobs is not None:
+        prompt_logprobs = req.logprobs
+    return _params(req, limits, max_tokens=1 if echo_only(req) else req.max_tokens, logprobs=req.logprobs,
+                   logprobs_field="logprobs", prompt_logprobs=prompt_logprobs,
+                   prompt_logprobs_field="prompt_logprobs" if req.prompt_logprobs is not None else "logprobs")
+
+
+def echo_only(req: CompletionRequest) -> bool:
+    """echo with max_tokens 0: the answer is the prompt alone."""
+    return req.echo and req.max_tokens == 0
 
 
 def chat_params(req: ChatCompletionRequest, limits: RequestLimits) -> SamplingParams:
@@ -38,7 +54,8 @@ def chat_params(req: ChatCompletionRequest, limits: RequestLimits) -> SamplingPa
 
 
 def _params(req: _SamplingFields, limits: RequestLimits, *, max_tokens: int | None, logprobs: int | None,
-            logprobs_field: str, max_tokens_field: str = "max_tokens") -> SamplingParams:
+            logprobs_field: str, max_tokens_field: str = "max_tokens", prompt_logprobs: int | None = None,
+            prompt_logprobs_field: str = "prompt_logprobs") -> SamplingParams:
     if req.n > limits.max_n:
         raise bad_request(f"n={req.n} exceeds this server's limit of {limits.max_n}", "n")
     if limits.max_tokens is not None and max_tokens is not None and max_tokens > limits.max_tokens:
@@ -54,7 +71,7 @@ def _params(req: _SamplingFields, limits: RequestLimits, *, max_tokens: int | No
         n=req.n, seed=req.seed, max_tokens=max_tokens, min_tokens=req.min_tokens, ignore_eos=req.ignore_eos,
         stop=tuple(stop) if stop else None, logprobs=logprobs, skip_special_tokens=req.skip_special_tokens,
         include_stop_str_in_output=req.include_stop_str_in_output, output_kind=OutputKind.DELTA,
-        stop_token_ids=tuple(req.stop_token_ids) if req.stop_token_ids else None)
+        stop_token_ids=tuple(req.stop_token_ids) if req.stop_token_ids else None, prompt_logprobs=prompt_logprobs)
     for name in ("temperature", "top_p", "top_k", "min_p"):   # None: the engine's default (OpenAI's too)
         if getattr(req, name) is not None:
             kwargs[name] = getattr(req, name)
@@ -67,6 +84,8 @@ def _params(req: _SamplingFields, limits: RequestLimits, *, max_tokens: int | No
             param = "response_format"
         if param == "logprobs":
             param = logprobs_field
+        elif param == "prompt_logprobs":
+            param = prompt_logprobs_field
         elif param == "max_tokens":
             param = max_tokens_field
         raise bad_request(message, param) from e

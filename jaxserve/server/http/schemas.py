@@ -81,9 +81,10 @@ class _SamplingFields(_Request):
 
 class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16
+    max_tokens: int | None = 16              # 0 with echo: the prompt alone (vLLM's behaviour)
     logprobs: int | None = None              # top logprobs per token, 0..20
-    echo: bool = False
+    echo: bool = False                       # the prompt (and its logprobs, with logprobs) before the completion
+    prompt_logprobs: int | None = None       # vLLM's extra: choices[].prompt_logprobs, per prompt token
     suffix: str | None = None
     best_of: int | None = None
 
@@ -145,9 +146,19 @@ class _Response(BaseModel):
     usage: Usage | None = None
 
 
+class PromptLogprob(BaseModel):
+    """vLLM's Logprob, one of a prompt position's entries (keyed by token id)."""
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
 class CompletionChoice(_Choice):
     text: str
     logprobs: CompletionLogprobs | None = None
+    # vLLM's extra (prompt_logprobs in the request): per prompt token, None for the first, else
+    # {token id: its Logprob} for the prompt token and the top alternatives
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None
 
 
 class CompletionResponse(_Response):
@@ -206,6 +217,32 @@ class CompletionChunk(_Response):
 
     object: Literal["text_completion"] = "text_completion"
     choices: list[CompletionChoice]
+
+
+class TokenizeRequest(_Request):
+    """vLLM's /tokenize: a prompt, or chat messages rendered by the model's template."""
+    model: str | None = None
+    prompt: str | None = None
+    messages: list["ChatMessage"] | None = None
+    add_special_tokens: bool | None = None   # None: True for a prompt, False for messages (vLLM's defaults)
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeRequest(_Request):
+    model: str | None = None
+    tokens: list[int]
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
 
 
 class ModelCard(BaseModel):
