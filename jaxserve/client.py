@@ -28,7 +28,7 @@ from jaxserve.server.proto import generation_pb2_grpc as pb_grpc
 
 _SCALARS = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "min_tokens", "ignore_eos",
             "skip_special_tokens", "include_stop_str_in_output",
-            "presence_penalty", "frequency_penalty", "repetition_penalty")
+            "presence_penalty", "frequency_penalty", "repetition_penalty", "prompt_logprobs")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +54,9 @@ class Completion:
     cached_tokens: int = 0
     index: int = 0
     samples: dict[int, "Completion"] = field(default_factory=dict)
+    # prompt_logprobs=k: one pb.PromptLogprob per prompt token after the first (token_id, logprob,
+    # rank, top), on the whole request (sample 0's Completion)
+    prompt_logprobs: list = field(default_factory=list)
 
 
 def build_request(prompt: Any, *, request_id: str = "", priority: int = 0, cache_salt: str | None = None,
@@ -111,6 +114,7 @@ def _fold(result: Completion, msg: pb.GenerateResponse) -> Chunk | None:
     if msg.HasField("chunk"):
         sample.token_ids.extend(msg.chunk.token_ids)
         sample.text += msg.chunk.text
+        result.prompt_logprobs.extend(msg.chunk.prompt_logprobs)
         return Chunk(list(msg.chunk.token_ids), msg.chunk.text, time.perf_counter(), msg.chunk.index)
     c = msg.complete
     sample.finish_reason, sample.stop_reason = c.finish_reason, c.stop_reason

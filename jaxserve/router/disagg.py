@@ -30,6 +30,9 @@ SKIP_PREFILL_ON = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUST
 
 def wants_prefill_hop(fwd: pb.GenerateRequest, ids: list[int], threshold: int) -> bool:
     n = fwd.sampling_params.n if fwd.sampling_params.HasField("n") else 1
+    # prompt logprobs come from the rows that compute the prompt: such a request stays on one engine
+    if fwd.sampling_params.HasField("prompt_logprobs"):
+        return False
     return bool(ids) and len(ids) >= max(1, threshold) and n == 1 and fwd.WhichOneof("input") == "token_ids"
 
 

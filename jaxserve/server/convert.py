@@ -21,7 +21,7 @@ from jaxserve.structured_outputs import StructuredOutputs
 # proto field -> SamplingParams field, for the optional scalars
 _SCALARS = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "min_tokens", "ignore_eos",
             "skip_special_tokens", "include_stop_str_in_output", "presence_penalty", "frequency_penalty",
-            "repetition_penalty")
+            "repetition_penalty", "prompt_logprobs")
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +141,17 @@ def complete_response(out: RequestOutput, d: SampleDelta) -> pb.GenerateResponse
         finish_reason=d.finish_reason or "stop", stop_reason="" if d.stop_reason is None else str(d.stop_reason),
         prompt_tokens=len(out.prompt_token_ids), completion_tokens=d.num_tokens, cached_tokens=out.num_cached_tokens,
         index=d.index))
+
+
+def prompt_logprobs_to_proto(out: RequestOutput, k: int) -> list[pb.PromptLogprob]:
+    """RequestOutput.prompt_logprobs as the Chunk's entries: one per prompt token after the first,
+    with its k top alternatives best first (an entry holds those, ranks 1..k, and the prompt token)."""
+    entries = []
+    for tid, entry in zip(out.prompt_token_ids[1:], out.prompt_logprobs[1:]):
+        top = sorted((lp.rank, t, lp.logprob) for t, lp in entry.items() if lp.rank is not None and lp.rank <= k)
+        entries.append(pb.PromptLogprob(token_id=tid, logprob=entry[tid].logprob, rank=entry[tid].rank or 0,
+                                        top=[pb.TopLogprob(token_id=t, logprob=lp) for _, t, lp in top]))
+    return entries
 
 
 def server_info(stats, *, active_streams: int, state: str) -> pb.ServerInfo:

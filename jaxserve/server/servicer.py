@@ -105,7 +105,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
 
         last = None
         refused = False       # never ran: its latency is not a request's latency
-        sent = _SentPerSample(params.n)
+        sent = _SentPerSample(params.n, params.prompt_logprobs)
         kv_transfer = _kv_transfer(request)
         try:
             stream = aengine.generate(prompt, params, request_id=request.request_id or None,
@@ -240,15 +240,23 @@ def _kv_transfer(request: pb.GenerateRequest):
 
 
 class _SentPerSample:
-    """Turns engine outputs into Chunk and Complete messages, one Complete per sample."""
+    """Turns engine outputs into Chunk and Complete messages, one Complete per sample; the prompt
+    logprobs (when asked) ride on the first chunk that follows their arrival."""
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, prompt_logprobs: int | None = None):
         self._deltas = SampleDeltas(n)
+        self._k = prompt_logprobs
+        self._prompt: list | None = None     # prompt logprob entries not sent yet
 
     def responses(self, out):
+        if self._k is not None and out.prompt_logprobs is not None:
+            self._prompt = convert.prompt_logprobs_to_proto(out, self._k)
         for d in self._deltas.deltas(out):
-            if d.token_ids or d.text:
-                yield pb.GenerateResponse(request_id=out.request_id,
-                                          chunk=pb.Chunk(token_ids=d.token_ids, text=d.text, index=d.index))
+            if d.token_ids or d.text or (self._prompt is not None and d.finish_reason is not None):
+                chunk = pb.Chunk(token_ids=d.token_ids, text=d.text, index=d.index)
+                if self._prompt is not None:
+                    chunk.prompt_logprobs.extend(self._prompt)
+                    self._prompt = None
+                yield pb.GenerateResponse(request_id=out.request_id, chunk=chunk)
             if d.finish_reason is not None:
                 yield convert.complete_response(out, d)

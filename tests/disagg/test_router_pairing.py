@@ -16,6 +16,8 @@ def test_short_prompts_n_above_one_and_chats_skip_the_prefill_engine():
     assert wants_prefill_hop(_req(list(range(8))), list(range(8)), threshold=8)
     assert not wants_prefill_hop(_req(list(range(7))), list(range(7)), threshold=8)
     assert not wants_prefill_hop(_req(list(range(9)), n=2), list(range(9)), threshold=8)
+    # prompt logprobs need the prompt's rows computed where they are asked
+    assert not wants_prefill_hop(_req(list(range(9)), prompt_logprobs=0), list(range(9)), threshold=8)
     chat = pb.GenerateRequest(chat=pb.Chat(messages=[pb.ChatMessage(role="user", content="hi")]))
     assert not wants_prefill_hop(chat, list(range(20)), threshold=0)
     assert not wants_prefill_hop(_req([]), [], threshold=0)
