@@ -24,6 +24,14 @@ verification row's g is the guess it verifies; a rejected row's token is never g
 rule still holds. Every sampled token, guessed or not, comes from that one rule, on keys of its
 own output index: a seeded request's tokens do not depend on which steps speculated, or on what
 shares its batch.
+
+Logprobs describe one of two distributions, chosen per engine (`logprobs_mode`, a compile-time
+constant: each mode is its own program, and raw mode's is the one it always was). "raw": the
+model's, log_softmax of the logits before anything above touches them. "processed": the one the
+token was drawn from: after the logit adjustments, grammar mask and min_tokens bans, divided by
+the temperature, truncated by top-k / top-p / min-p and renormalized (tokens cut have -inf); a
+greedy row's is its adjusted logits' log_softmax at temperature 1, untruncated (vLLM's
+processed_logprobs: greedy rows skip temperature and truncation). What an RL trainer replays.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from jaxserve.sched.sampling import SamplingOptions
 
 
 ADJUSTMENT_ARRAYS = ("known_tokens", "bias_ids", "bias_values", "token_mask")   # the wide ones
+LOGPROBS_MODES = ("raw", "processed")     # what logprobs describe (module docstring)
 
 
 def sampling_arrays(rows: list[tuple | None], num_rows: int, *, history_len: int = 1,
@@ -201,16 +210,20 @@ def _coupled_with_draft(drawn, probs, a):
 
 
 def sample(logits: jax.Array, a: dict, prev_tokens: jax.Array | None = None, *, pad_to: int,
-           probs_out: bool = False) -> dict[str, jax.Array]:
+           probs_out: bool = False, logprobs_mode: str = "raw") -> dict[str, jax.Array]:
     """logits: [R, V] float32 -> sampled ids [R] and logprob information. `padded_tokens` holds
     the ids again in a fixed [pad_to] array: the next step reads its placeholders from it on the
     device, and one shape serves every bucket. prev_tokens: the previous step's `padded_tokens`,
     where the penalties find a row's in-flight token. probs_out: also return `probs`, each row's
     distribution its token was drawn from ([pad_to, V]; one-hot for greedy rows): a draft model's
     sampler. With `draft_probs` and `draft_tokens` in `a` (a draft model's outputs for the same
-    rows), sampled rows are coupled with the draft's (_coupled_with_draft)."""
+    rows), sampled rows are coupled with the draft's (_coupled_with_draft). logprobs_mode: "raw"
+    or "processed" (module docstring), static."""
+    if logprobs_mode not in LOGPROBS_MODES:
+        raise ValueError(f"logprobs_mode={logprobs_mode!r} must be one of {LOGPROBS_MODES}")
+    processed = logprobs_mode == "processed"
     num_rows, vocab = logits.shape
-    raw_logits = logits            # logprobs describe the model's distribution, before any mask
+    raw_logits = logits            # raw logprobs describe the model's distribution, before any mask
     if "adjust" in a:
         logits = jax.lax.cond(jnp.any(a["adjust"]), lambda x: _adjusted(x, a, prev_tokens), lambda x: x, logits)
     if "masked" in a:
@@ -234,19 +247,25 @@ def sample(logits: jax.Array, a: dict, prev_tokens: jax.Array | None = None, *, 
                               lambda s: s, scaled)
         gumbel = jax.vmap(lambda k: jax.random.gumbel(k, (vocab,), jnp.float32))(_keys(a))
         drawn = jnp.argmax(scaled + gumbel, axis=-1).astype(jnp.int32)
+        kept = scaled if processed else None     # the sampled rows' distribution, for processed logprobs
         if not with_probs:
-            return drawn, None
+            return drawn, None, kept
         probs = jax.nn.softmax(scaled, axis=-1)
         if coupled:
             drawn = jax.lax.cond(jnp.any(a["draft_tokens"][:num_rows] >= 0),
                                  lambda d: _coupled_with_draft(d, probs, a), lambda d: d, drawn)
-        return drawn, probs
+        return drawn, probs, kept
 
-    drawn, probs = jax.lax.cond(jnp.any(temperature > 0), draw, lambda _: (greedy, one_hot), None)
+    def all_greedy(_):
+        return greedy, one_hot, (logits if processed else None)
+
+    drawn, probs, drawn_from = jax.lax.cond(jnp.any(temperature > 0), draw, all_greedy, None)
     tokens = jnp.where(temperature > 0, drawn, greedy)
+    # processed: a sampled row's scaled and truncated logits, a greedy row's adjusted ones
+    logprob_logits = jnp.where((temperature > 0)[:, None], drawn_from, logits) if processed else raw_logits
 
     def logprob_info(_):
-        lp = jax.nn.log_softmax(raw_logits, axis=-1)
+        lp = jax.nn.log_softmax(logprob_logits, axis=-1)
         top_lp, top_ids = jax.lax.top_k(lp, MAX_LOGPROBS)
         chosen = jnp.take_along_axis(lp, tokens[:, None], axis=-1)[:, 0]
         return chosen, top_ids.astype(jnp.int32), top_lp

@@ -28,6 +28,16 @@ class TokenText:
         return text
 
 
+# A token outside the distribution it was drawn from has logprob -inf (logprobs_mode="processed":
+# cut by top-k/top-p/min-p or masked). JSON has no infinity (the responses refuse it), so the API
+# reports it as this floor, as vLLM's does.
+LOGPROB_FLOOR = -9999.0
+
+
+def _finite(logprob: float) -> float:
+    return max(logprob, LOGPROB_FLOOR)
+
+
 def _ranked(entry: dict[int, Logprob], k: int) -> list[tuple[int, Logprob]]:
     """The k most likely tokens. The entry holds the top k plus the sampled token (whose rank the
     engine leaves unset), so the best k by logprob are exactly the top k."""
@@ -49,9 +59,9 @@ def completion_logprobs(token_ids: list[int], entries: list[dict[int, Logprob] |
             out.text_offset.append(offset)
             offset += len(s)
             continue
-        out.token_logprobs.append(entry[t].logprob)
-        top = {text(tid): lp.logprob for tid, lp in _ranked(entry, k)}
-        top.setdefault(s, entry[t].logprob)   # the sampled token is always listed
+        out.token_logprobs.append(_finite(entry[t].logprob))
+        top = {text(tid): _finite(lp.logprob) for tid, lp in _ranked(entry, k)}
+        top.setdefault(s, _finite(entry[t].logprob))   # the sampled token is always listed
         out.top_logprobs.append(top)
         out.text_offset.append(offset)
         offset += len(s)
@@ -62,9 +72,10 @@ def chat_logprobs(token_ids: list[int], entries: list[dict[int, Logprob]], k: in
     content = []
     for t, entry in zip(token_ids, entries):
         s = text(t)
-        top = [TopLogprob(token=text(tid), logprob=lp.logprob, bytes=list(text(tid).encode()))
+        top = [TopLogprob(token=text(tid), logprob=_finite(lp.logprob), bytes=list(text(tid).encode()))
                for tid, lp in _ranked(entry, k)]
-        content.append(TokenLogprob(token=s, logprob=entry[t].logprob, bytes=list(s.encode()), top_logprobs=top))
+        content.append(TokenLogprob(token=s, logprob=_finite(entry[t].logprob), bytes=list(s.encode()),
+                                    top_logprobs=top))
     return ChatLogprobs(content=content)
 
 
