@@ -21,6 +21,7 @@ _EXPORTS = {
     "BeamSearchParams": "jaxserve.beam_search",
     "OutputKind": "jaxserve.sampling_params",
     "Overloaded": "jaxserve.sched.errors",
+    "reference_logprobs": "jaxserve.replay",
 }
 
 __all__ = sorted(_EXPORTS)
