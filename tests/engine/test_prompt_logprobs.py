@@ -93,6 +93,31 @@ def test_n_samples_share_one_set_of_prompt_logprobs(prompt_logprobs_llm, tiny_ll
     assert_matches_hf(tiny_llama_dir, out)
 
 
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_a_prompt_preempted_midway_still_has_all_its_prompt_logprobs(prompt_logprobs_llm, tiny_llama_dir, mode):
+    # a background prompt in 8-token chunks, evicted by an urgent one that needs the blocks
+    # before its prompt is in (recompute computes it again from the start; swap brings it back)
+    engine = LLM.sharing_runner(prompt_logprobs_llm, usable_kv_blocks=26, enable_prefix_caching=False,
+                                preemption_mode=mode, kv_watermark=0.0, long_prefill_token_threshold=8,
+                                scheduling_policy="priority", max_num_partial_prefills=0).engine
+    sp = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, prompt_logprobs=K)
+    engine.add_request("background", PROMPTS[2], sp, priority=1)
+    engine.step()
+    engine.add_request("urgent", PROMPTS[2], sp, priority=0)
+    done, evicted_before_its_first_token = {}, False
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+        bg = engine.scheduler.get_request("background")
+        evicted_before_its_first_token |= (bg is not None and bg.status.is_waiting and bg.num_preemptions > 0
+                                           and not bg.output_token_ids)
+    assert evicted_before_its_first_token and sorted(done) == ["background", "urgent"]
+    for out in done.values():
+        assert_matches_hf(tiny_llama_dir, out)
+    assert engine.stats().num_compilations_after_warmup == 0
+
+
 def test_a_one_token_prompt_has_just_none():
     # no engine needed: the state is complete from the start
     from jaxserve.engine.request_state import RequestState
