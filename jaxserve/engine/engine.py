@@ -85,7 +85,8 @@ class Engine:
         self.model_name = model_name
         self.async_scheduling = async_scheduling and draft_runner is None
         self.input_processor = InputProcessor(tokenizer=tokenizer, vocab_size=vocab_size,
-                                              limits=scheduler.limits, eos_token_ids=self.eos_token_ids)
+                                              limits=scheduler.limits, eos_token_ids=self.eos_token_ids,
+                                              prompt_logprobs=getattr(runner, "prompt_logprobs", None) is not None)
         self.outputs = OutputProcessor()
         self._rng = np.random.default_rng(seed)
         self._ids = itertools.count()
@@ -145,7 +146,10 @@ class Engine:
                 sid, req.prompt_token_ids, req.max_tokens, min_tokens=params.min_tokens,
                 eos_token_ids=self.eos_token_ids, stop_token_ids=frozenset(params.stop_token_ids or ()),
                 ignore_eos=params.ignore_eos, priority=req.priority, arrival_time=now, cache_salt=req.cache_salt,
-                sampling=sampling_options(params, seed, banned, req.constraints[i] if req.constraints else None))
+                sampling=sampling_options(params, seed, banned, req.constraints[i] if req.constraints else None,
+                                          prompt_token_ids=req.prompt_token_ids),
+                # prompt logprobs need every prompt position's logits: no prefix-cache hit
+                skip_reading_prefix_cache=params.prompt_logprobs is not None)
             if isinstance(sched_req.sampling, AdjustedSamplingOptions) and sched_req.sampling.adjust is not None:
                 sched_req.sampling.adjust.tokens.request = sched_req   # the penalties read its tokens
             if kv_transfer is not None:
@@ -169,6 +173,8 @@ class Engine:
                              f"--role {'prefill' if side == 'send' else 'decode'})")
         if n != 1:
             raise ValueError(f"kv_transfer needs n=1, got n={n}")
+        if side == "load" and sched_req.sampling.num_prompt_logprobs is not None:
+            raise ValueError("prompt_logprobs need the prompt computed here, not loaded with kv_transfer")
         if side == "send":
             sched_req.kv_send = True
         else:
@@ -279,7 +285,8 @@ class Engine:
         updates = self.scheduler.update(step.sched_out, sampled_ids)
         if self._constrained:
             updates = self._advance_grammars(updates)
-        processed = self.outputs.process(updates, result.sampled, time.perf_counter())
+        processed = self.outputs.process(updates, result.sampled, time.perf_counter(),
+                                         prompt_logprobs=getattr(result, "prompt_logprobs", None))
         for hit in processed.stop_string_hits:
             self.scheduler.finish_requests([hit.scheduler_id], "stop", stop_reason=hit.stop)
         return processed.outputs
@@ -485,14 +492,16 @@ def _mesh_stats(runner) -> dict:
 
 
 def sampling_options(params: SamplingParams, seed: int, banned: tuple[int, ...],
-                     constraint: TokenConstraint | None = None) -> SamplingOptions:
+                     constraint: TokenConstraint | None = None, *, prompt_token_ids=()) -> SamplingOptions:
     """The runner's options for one sample of a request (one per sample: each has its own seed,
     its own tokens for the penalties and its own grammar state)."""
     common = dict(
         # below GREEDY_BELOW, logits / temperature overflows float32: the argmax is meant
         temperature=0.0 if params.temperature < GREEDY_BELOW else params.temperature,
         top_k=params.top_k, top_p=params.top_p, min_p=params.min_p,
-        seed=seed, min_tokens=params.min_tokens, banned_before_min_tokens=banned, num_logprobs=params.logprobs)
+        seed=seed, min_tokens=params.min_tokens, banned_before_min_tokens=banned, num_logprobs=params.logprobs,
+        num_prompt_logprobs=params.prompt_logprobs,
+        prompt_token_ids=tuple(prompt_token_ids) if params.prompt_logprobs is not None else ())
     if not params.adjusts_logits and constraint is None:
         return SamplingOptions(**common)
     adjust = None
