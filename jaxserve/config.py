@@ -88,6 +88,12 @@ class EngineConfig:
     async_scheduling: bool = _f(
         True, "schedule and dispatch step N+1 while the device runs step N (sampled tokens feed the next step on "
               "the device); --no-async-scheduling waits for each step's tokens before scheduling the next")
+    logprobs_mode: str = _f(
+        "raw", "what sampled tokens' logprobs describe: raw (the model's distribution, before any adjustment) or "
+               "processed (the distribution each token was drawn from: after penalties, logit_bias, min_tokens bans "
+               "and grammar masks, divided by the temperature, cut by top-k/top-p/min-p and renormalized; greedy "
+               "rows: the adjusted logits at temperature 1, untruncated); RL rollouts want processed. Prompt "
+               "logprobs are always raw", choices=("raw", "processed"))
     speculative_config: SpeculativeConfig | None = _f(
         None, "speculative decoding, as JSON (a dict for LLM): {\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
               "\"prompt_lookup_min\": 1, \"prompt_lookup_max\": 4}: guesses from the request's own tokens, verified "
@@ -168,7 +174,8 @@ class EngineConfig:
         for name, allowed in (("role", ("both", "prefill", "decode")),
                               ("kv_load_failure_policy", ("recompute", "fail")),
                               ("scheduling_policy", ("fcfs", "priority")),
-                              ("preemption_mode", ("auto", "recompute", "swap")), ("warm_up", ("all", "none"))):
+                              ("preemption_mode", ("auto", "recompute", "swap")), ("warm_up", ("all", "none")),
+                              ("logprobs_mode", ("raw", "processed"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be one of {allowed}")
         if self.long_prefill_token_threshold is not None and (

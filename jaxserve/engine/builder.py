@@ -274,6 +274,7 @@ def _serve(config: EngineConfig, model_config: ModelConfig, params, *, dtype: st
     with clock.phase("kv_arena"):
         runner = ModelRunner(model_config, params, arena, shapes, attention_impl=config.attention_impl,
                              xla_optimization_level=config.xla_optimization_level,
+                             logprobs_mode=config.logprobs_mode,
                              # several hosts: no swap (its start-up measurement runs outside the steps
                              # the followers mirror); preemption recomputes
                              num_host_blocks=0 if hosts is not None else config.swap_space // arena.bytes_per_block,

@@ -81,12 +81,14 @@ class ModelRunner:
     def __init__(self, model_config: ModelConfig, params, arena: ArenaSpec, shapes: RunnerShapes,
                  attention_impl: str = "auto", xla_optimization_level: int | None = None,
                  num_host_blocks: int = 0, executable_cache: ExecutableCache | None = None,
-                 sampler_probs: bool = False, coupled_with_draft: bool = False, mesh=None, model=None):
+                 sampler_probs: bool = False, coupled_with_draft: bool = False, mesh=None, model=None,
+                 logprobs_mode: str = "raw"):
         """sampler_probs: the sampler also returns each row's distribution (a draft model's runner).
         coupled_with_draft: sampled rows are coupled with a draft model's rows of the same step
         (runner/sampler.py), which dispatch(draft_sample=...) hands over. model: what has the
         `forward` and `compute_logits` the steps run (default: the config's architecture in the
-        model registry)."""
+        model registry). logprobs_mode: what sampled tokens' logprobs describe, "raw" or "processed"
+        (runner/sampler.py)."""
         self.model_config = model_config
         self.model = model
         self.params = params
@@ -116,6 +118,7 @@ class ModelRunner:
         self._neutral: dict[int, dict] = {}    # logits rows -> neutral adjustment arrays on the device
         self.sampler_probs = sampler_probs
         self.coupled_with_draft = coupled_with_draft
+        self.logprobs_mode = logprobs_mode
         # what a coupled sampler reads in a step no draft model ran (an engine sharing this runner
         # without speculation): no row is coupled
         self._no_draft_sample = (dict(probs=jnp.zeros((self.max_sample_rows, model_config.vocab_size), jnp.float32),
@@ -168,7 +171,8 @@ class ModelRunner:
                                                         jnp.float32)
             specs["draft_tokens"] = jax.ShapeDtypeStruct((self.max_sample_rows,), jnp.int32)
         prev = self._input((self.max_sample_rows,), jnp.int32)
-        return jax.jit(functools.partial(sample, pad_to=self.max_sample_rows, probs_out=self.sampler_probs)).lower(
+        return jax.jit(functools.partial(sample, pad_to=self.max_sample_rows, probs_out=self.sampler_probs,
+                                         logprobs_mode=self.logprobs_mode)).lower(
             logits, specs, prev)
 
     def _neutral_adjustments(self, rows: int) -> dict:
@@ -260,7 +264,8 @@ class ModelRunner:
             # a 2-way executable must never serve a 4-way engine, nor one compiled for other devices
             "mesh": None if self.mesh is None else {**self.mesh_info.as_dict(),
                                                     "device_ids": self.mesh.device_ids.tolist()},
-            "sampler": {"probs_out": self.sampler_probs, "coupled_with_draft": self.coupled_with_draft},
+            "sampler": {"probs_out": self.sampler_probs, "coupled_with_draft": self.coupled_with_draft,
+                        "logprobs_mode": self.logprobs_mode},
             "source": fingerprint.traced_source(), "software": fingerprint.software(),
             "machine": fingerprint.machine(),
         }
