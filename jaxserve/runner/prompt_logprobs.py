@@ -138,6 +138,9 @@ class PromptLogprobs:
     def __init__(self, runner):
         from jaxserve.runner.executables import ExecutableStore
 
+        if jax.process_count() > 1:
+            # its start-up runs are not mirrored to the other hosts as the steps' are
+            raise ValueError("enable_prompt_logprobs is not built for an engine on several hosts")
         self.runner = runner
         self.tile = runner.shapes.prefill_tile
         self.row_counts = sorted({step_rows(b, self.tile) for b in runner.shapes.buckets()})
