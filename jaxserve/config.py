@@ -120,6 +120,11 @@ class EngineConfig:
         os.path.join(os.path.expanduser("~"), ".cache", "jaxserve"),
         "what start-up keeps for the next start: checkpoint identities, prepared GGUF weights, serialized "
         "executables, calibration timings ('' disables it)")
+    enable_prompt_logprobs: bool = _f(
+        False, "serve SamplingParams.prompt_logprobs (and /v1/completions echo with logprobs, lm-eval's "
+               "loglikelihood): the steps also return their hidden states and one more small function per step "
+               "row count is compiled at start-up (the LM head, log_softmax, top-k); off, a request asking for "
+               "them is refused at the door and nothing more is compiled")
     warm_up: str = _f(
         "all", "first runs before requests: all (every step is loaded and run once before the engine takes a "
                "request, so none pays a step's slow first run) or none (steps load at first use; for callers that "

@@ -16,6 +16,7 @@ runs once, on whole logits. Without one every array lives on the default device,
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from jaxserve.runner.token_mask import mask_words
 from jaxserve.runner import fingerprint
 from jaxserve.runner.executables import ExecutableCache, ExecutableStore, compile_to_keep
 from jaxserve.runner.host_swap import HostSwapPool, SwapCostModel
+from jaxserve.runner.prompt_logprobs import PromptLogprobs
 from jaxserve.runner.kv_arena import ArenaSpec, allocate_arena
 from jaxserve.parallel.mesh import describe as describe_mesh, replicated
 from jaxserve.parallel.sharding import arena_sharding
@@ -54,6 +56,8 @@ class ModelRunnerOutput:
     # request id -> the tokens it sampled in the step, in order (one per step today; a
     # multi-token step, e.g. speculative decoding, fills more)
     sampled: dict[str, list[SampledToken]] = field(default_factory=dict)
+    # request id -> the prompt positions its rows in the step described (prompt_logprobs.PromptLogprobChunk)
+    prompt_logprobs: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +68,7 @@ class StepHandle:
     sampler_out: dict | None = None                  # the sampler's device arrays
     want_logprobs: np.ndarray | None = None          # per logits row
     drafts: dict[str, tuple[int, ...]] | None = None  # request id -> guesses it verifies (batch.PackedStep)
+    prompt: tuple | None = None                      # prompt logprobs dispatched (PromptLogprobs.run)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +80,7 @@ class StepInputs:
     swap_in: tuple = ()
     block_copies: tuple = ()
     packed: object = None                # batch.PackedStep
+    prompt_rows: object = None           # prompt_logprobs.PromptRows: rows whose prompt logprobs are asked
 
 
 class ModelRunner:
@@ -82,13 +88,14 @@ class ModelRunner:
                  attention_impl: str = "auto", xla_optimization_level: int | None = None,
                  num_host_blocks: int = 0, executable_cache: ExecutableCache | None = None,
                  sampler_probs: bool = False, coupled_with_draft: bool = False, mesh=None, model=None,
-                 logprobs_mode: str = "raw"):
+                 prompt_logprobs: bool = False, logprobs_mode: str = "raw"):
         """sampler_probs: the sampler also returns each row's distribution (a draft model's runner).
         coupled_with_draft: sampled rows are coupled with a draft model's rows of the same step
         (runner/sampler.py), which dispatch(draft_sample=...) hands over. model: what has the
         `forward` and `compute_logits` the steps run (default: the config's architecture in the
-        model registry). logprobs_mode: what sampled tokens' logprobs describe, "raw" or "processed"
-        (runner/sampler.py)."""
+        model registry). prompt_logprobs: the steps also return their hidden states, and one more
+        function per step row count computes prompt logprobs from them (runner/prompt_logprobs.py).
+        logprobs_mode: what sampled tokens' logprobs describe, "raw" or "processed" (runner/sampler.py)."""
         self.model_config = model_config
         self.model = model
         self.params = params
@@ -127,13 +134,16 @@ class ModelRunner:
         self.mask_words = mask_words(model_config.vocab_size)   # a structured-output token mask's width
         self.compiler_options = ({} if xla_optimization_level is None
                                  else {"xla_backend_optimization_level": xla_optimization_level})
+        # None: no prompt logprobs (the steps return only logits, as they always did)
+        self.prompt_logprobs = PromptLogprobs(self) if prompt_logprobs else None
         compile_counter.install()
 
     # -- compilation -------------------------------------------------------------------------
     def _lower(self, bucket: tuple[int, int]):
         D, P = bucket
         fn = make_step(self.model_config, self._attention, decode_rows=D, prefill_tiles=P,
-                       tile=self.shapes.prefill_tile, mesh=self.mesh, model=self.model)
+                       tile=self.shapes.prefill_tile, mesh=self.mesh, model=self.model,
+                       return_hidden=self.prompt_logprobs is not None)
         specs = {k: self._input(s, d) for k, (s, d) in
                  batch_shapes(D, P, tile=self.shapes.prefill_tile, table_width=self.shapes.table_width).items()}
         prev = self._input((self.max_sample_rows,), jnp.int32)
@@ -144,6 +154,8 @@ class ModelRunner:
         kv = self.arena_spec.shape_dtype(split)
         # the arena stays split (donated in place); the logits leave replicated, for the sampler
         out_shardings = ([(split, split)] * self.arena_spec.num_layers, replicated(self.mesh))
+        if self.prompt_logprobs is not None:
+            out_shardings += (replicated(self.mesh),)     # the hidden states, for prompt logprobs
         return jax.jit(fn, donate_argnums=(1,), out_shardings=out_shardings).lower(self.params, kv, specs, prev)
 
     def _input(self, shape, dtype) -> jax.ShapeDtypeStruct:
@@ -197,14 +209,22 @@ class ModelRunner:
                 if on_loaded is not None:
                     on_loaded(bucket, step)
             seconds += self._compiled.load(buckets, on_loaded=loaded)
+        if self.prompt_logprobs is not None:
+            seconds += self.prompt_logprobs.load(buckets)
         return seconds
 
     def executables_loaded_on_demand(self) -> list:
         """Steps and samplers a run needed before they were loaded: each one cost that run a stall."""
-        return self._compiled.loaded_on_demand + self._samplers.loaded_on_demand
+        extra = self.prompt_logprobs._compiled.loaded_on_demand if self.prompt_logprobs is not None else []
+        return self._compiled.loaded_on_demand + self._samplers.loaded_on_demand + extra
+
+    def _step_key(self, bucket: tuple[int, int]) -> dict:
+        # a step that returns its hidden states is another program (an engine without prompt
+        # logprobs keeps the keys it always had)
+        return {"kind": "step", "bucket": bucket, **({"hidden": True} if self.prompt_logprobs is not None else {})}
 
     def _build_step(self, bucket: tuple[int, int]):
-        return self._load_or_compile({"kind": "step", "bucket": bucket}, lambda: self._lower(bucket))
+        return self._load_or_compile(self._step_key(bucket), lambda: self._lower(bucket))
 
     def _build_sampler(self, rows: int):
         return self._load_or_compile({"kind": "sampler", "rows": rows}, lambda: self._lower_sampler(rows))
@@ -214,7 +234,7 @@ class ModelRunner:
         entries, compile them here, and start from a fresh arena (the failed run may have consumed
         the donated one; only start-up warm-up calls this, when the arena holds nothing)."""
         rows = sample_rows_bucket(*bucket)
-        self._compiled.replace(bucket, self._load_or_compile({"kind": "step", "bucket": bucket},
+        self._compiled.replace(bucket, self._load_or_compile(self._step_key(bucket),
                                                              lambda: self._lower(bucket), reuse=False))
         self._samplers.replace(rows, self._load_or_compile({"kind": "sampler", "rows": rows},
                                                            lambda: self._lower_sampler(rows), reuse=False))
@@ -293,6 +313,8 @@ class ModelRunner:
         inputs = StepInputs(tuple(sched_out.swap_out), tuple(sched_out.swap_in), tuple(sched_out.block_copies),
                             pack_step(sched_out, self.shapes, self._prev_rows, mask_words=self.mask_words)
                             if sched_out.requests else None)
+        if self.prompt_logprobs is not None and inputs.packed is not None:
+            inputs = dataclasses.replace(inputs, prompt_rows=self.prompt_logprobs.pack(sched_out, inputs.packed.bucket))
         if self.step_mirror is not None:
             # multi-host: every other host runs this step's programs too (parallel/distributed.py)
             self.step_mirror.publish(inputs)
@@ -315,12 +337,14 @@ class ModelRunner:
         step = self._compiled.get(packed.bucket)
         if step is None:
             raise RuntimeError(f"bucket {packed.bucket} was not compiled at start-up")
-        self.kv_caches, logits = step(self.params, self.kv_caches, packed.arrays, self._prev_tokens)
+        self.kv_caches, logits, *hidden = step(self.params, self.kv_caches, packed.arrays, self._prev_tokens)
+        # prompt logprobs only in a step that carries rows asking for them (hidden: with the option on)
+        prompt = self.prompt_logprobs.run(hidden[0], inputs.prompt_rows) if inputs.prompt_rows is not None else None
         # a verification's last token is known only at collect(): no later step may read it as a
         # placeholder (the scheduler schedules after its update), so it has no row here
         self._prev_rows = {rid: row for rid, row in packed.sample_rows if rid not in packed.drafts}
         if not packed.sample_rows:
-            return StepHandle()
+            return StepHandle(prompt=prompt)
         sampling = packed.sampling
         if not (sampling["adjust"].any() or sampling["masked"].any()):
             sampling = {**sampling, **self._neutral_adjustments(logits.shape[0])}
@@ -333,7 +357,7 @@ class ModelRunner:
         # start the copies to the host now; collect() reads them a step later
         for key in ("tokens", "logprob", "top_ids", "top_logprobs") if wants.any() else ("tokens",):
             out[key].copy_to_host_async()
-        return StepHandle(packed.sample_rows, out, wants, packed.drafts)
+        return StepHandle(packed.sample_rows, out, wants, packed.drafts, prompt)
 
     def is_ready(self, handle: StepHandle) -> bool:
         """Whether a dispatched step's sampled tokens are computed (collect would not wait)."""
@@ -341,8 +365,9 @@ class ModelRunner:
 
     def collect(self, handle: StepHandle) -> ModelRunnerOutput:
         """Wait for a dispatched step's sampled tokens (and logprobs, where asked) on the host."""
+        prompt = PromptLogprobs.read(handle.prompt) if handle.prompt is not None else {}
         if not handle.sample_rows:
-            return ModelRunnerOutput()
+            return ModelRunnerOutput(prompt_logprobs=prompt)
         out, wants = handle.sampler_out, handle.want_logprobs
         tokens = np.asarray(out["tokens"])
         lp = top_ids = top_lp = None
@@ -364,7 +389,7 @@ class ModelRunner:
             while kept < len(guesses) and int(tokens[row + kept]) == guesses[kept]:
                 kept += 1
             sampled[request_id] = [token(row + j) for j in range(kept + 1)]
-        return ModelRunnerOutput(sampled)
+        return ModelRunnerOutput(sampled, prompt)
 
     def copy_blocks(self, pairs) -> None:
         """Copy whole blocks (src -> dst) in every layer, COPY_BATCH pairs per compiled call;
