@@ -96,6 +96,7 @@ def assert_blocks_whole(*servers):
         wait_until(lambda: blocks_whole(s), f"every KV block of {s.target} free or cached")
 
 
+@pytest.mark.slow   # three server processes (~1.5 min); the pairing and the transfer run in-process by default
 def test_behind_the_router_outputs_equal_a_colocated_engine(prefill, decode, tiny_llama_dir, xla_cache_dir,
                                                              tmp_path_factory):
     d = tmp_path_factory.mktemp("pd-router")
@@ -171,6 +172,7 @@ def test_a_lease_of_other_tokens_is_refused_and_the_prompt_recomputed(prefill, d
     assert_blocks_whole(decode, prefill)     # the refused pull acknowledged the lease too
 
 
+@pytest.mark.slow   # kills and restarts a server process per policy (~40 s); a stopped prefill engine runs by default
 def test_a_killed_prefill_engine_costs_unavailable_or_a_recompute_by_policy(prefill, decode, tiny_llama_dir,
                                                                              xla_cache_dir, tmp_path_factory):
     strict = _serve(tiny_llama_dir, xla_cache_dir, tmp_path_factory.mktemp("strict") / "s.log", "--role", "decode",

@@ -39,6 +39,7 @@ def hf_model():
     return model
 
 
+@pytest.mark.slow   # the embedded model and HF side by side (~2 min on 2 cores); every architecture's tiny parity runs by default
 def test_greedy_generations_match_hf_transformers_on_the_embedded_model(llm, hf_model):
     import torch
 

@@ -380,10 +380,9 @@ def test_a_restart_reuses_the_compiled_steps_until_the_model_source_changes(tmp_
     monkeypatch.syspath_prepend(str(tmp_path))
     lab = importlib.import_module("lab_model_under_edit")
     # warm_up="none": each start loads (or compiles) only the steps its one request needs. The
-    # arena's size is drawn per run so that its programs are new to XLA's persistent cache, which
-    # is process-wide (the first engine's cache_dir) and may hold an earlier test's same program:
-    # an executable found there is used but never kept (compile_to_keep), so the second start
-    # would compile it again and the count below would not be the executable cache's doing
+    # arena's size is drawn per run so that the steps' programs are new to XLA's persistent cache,
+    # which is process-wide (the first engine's cache_dir) and may hold an earlier test's same
+    # program: the first start must compile, and keep, its steps
     blocks = 40 + random.SystemRandom().randrange(4000)
     small = dict(TINY_ENGINE, max_num_seqs=2, max_model_len=64, max_num_batched_tokens=8, num_kv_blocks=blocks,
                  cache_dir=str(tmp_path / "cache"), warm_up="none")
@@ -391,13 +390,22 @@ def test_a_restart_reuses_the_compiled_steps_until_the_model_source_changes(tmp_
     prompt = {"prompt_token_ids": list(range(20, 31))}
     greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
-    # steps and samplers compiled because the executable cache had none (compile_to_keep runs only
-    # then): counted per call, not process-wide, so a compile elsewhere in the process (an earlier
-    # test's engine thread) never counts here
+    # steps and samplers XLA compiled because the executable cache had none (compile_to_keep runs
+    # only then, and says whether the result may be kept): counted per call, not process-wide, so
+    # a compile elsewhere in the process (an earlier test's engine thread) never counts here. One
+    # that XLA's persistent cache answered is not counted: it is never kept (compile_to_keep), so
+    # every start takes it from there again (the samplers' programs do not depend on the arena, and
+    # an earlier test may have compiled the same ones)
     compiled_steps = []
     keep = model_runner.compile_to_keep
-    monkeypatch.setattr(model_runner, "compile_to_keep",
-                        lambda *a, **k: compiled_steps.append(1) or keep(*a, **k))
+
+    def counting(*a, **k):
+        compiled, keepable = keep(*a, **k)
+        if keepable:
+            compiled_steps.append(1)
+        return compiled, keepable
+
+    monkeypatch.setattr(model_runner, "compile_to_keep", counting)
 
     def start():
         before = len(compiled_steps)

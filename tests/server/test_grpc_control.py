@@ -23,6 +23,7 @@ def second_dir(tmp_path_factory):
     return make_tiny_model(tmp_path_factory.mktemp("tiny-llama-seed3"), "llama", seed=3)
 
 
+@pytest.mark.slow   # its own servicer and two HF references (~40 s); the HTTP control routes run the same engine calls by default
 def test_control_calls_update_pause_and_resume(tiny_llm, tiny_llama_dir, second_dir, tmp_path):
     engine = fresh_engine(tiny_llm)
     own = engine.runner.params
