@@ -327,6 +327,12 @@ class Engine:
         cache is flushed. Every check runs first: a bad update raises ValueError, changes nothing."""
         if version is not None and (isinstance(version, bool) or not isinstance(version, (int, str))):
             raise ValueError(f"version must be an int, a str or None, got {version!r}")
+        if getattr(self.runner, "step_mirror", None) is not None:
+            raise RuntimeError("update_weights is not built for an engine on several hosts (the followers would "
+                               "keep the old weights)")
+        if self.kv_connector is not None:
+            raise RuntimeError("update_weights is not built for disaggregated prefill/decode roles (a KV transfer "
+                               "between two weight versions is not guarded)")
         t0 = time.perf_counter()
         new = weight_update.new_params(self.runner, update, requantize=self.requantize)
         self._drain()

@@ -299,3 +299,15 @@ def test_a_quantized_engine_quantizes_a_complete_named_update_as_a_fresh_start_w
         assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b))
     assert llm.stats().weights_version == "q2" and llm.stats().num_compilations_after_warmup == 0
     assert len(greedy_ids(llm)) == N
+
+
+def test_an_update_is_refused_where_it_is_not_built(llm, second_dir):
+    engine, params, updates = llm.engine, llm.engine.runner.params, llm.engine.num_weight_updates
+    for attr, target, words in (("kv_connector", engine, "disaggregated"), ("step_mirror", engine.runner, "several hosts")):
+        setattr(target, attr, object())
+        try:
+            with pytest.raises(RuntimeError, match=words):
+                llm.update_weights(pytree_of(llm, second_dir))
+        finally:
+            setattr(target, attr, None)
+    assert engine.runner.params is params and engine.num_weight_updates == updates
