@@ -162,7 +162,10 @@ def run_gated(llm, body):
             await aengine.shutdown()
             for name in ("step", "add_processed", "abort"):
                 engine.__dict__.pop(name, None)
-    return asyncio.run(main())
+    result = asyncio.run(main())
+    s = engine.stats()   # every request ended (aborted, finished): no block is held
+    assert s.num_kv_blocks_free + s.num_kv_blocks_cached == s.num_kv_blocks_total
+    return result
 
 
 class Stream:
