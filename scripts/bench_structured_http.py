@@ -118,12 +118,13 @@ def stream_overhead(llm, rounds: int, max_tokens: int):
     from jaxserve import LLM
     from jaxserve.client import GenerationClient
     from jaxserve.engine.async_engine import AsyncEngine
-    from jaxserve.server.convert import RequestLimits
+    from jaxserve.server.request_caps import RequestCaps
     from jaxserve.server.http.app import create_app
     from jaxserve.server.http.listener import HTTPListener
     from jaxserve.server.http.openai_front import OpenAIFront
     from jaxserve.server.proto import generation_pb2_grpc as pb_grpc
-    from jaxserve.server.servicer import GenerationServicer, Phase, ServerState
+    from jaxserve.server.servicer import GenerationServicer
+    from jaxserve.server.state import Phase, ServerState
 
     engine = LLM.sharing_runner(llm).engine
     loop = asyncio.new_event_loop()
@@ -136,10 +137,10 @@ def stream_overhead(llm, rounds: int, max_tokens: int):
         state.phase = Phase.SERVING
         server = grpc.aio.server()
         pb_grpc.add_GenerationServicer_to_server(
-            GenerationServicer(state, max_concurrent_streams=8, limits=RequestLimits()), server)
+            GenerationServicer(state, max_concurrent_streams=8, limits=RequestCaps()), server)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
-        http = HTTPListener(create_app(OpenAIFront(state, limits=RequestLimits(), metrics=None,
+        http = HTTPListener(create_app(OpenAIFront(state, limits=RequestCaps(), metrics=None,
                                                    max_concurrent_streams=8)), "127.0.0.1", 0)
         await http.start()
         return server, port, http

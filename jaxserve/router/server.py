@@ -27,7 +27,7 @@ from jaxserve.router.replica import Replica, ReplicaAddress, ReplicaClientConfig
 from jaxserve.router.servicer import RouterServicer, RouterState
 from jaxserve.router.tokenize import PromptTokenizer
 from jaxserve.server.reflection import enable_server_reflection
-from jaxserve.server.server import SERVICE_NAME, server_interceptors
+from jaxserve.server.grpc_front import SERVICE_NAME, server_interceptors
 
 log = logging.getLogger("jaxserve.router")
 SERVING = health_pb2.HealthCheckResponse.SERVING

@@ -1,4 +1,4 @@
-"""Bearer-token authentication: every call but the health check must carry
+"""Bearer-token authentication of the gRPC front: every call but the health check must carry
 `authorization: Bearer <key>` metadata, or it ends with UNAUTHENTICATED before any handler runs.
 The scheme is case-insensitive (`bearer`, `BEARER`; RFC 9110 section 11.1), the key is not.
 
@@ -12,6 +12,8 @@ import hmac
 
 import grpc
 from grpc import aio
+
+from jaxserve.server.bearer import bearer_token
 
 OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/",)
 
@@ -38,15 +40,6 @@ class BearerTokenInterceptor(aio.ServerInterceptor):
         why = ("missing bearer token" if not given else
                "wrong bearer token" if token is not None else "the authorization scheme is not Bearer")
         return _refusal(handler, why)
-
-
-def bearer_token(value: bytes) -> bytes | None:
-    """The credentials of an `authorization` value whose scheme is Bearer, in any case; None for
-    another scheme or none."""
-    scheme, _, token = value.strip().partition(b" ")
-    if scheme.lower() != b"bearer":
-        return None
-    return token.strip(b" ")
 
 
 def _refusal(handler, why: str):

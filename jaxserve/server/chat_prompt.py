@@ -5,7 +5,7 @@ text prompt, so a long chat never stalls the step thread or the event loop."""
 from __future__ import annotations
 
 from jaxserve.engine.async_engine import AsyncEngine
-from jaxserve.server.convert import chat_roles
+from jaxserve.server.chat_roles import chat_roles
 
 def check_roles(messages: list[dict[str, str]], allowed_roles: frozenset[str], field: str) -> None:
     """Every role must be one the template takes; `field` names the messages in the error."""

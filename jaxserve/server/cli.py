@@ -74,7 +74,7 @@ def add_server_parsers(subparsers) -> None:
 
 
 def server_config_from_args(args: argparse.Namespace):
-    from jaxserve.server.convert import RequestLimits
+    from jaxserve.server.request_caps import RequestCaps
     from jaxserve.server.server import ServerConfig
 
     return ServerConfig(host=args.host, port=args.port, grpc=not args.no_grpc, http_port=args.http_port,
@@ -83,7 +83,7 @@ def server_config_from_args(args: argparse.Namespace):
                         tls_cert=args.tls_cert, tls_key=args.tls_key,
                         max_concurrent_streams=args.max_concurrent_streams, grace_period=args.grace_period,
                         max_message_bytes=args.max_message_bytes,
-                        limits=RequestLimits(max_n=args.max_n, max_tokens=args.max_tokens_limit))
+                        limits=RequestCaps(max_n=args.max_n, max_tokens=args.max_tokens_limit))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -8,13 +8,12 @@ ValueError naming the field, which the servicer turns into INVALID_ARGUMENT.
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass
 from typing import Any
 
 from jaxserve.outputs import RequestOutput
 from jaxserve.sampling_params import OutputKind, SamplingParams
 from jaxserve.server.proto import generation_pb2 as pb
+from jaxserve.server.request_caps import RequestCaps
 from jaxserve.server.sample_deltas import SampleDelta
 from jaxserve.structured_outputs import StructuredOutputs
 
@@ -24,22 +23,7 @@ _SCALARS = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "max_tokens",
             "repetition_penalty", "prompt_logprobs")
 
 
-@dataclass(frozen=True, slots=True)
-class RequestLimits:
-    """Per-request limits the server enforces before the engine sees a request."""
-
-    max_n: int = 1
-    max_tokens: int | None = None        # None: only max_model_len bounds it
-    max_stop_strings: int = 16
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.max_n, int) or self.max_n < 1:
-            raise ValueError(f"max_n={self.max_n!r} must be an integer >= 1")
-        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
-            raise ValueError(f"max_tokens={self.max_tokens!r} must be an integer >= 1 or None")
-
-
-def sampling_params_from_proto(msg: pb.SamplingParams, limits: RequestLimits = RequestLimits()) -> SamplingParams:
+def sampling_params_from_proto(msg: pb.SamplingParams, limits: RequestCaps = RequestCaps()) -> SamplingParams:
     kwargs: dict[str, Any] = {name: getattr(msg, name) for name in _SCALARS if msg.HasField(name)}
     if msg.stop:
         kwargs["stop"] = tuple(msg.stop)
@@ -73,49 +57,10 @@ def structured_outputs_from_proto(msg: pb.StructuredOutputs) -> StructuredOutput
     return StructuredOutputs(**{which: getattr(msg, which)})
 
 
-# The roles every chat template is written for (OpenAI's and Hugging Face's conventions).
-STANDARD_CHAT_ROLES = frozenset({"system", "user", "assistant", "tool"})
-
-
 def chat_messages(msg: pb.Chat) -> list[dict[str, str]]:
     """The proto's messages as the chat template's dicts; roles are checked when the chat is
     rendered (chat_prompt.render_chat), against the roles the model's template takes."""
     return [{"role": m.role, "content": m.content} for m in msg.messages]
-
-
-@functools.lru_cache(maxsize=8)
-def chat_roles(template: str | None) -> frozenset[str]:
-    """The standard roles plus any other the template names: the string constants it compares a
-    message's role with (`message['role'] == 'ipython'`, `m.role in ['developer', ...]`)."""
-    return STANDARD_CHAT_ROLES | _template_roles(template) if template else STANDARD_CHAT_ROLES
-
-
-def _template_roles(template: str) -> frozenset[str]:
-    import jinja2
-    from jinja2 import nodes
-
-    try:
-        tree = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(template)
-    except jinja2.TemplateError:   # a tag of transformers' own ({% generation %}): only the standard roles
-        return frozenset()
-
-    def is_role(e) -> bool:
-        return ((isinstance(e, nodes.Getitem) and isinstance(e.arg, nodes.Const) and e.arg.value == "role")
-                or (isinstance(e, nodes.Getattr) and e.attr == "role"))
-
-    def strings(e) -> set[str]:
-        if isinstance(e, nodes.Const) and isinstance(e.value, str):
-            return {e.value}
-        if isinstance(e, (nodes.List, nodes.Tuple)):
-            return {s for item in e.items for s in strings(item)}
-        return set()
-
-    roles: set[str] = set()
-    for cmp in tree.find_all(nodes.Compare):
-        operands = [cmp.expr, *(op.expr for op in cmp.ops)]
-        if any(is_role(e) for e in operands):
-            roles.update(s for e in operands for s in strings(e))
-    return frozenset(roles)
 
 
 def prompt_from_proto(req: pb.GenerateRequest) -> Any:

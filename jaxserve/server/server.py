@@ -1,6 +1,7 @@
 """The server process: gRPC (Generation, health, reflection), the OpenAI-compatible HTTP API
 (`http_port`), metrics, warmup and graceful shutdown. Both fronts share one ServerState (phase,
-engine, stream count) and one Prometheus registry; either may be off, not both.
+engine, stream count: server/state.py) and one Prometheus registry; either may be off, not both.
+The gRPC front lives in grpc_front.py and the HTTP front in http/; neither imports the other.
 
 Order of life: listen first (health NOT_SERVING, Generate UNAVAILABLE), build and compile the
 engine in a thread, then SERVING. SIGTERM or SIGINT: NOT_SERVING and UNAVAILABLE for new calls,
@@ -19,26 +20,12 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-import grpc
-from grpc import aio
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1.health import aio as health_aio
-
 from jaxserve.config import EngineConfig
-from jaxserve.server.auth import BearerTokenInterceptor
-from jaxserve.server.convert import RequestLimits
-from jaxserve.server.malformed import MalformedRequestInterceptor
 from jaxserve.server.metrics import ServerMetrics
-from jaxserve.server.proto import generation_pb2 as pb
-from jaxserve.server.proto import generation_pb2_grpc as pb_grpc
-from jaxserve.server.reflection import enable_server_reflection
-from jaxserve.server.servicer import GenerationServicer, Phase, ServerState
+from jaxserve.server.request_caps import RequestCaps
+from jaxserve.server.state import Phase, ServerState
 
 log = logging.getLogger("jaxserve.server")
-
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Generation"].full_name   # "jaxserve.v1.Generation"
-SERVING = health_pb2.HealthCheckResponse.SERVING
-NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 # gRPC messages are bounded before the model is loaded, so by what any vocabulary's token could
 # stand for: 256 bytes (SmolLM2's longest token has 81). The exact bound, from the model's own
@@ -56,11 +43,6 @@ def message_bytes_limit(max_model_len: int) -> int:
     return max_model_len * MESSAGE_BYTES_PER_TOKEN + MESSAGE_OVERHEAD_BYTES
 
 
-def server_interceptors(api_key: str | None) -> list[aio.ServerInterceptor]:
-    """Authentication first (a refusal needs no parsing), then malformed bytes -> INVALID_ARGUMENT."""
-    return ([BearerTokenInterceptor(api_key)] if api_key else []) + [MalformedRequestInterceptor()]
-
-
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
     host: str = "127.0.0.1"
@@ -74,7 +56,7 @@ class ServerConfig:
     max_concurrent_streams: int = 256
     grace_period: float = 30.0           # seconds in-flight streams get after SIGTERM
     max_message_bytes: int | None = None     # None: message_bytes_limit(max_model_len)
-    limits: RequestLimits = RequestLimits()
+    limits: RequestCaps = RequestCaps()
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -127,7 +109,11 @@ async def run_server(config: ServerConfig, engine_config: EngineConfig, *, progr
     max_message_bytes = config.max_message_bytes
     if max_message_bytes is None:
         max_message_bytes = message_bytes_limit(engine_config.max_model_len or DEFAULT_MAX_MODEL_LEN_BOUND)
-    grpc_front = await _start_grpc(config, max_message_bytes, state, metrics) if config.grpc else None
+    grpc_front = None
+    if config.grpc:   # imported only when served: `--no-grpc` loads no grpc at all
+        from jaxserve.server.grpc_front import start_grpc
+
+        grpc_front = await start_grpc(config, max_message_bytes, state, metrics)
     http = None
     if config.http_port is not None:
         from jaxserve.server.http.app import create_app
@@ -153,7 +139,7 @@ async def run_server(config: ServerConfig, engine_config: EngineConfig, *, progr
         state.phase = Phase.FAILED
         log.error("engine failed: %s; health is NOT_SERVING", err)
         if grpc_front is not None:
-            asyncio.ensure_future(grpc_front.set_health(NOT_SERVING))
+            asyncio.ensure_future(grpc_front.set_serving(False))
 
     if build_engine is None:
         from jaxserve.engine.builder import build_engine as default_build
@@ -196,7 +182,7 @@ async def run_server(config: ServerConfig, engine_config: EngineConfig, *, progr
     reaper = _lease_reaper(state.aengine, engine_config)
     state.phase = Phase.SERVING
     if grpc_front is not None:
-        await grpc_front.set_health(SERVING)
+        await grpc_front.set_serving(True)
     timings = getattr(engine, "startup_timings", None)     # a test's stand-in engine may have none
     where = ", ".join(([f"{config.host}:{grpc_front.port}"] if grpc_front is not None else [])
                       + ([f"http://{config.host}:{http.port}/v1"] if http is not None else []))
@@ -230,49 +216,7 @@ def _lease_reaper(aengine, engine_config: EngineConfig):
     return asyncio.ensure_future(reap_leases(aengine, min(1.0, engine_config.kv_lease_s / 4)))
 
 
-@dataclass
-class _GRPCFront:
-    server: aio.Server
-    health: health_aio.HealthServicer
-    port: int
-
-    async def set_health(self, status) -> None:
-        for name in ("", SERVICE_NAME):
-            await self.health.set(name, status)
-
-
-async def _start_grpc(config: ServerConfig, max_message_bytes: int, state: ServerState,
-                      metrics: ServerMetrics) -> _GRPCFront:
-    server = aio.server(interceptors=server_interceptors(config.api_key), options=[
-        ("grpc.max_receive_message_length", max_message_bytes),
-        ("grpc.max_send_message_length", max_message_bytes),
-        ("grpc.so_reuseport", 0),
-    ])
-    servicer = GenerationServicer(state, max_concurrent_streams=config.max_concurrent_streams,
-                                  limits=config.limits, metrics=metrics)
-    pb_grpc.add_GenerationServicer_to_server(servicer, server)
-    health = health_aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    enable_server_reflection((SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name), server)
-    front = _GRPCFront(server, health, 0)
-    await front.set_health(NOT_SERVING)
-
-    address = f"{config.host}:{config.port}"
-    try:
-        if config.tls_cert:
-            with open(config.tls_key, "rb") as k, open(config.tls_cert, "rb") as c:
-                creds = grpc.ssl_server_credentials([(k.read(), c.read())])
-            front.port = server.add_secure_port(address, creds)
-        else:
-            front.port = server.add_insecure_port(address)
-    except RuntimeError as e:   # grpc's "failed to bind"; the CLI reports ValueErrors without a traceback
-        raise ValueError(f"cannot listen on {address}: {e}") from e
-    await server.start()
-    log.info("listening on %s:%d (%s), warming up", config.host, front.port, "TLS" if config.tls_cert else "plaintext")
-    return front
-
-
-async def _drain(state: ServerState, grpc_front: _GRPCFront | None, http, grace_period: float) -> None:
+async def _drain(state: ServerState, grpc_front, http, grace_period: float) -> None:
     log.info("draining: %d streams in flight, grace period %.1f s", state.active_streams, grace_period)
     if state.phase is not Phase.FAILED:
         state.phase = Phase.DRAINING

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import time
 
@@ -24,37 +23,16 @@ from jaxserve.server.chat_prompt import render_chat
 from jaxserve.server.metrics import ServerMetrics
 from jaxserve.server.proto import generation_pb2 as pb
 from jaxserve.server.proto import generation_pb2_grpc as pb_grpc
+from jaxserve.server.request_caps import RequestCaps
 from jaxserve.server.sample_deltas import SampleDeltas
+from jaxserve.server.state import Overloaded, Phase, ServerState
 from jaxserve.sched.kv_connector import KVLoadFailed, RemoteKV
-
-try:   # the scheduler's "waiting queue full"; older trees have no such error
-    from jaxserve.sched.errors import Overloaded
-except ImportError:  # pragma: no cover
-    class Overloaded(RuntimeError):
-        pass
 
 log = logging.getLogger(__name__)
 
 
-class Phase(enum.Enum):
-    WARMING_UP = "warming_up"
-    SERVING = "serving"
-    DRAINING = "draining"
-    FAILED = "failed"
-
-
-class ServerState:
-    """What the servicer, health and shutdown share: the phase and, once built, the engine."""
-
-    def __init__(self) -> None:
-        self.phase = Phase.WARMING_UP
-        self.aengine: AsyncEngine | None = None
-        self.active_streams = 0
-        self.streams_changed = asyncio.Event()
-
-
 class GenerationServicer(pb_grpc.GenerationServicer):
-    def __init__(self, state: ServerState, *, max_concurrent_streams: int, limits: convert.RequestLimits,
+    def __init__(self, state: ServerState, *, max_concurrent_streams: int, limits: RequestCaps,
                  metrics: ServerMetrics | None = None):
         self.state = state
         self.max_concurrent_streams = max_concurrent_streams

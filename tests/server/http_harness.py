@@ -12,13 +12,13 @@ import pytest
 
 from jaxserve import LLM
 from jaxserve.engine.async_engine import AsyncEngine
-from jaxserve.server.convert import RequestLimits
+from jaxserve.server.request_caps import RequestCaps
 from jaxserve.server.http.app import create_app
 from jaxserve.server.http.listener import HTTPListener
 from tests.server.server_process import wait_until  # noqa: F401  (the HTTP tests import it from here)
 from jaxserve.server.http.openai_front import OpenAIFront
 from jaxserve.server.metrics import ServerMetrics
-from jaxserve.server.servicer import Phase, ServerState
+from jaxserve.server.state import Phase, ServerState
 from tests.server.step_gate import StepGate
 
 API_KEY = "test-key"
@@ -37,7 +37,7 @@ class HTTPServer:
         self._thread = threading.Thread(target=self.loop.run_forever, name="http-test-loop", daemon=True)
         self._thread.start()
         self.metrics = ServerMetrics(lambda: self.state.aengine.snapshot if self.state.aengine else None)
-        self.front = OpenAIFront(self.state, limits=RequestLimits(max_n=max_n), metrics=self.metrics,
+        self.front = OpenAIFront(self.state, limits=RequestCaps(max_n=max_n), metrics=self.metrics,
                                  max_concurrent_streams=64)
         self.api_key = api_key
         self.listener = self.run(self._start())

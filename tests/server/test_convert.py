@@ -5,7 +5,8 @@ import pytest
 
 from jaxserve.client import build_request
 from jaxserve.sampling_params import OutputKind, SamplingParams
-from jaxserve.server.convert import RequestLimits, prompt_from_proto, sampling_params_from_proto
+from jaxserve.server.convert import prompt_from_proto, sampling_params_from_proto
+from jaxserve.server.request_caps import RequestCaps
 from jaxserve.server.proto import generation_pb2 as pb
 
 
@@ -37,7 +38,7 @@ def test_every_field_round_trips_through_the_client_request():
                                        (dict(n=3), "n"), (dict(max_tokens=99), "max_tokens")])
 def test_bad_values_and_limits_raise_value_errors_naming_the_field(kw, field):
     with pytest.raises(ValueError, match=field):
-        sampling_params_from_proto(build_request("x", **kw).sampling_params, RequestLimits(max_n=1, max_tokens=50))
+        sampling_params_from_proto(build_request("x", **kw).sampling_params, RequestCaps(max_n=1, max_tokens=50))
 
 
 def test_prompts_of_each_kind_and_the_cache_salt():

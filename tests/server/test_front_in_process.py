@@ -19,13 +19,14 @@ from grpc_reflection.v1alpha import reflection_pb2 as refl_pb
 from jaxserve import LLM
 from jaxserve.client import AsyncGenerationClient
 from jaxserve.engine.async_engine import AsyncEngine
-from jaxserve.server.convert import RequestLimits
+from jaxserve.server.request_caps import RequestCaps
 from jaxserve.server.metrics import ServerMetrics
 from jaxserve.server.proto import generation_pb2 as pb
 from jaxserve.server.proto import generation_pb2_grpc as pb_grpc
 from jaxserve.server.reflection import enable_server_reflection
-from jaxserve.server.server import SERVICE_NAME, server_interceptors
-from jaxserve.server.servicer import GenerationServicer, Phase, ServerState
+from jaxserve.server.grpc_front import SERVICE_NAME, server_interceptors
+from jaxserve.server.servicer import GenerationServicer
+from jaxserve.server.state import Phase, ServerState
 
 PROMPT = "The tide comes in"
 STEP_THREAD = "jaxserve-step-loop"
@@ -68,7 +69,7 @@ async def serve(engine, body, *, api_key=None, metrics=None):
     state.phase = Phase.SERVING
     server = aio.server(interceptors=server_interceptors(api_key))
     pb_grpc.add_GenerationServicer_to_server(
-        GenerationServicer(state, max_concurrent_streams=64, limits=RequestLimits(), metrics=metrics), server)
+        GenerationServicer(state, max_concurrent_streams=64, limits=RequestCaps(), metrics=metrics), server)
     enable_server_reflection((SERVICE_NAME,), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()

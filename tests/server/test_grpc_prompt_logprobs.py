@@ -8,7 +8,7 @@ import pytest
 from grpc import aio
 
 from jaxserve import LLM, SamplingParams
-from jaxserve.server.convert import RequestLimits
+from jaxserve.server.request_caps import RequestCaps
 from tests.server.test_servicer_in_process import serve
 
 PROMPT = "The tide comes in"
@@ -29,7 +29,7 @@ def test_prompt_logprobs_over_grpc(prompt_logprobs_llm):
         return got, two, plain, bad.value
 
     try:
-        got, two, plain, bad = asyncio.run(serve(LLM.sharing_runner(llm).engine, body, limits=RequestLimits(max_n=2)))
+        got, two, plain, bad = asyncio.run(serve(LLM.sharing_runner(llm).engine, body, limits=RequestCaps(max_n=2)))
     finally:
         llm.engine.reset_prefix_cache()
     ids = want.prompt_token_ids

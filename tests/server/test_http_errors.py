@@ -92,7 +92,7 @@ def test_without_the_api_key_every_v1_route_is_a_401_but_health_is_open(server, 
 
 
 def test_warming_up_or_draining_is_a_503(server, client):
-    from jaxserve.server.servicer import Phase
+    from jaxserve.server.state import Phase
 
     for phase in (Phase.WARMING_UP, Phase.DRAINING):
         server.state.phase = phase

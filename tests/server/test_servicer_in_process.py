@@ -14,16 +14,17 @@ from grpc import aio
 from jaxserve import LLM
 from jaxserve.client import AsyncGenerationClient
 from jaxserve.engine.async_engine import AsyncEngine
-from jaxserve.server.convert import RequestLimits
+from jaxserve.server.request_caps import RequestCaps
 from jaxserve.server.proto import generation_pb2_grpc as pb_grpc
-from jaxserve.server.servicer import GenerationServicer, Phase, ServerState
+from jaxserve.server.servicer import GenerationServicer
+from jaxserve.server.state import Phase, ServerState
 from tests.server.step_gate import StepGate
 
 PROMPT = "The tide comes in"
 HANG_GUARD_S = 120
 
 
-async def serve(engine, body, limits=RequestLimits()):
+async def serve(engine, body, limits=RequestCaps()):
     """Run body(client, state) against a servicer over `engine` on a loopback port."""
     state = ServerState()
     state.aengine = AsyncEngine(engine)
@@ -179,7 +180,7 @@ def test_n_samples_stream_each_sample_with_its_index_and_complete(tiny_llm):
             chunks.append(c)
         return done, chunks
 
-    done, chunks = asyncio.run(serve(engine, body, limits=RequestLimits(max_n=3)))
+    done, chunks = asyncio.run(serve(engine, body, limits=RequestCaps(max_n=3)))
     got = {0: done.token_ids, **{i: s.token_ids for i, s in done.samples.items()}}
     assert got == want and len(want) == 3
     assert {c.index for c in chunks} == {0, 1, 2}

@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from jaxserve.server.auth import bearer_token
+from jaxserve.server.bearer import bearer_token
 from jaxserve.server.http import errors
 from jaxserve.server.http.body_limit import BodyLimit
 from jaxserve.server.http.control import add_control_routes
@@ -25,7 +25,7 @@ from jaxserve.server.http.openai_front import OpenAIFront
 from jaxserve.server.http import tokenization
 from jaxserve.server.http.schemas import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                           DetokenizeResponse, ModelList, TokenizeRequest, TokenizeResponse)
-from jaxserve.server.servicer import Phase
+from jaxserve.server.state import Phase
 
 
 def create_app(front: OpenAIFront, *, api_key: str | None = None, max_body_bytes: int | None = None) -> FastAPI:

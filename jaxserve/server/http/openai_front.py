@@ -2,7 +2,7 @@
 start the engine streams, and answer in one JSON body or as server-sent events.
 
 Shared with the gRPC servicer: the server's phase and stream count (ServerState), the request
-limits (RequestLimits), the chat template rendering (chat_prompt), the per-sample deltas
+caps (RequestCaps), the chat template rendering (chat_prompt), the per-sample deltas
 (sample_deltas) and the Prometheus metrics; the engine's door validates everything else.
 """
 
@@ -19,7 +19,6 @@ from starlette.responses import StreamingResponse
 from jaxserve.engine.async_engine import AsyncEngine, EngineDeadError, EngineStoppedError
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.server.chat_prompt import render_chat
-from jaxserve.server.convert import RequestLimits
 from jaxserve.server.http import errors
 from jaxserve.server.http.disconnect import ClientDisconnected, unless_disconnected
 from jaxserve.server.http.engine_run import EngineRun
@@ -32,7 +31,8 @@ from jaxserve.server.http.schemas import (AssistantMessage, ChatChoice, ChatChun
                                           CompletionResponse, DeltaMessage, ErrorBody, ErrorResponse, ModelCard,
                                           ModelList, new_id, now)
 from jaxserve.server.metrics import ServerMetrics
-from jaxserve.server.servicer import Overloaded, Phase, ServerState
+from jaxserve.server.request_caps import RequestCaps
+from jaxserve.server.state import Overloaded, Phase, ServerState
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class _Echo:
 
 
 class OpenAIFront:
-    def __init__(self, state: ServerState, *, limits: RequestLimits, metrics: ServerMetrics | None,
+    def __init__(self, state: ServerState, *, limits: RequestCaps, metrics: ServerMetrics | None,
                  max_concurrent_streams: int):
         self.state = state
         self.limits = limits

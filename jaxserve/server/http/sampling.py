@@ -2,7 +2,7 @@
 
 SamplingParams validates every value itself (its ValueError names the field, which becomes the
 400's `param`); here are only what the HTTP API adds: OpenAI's defaults and spellings, the
-server's per-request limits (the same RequestLimits the gRPC front enforces) and the fields this
+server's per-request limits (the same RequestCaps the gRPC front enforces) and the fields this
 engine does not have.
 """
 
@@ -12,12 +12,12 @@ from typing import Any
 
 from jaxserve.sampling_params import OutputKind, SamplingParams
 from jaxserve.structured_outputs import StructuredOutputs
-from jaxserve.server.convert import RequestLimits
+from jaxserve.server.request_caps import RequestCaps
 from jaxserve.server.http.errors import bad_request
 from jaxserve.server.http.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, _SamplingFields
 
 
-def completion_params(req: CompletionRequest, limits: RequestLimits) -> SamplingParams:
+def completion_params(req: CompletionRequest, limits: RequestCaps) -> SamplingParams:
     """With echo and logprobs, the prompt's logprobs are asked too (the echoed prompt's entries);
     max_tokens 0 with echo runs one token (the engine samples at least one) that the answer drops."""
     if req.suffix is not None:
@@ -43,7 +43,7 @@ def echo_only(req: CompletionRequest) -> bool:
     return req.echo and req.max_tokens == 0
 
 
-def chat_params(req: ChatCompletionRequest, limits: RequestLimits) -> SamplingParams:
+def chat_params(req: ChatCompletionRequest, limits: RequestCaps) -> SamplingParams:
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
@@ -53,7 +53,7 @@ def chat_params(req: ChatCompletionRequest, limits: RequestLimits) -> SamplingPa
                    max_tokens_field=field)
 
 
-def _params(req: _SamplingFields, limits: RequestLimits, *, max_tokens: int | None, logprobs: int | None,
+def _params(req: _SamplingFields, limits: RequestCaps, *, max_tokens: int | None, logprobs: int | None,
             logprobs_field: str, max_tokens_field: str = "max_tokens", prompt_logprobs: int | None = None,
             prompt_logprobs_field: str = "prompt_logprobs") -> SamplingParams:
     if req.n > limits.max_n:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from jaxserve.server.convert import chat_roles
+from jaxserve.server.chat_roles import chat_roles
 from jaxserve.server.chat_prompt import check_roles
 from jaxserve.server.http import errors
 from jaxserve.server.http.sampling import chat_messages

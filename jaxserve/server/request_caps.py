@@ -1,0 +1,22 @@
+"""The server's caps on one request, enforced by both fronts before the engine sees it.
+
+Not the scheduler's RequestLimits (jaxserve.sched.limits: what max_model_len and the KV pool make
+possible for any request); these are what an operator chooses to allow a client (`--max-n`,
+`--max-tokens-limit`), below what the engine could do."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class RequestCaps:
+    max_n: int = 1
+    max_tokens: int | None = None        # None: only max_model_len bounds it
+    max_stop_strings: int = 16
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_n, int) or self.max_n < 1:
+            raise ValueError(f"max_n={self.max_n!r} must be an integer >= 1")
+        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
+            raise ValueError(f"max_tokens={self.max_tokens!r} must be an integer >= 1 or None")
