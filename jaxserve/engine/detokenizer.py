@@ -2,9 +2,17 @@
 
 Decoding only a short window of recent tokens each step keeps the cost per token constant; text
 is emitted only once it is stable (no trailing U+FFFD from a split multi-byte character).
+
+A stop string can span several tokens, so text that might be its beginning is not yet sendable:
+`releasable` holds back the tail of the text that is a prefix of a stop string (and the tokens
+that produced it), until the next tokens either complete the stop string (the text is cut there)
+or move past it. Streams (DELTA outputs) send only what is releasable, so no consumer ever sees
+a part of a stop string that the final text does not have.
 """
 
 from __future__ import annotations
+
+from bisect import bisect_right
 
 
 class IncrementalDetokenizer:
@@ -21,6 +29,8 @@ class IncrementalDetokenizer:
         self.text = ""
         self.stopped_by: str | None = None
         self.num_consumed = 0   # tokens the last append() took (fewer than given after a stop string)
+        # len(text) after each token taken: which tokens produced the text up to a given length
+        self._text_ends: list[int] = []
 
     def _decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=self._skip, clean_up_tokenization_spaces=False)
@@ -42,9 +52,34 @@ class IncrementalDetokenizer:
                 self.text += full[len(prefix):]
                 self._prefix_offset = self._read_offset
                 self._read_offset = len(self._ids)
+            self._text_ends.append(len(self.text))
             if self._stop and self._check_stop(before):
                 break
         return self.text[before:]
+
+    def releasable(self) -> tuple[int, int]:
+        """(tokens, characters) of the output so far that can be sent: all of it, except a tail of
+        the text that could be the start of a stop string, with the tokens that produced it (so
+        the tokens sent always produced exactly the text sent). Once a stop string was found
+        everything is releasable (the text was cut at it)."""
+        hold = self._stop_prefix_len() if self.stopped_by is None else 0
+        if not hold:
+            return len(self._text_ends), len(self.text)
+        k = bisect_right(self._text_ends, len(self.text) - hold)
+        return k, (self._text_ends[k - 1] if k else 0)
+
+    def _stop_prefix_len(self) -> int:
+        """The longest tail of the text that is a proper prefix of a stop string (0 if none)."""
+        text, longest = self.text, 0
+        if not text:
+            return 0
+        last = text[-1]
+        for s in self._stop:
+            for n in range(min(len(s) - 1, len(text)), longest, -1):
+                if s[n - 1] == last and text.endswith(s[:n]):
+                    longest = n
+                    break
+        return longest
 
     def _check_stop(self, before: int) -> bool:
         longest = max(len(s) for s in self._stop)

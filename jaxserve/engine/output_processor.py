@@ -175,11 +175,15 @@ def _prompt_logprobs(state: RequestState, kind: OutputKind) -> list | None:
 
 
 def _completion(s: SampleState, kind: OutputKind) -> CompletionOutput:
-    ids, text, logprobs = s.token_ids, s.text, s.logprobs
+    # a running sample shows its tokens and text up to what is sendable (a possible stop string's
+    # beginning waits), so cumulative outputs only grow and deltas never send text the end cuts
+    num_tokens, num_chars = s.sendable()
+    ids, text, logprobs = s.token_ids[:num_tokens], s.text[:num_chars], s.logprobs
+    logprobs = logprobs[:num_tokens] if logprobs is not None else None
     if kind is OutputKind.DELTA:
         ids, text = ids[s.sent_tokens:], text[s.sent_text:]
         logprobs = logprobs[s.sent_tokens:] if logprobs is not None else None
-        s.sent_tokens, s.sent_text = len(s.token_ids), len(s.text)
+        s.sent_tokens, s.sent_text = num_tokens, num_chars
     return CompletionOutput(
         index=s.index, text=text, token_ids=list(ids),
         finish_reason=s.finish_reason, stop_reason=s.stop_reason,

@@ -37,6 +37,13 @@ class SampleState:
     def text(self) -> str:
         return self.detok.text if self.detok is not None else ""
 
+    def sendable(self) -> tuple[int, int]:
+        """(tokens, characters) an output may show: all once finished; while running, not the
+        tail that could still turn out to be a stop string (IncrementalDetokenizer.releasable)."""
+        if self.finished or self.detok is None:
+            return len(self.token_ids), len(self.text)
+        return self.detok.releasable()
+
     def finish(self, reason: str, stop_reason: int | str | None = None) -> None:
         if self.finish_reason is None:
             self.finish_reason, self.stop_reason = reason, stop_reason
