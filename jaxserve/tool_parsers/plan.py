@@ -1,0 +1,205 @@
+"""What a chat request's tools change, in one place for every front (chat completions, the
+Responses API, LLM.chat):
+
+    plan = plan_tools(function_tools(tools), ToolChoice.from_openai(tool_choice),
+                      parallel_tool_calls=True, parser="hermes", tokenizer=tok)
+    tok.apply_chat_template(messages, **plan.template_kwargs, ...)
+    SamplingParams(structured_outputs=plan.structured_outputs, ...)   # set for required / a named tool
+    parser = plan.new_parser()    # one per answer: .parse(text) or .feed(delta) ... .finish()
+
+tool_choice "auto" leaves the model free (its calls are parsed from what it writes); "required"
+and a named function constrain the answer to the parser's call syntax around a JSON schema of the
+allowed calls (`{"name": const, <arguments key>: the tool's parameters}`), so the arguments always
+parse and validate; "none" renders no tools and parses nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal, Sequence
+
+from jaxserve.structured_outputs import JSON_LAYOUT, StructuredOutputs
+from jaxserve.tool_parsers.base import ToolParser
+from jaxserve.tool_parsers.registry import default_tool_parser, tool_parser
+
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+class ToolError(ValueError):
+    """A bad tools / tool_choice; `param` names the request field (the 400's param)."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionTool:
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None    # a JSON schema of the arguments object
+
+    def to_openai(self) -> dict[str, Any]:
+        """The tool as chat templates take it (OpenAI's shape)."""
+        fn: dict[str, Any] = {"name": self.name}
+        if self.description is not None:
+            fn["description"] = self.description
+        fn["parameters"] = self.parameters if self.parameters is not None else {"type": "object", "properties": {}}
+        return {"type": "function", "function": fn}
+
+
+def function_tools(tools: Sequence[dict[str, Any]] | None, field_name: str = "tools") -> list[FunctionTool]:
+    """OpenAI's `[{"type": "function", "function": {name, description, parameters}}]`, checked."""
+    out: list[FunctionTool] = []
+    for i, t in enumerate(tools or ()):
+        where = f"{field_name}[{i}]"
+        if not isinstance(t, dict) or t.get("type", "function") != "function":
+            raise ToolError(f"{where}: only tools of type 'function' are supported", field_name)
+        fn = t.get("function")
+        if not isinstance(fn, dict):
+            raise ToolError(f"{where}.function is required (an object with a name)", field_name)
+        name = fn.get("name")
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ToolError(f"{where}.function.name={name!r} must be 1-64 letters, digits, '_', '-' or '.'",
+                            field_name)
+        params = fn.get("parameters")
+        if params is not None and not isinstance(params, dict):
+            raise ToolError(f"{where}.function.parameters must be a JSON schema object", field_name)
+        description = fn.get("description")
+        if description is not None and not isinstance(description, str):
+            raise ToolError(f"{where}.function.description must be a string", field_name)
+        if any(o.name == name for o in out):
+            raise ToolError(f"{where}: a second tool named {name!r}", field_name)
+        out.append(FunctionTool(name, description, params))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ToolChoice:
+    mode: Literal["auto", "required", "none", "function"] = "auto"
+    function: str | None = None        # the named function (mode "function")
+
+    @classmethod
+    def from_openai(cls, value: Any, field_name: str = "tool_choice") -> "ToolChoice | None":
+        """"auto" | "required" | "none" | {"type": "function", "function": {"name": ...}}
+        (the Responses API's flat {"type": "function", "name": ...} too); None stays None."""
+        if value is None:
+            return None
+        if value in ("auto", "required", "none"):
+            return cls(value)
+        if isinstance(value, dict) and value.get("type") == "function":
+            fn = value.get("function")
+            name = fn.get("name") if isinstance(fn, dict) else value.get("name")
+            if isinstance(name, str) and name:
+                return cls("function", name)
+        raise ToolError(f"{field_name} must be 'auto', 'required', 'none' or "
+                        f"{{'type': 'function', 'function': {{'name': ...}}}}; got {value!r}", field_name)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolPlan:
+    """What the tools change for one request (see the module's docstring)."""
+    tools: tuple[FunctionTool, ...] = ()
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    structured_outputs: StructuredOutputs | None = None
+    parser: type[ToolParser] | None = None     # None: nothing is parsed as a call
+    # False where the parser's markers are special tokens of the tokenizer: they must stay in
+    # the text to be parsed; None: the request's own setting
+    skip_special_tokens: bool | None = None
+
+    def new_parser(self) -> ToolParser | None:
+        return self.parser() if self.parser is not None else None
+
+
+NO_TOOLS = ToolPlan()
+
+
+def template_takes_tools(template: str | None) -> bool:
+    """Whether a chat template reads the `tools` variable (renders the tools it is given)."""
+    if not isinstance(template, str) or not template:
+        return False
+    import jinja2
+    from jinja2 import meta
+
+    try:
+        tree = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(template)
+    except jinja2.TemplateError:      # transformers' own tags: fall back to the word
+        return re.search(r"\btools\b", template) is not None
+    return "tools" in meta.find_undeclared_variables(tree)
+
+
+def resolve_tool_parser(name: str | None, tokenizer, model_type: str | None) -> str | None:
+    """The parser a request uses: the one named (checked), else the model's default."""
+    if name is not None:
+        tool_parser(name)
+        return name
+    return default_tool_parser(model_type, getattr(tokenizer, "chat_template", None))
+
+
+def plan_tools(tools: Sequence[FunctionTool], choice: ToolChoice | None, *, parallel_tool_calls: bool = True,
+               parser: str | None, tokenizer) -> ToolPlan:
+    """ToolError (with the field it is about) for a choice without tools, an unknown named
+    function, a template that renders no tools, or no parser for the model."""
+    tools = tuple(tools)
+    if choice is None:
+        choice = ToolChoice("auto")
+    if not tools:
+        if choice.mode in ("required", "function"):
+            raise ToolError(f"tool_choice={choice.mode!r} needs tools", "tool_choice")
+        return NO_TOOLS
+    if choice.mode == "none":
+        return ToolPlan(tools=tools)
+    if choice.mode == "function" and not any(t.name == choice.function for t in tools):
+        raise ToolError(f"tool_choice names function {choice.function!r}, which is not among the tools "
+                        f"({', '.join(t.name for t in tools)})", "tool_choice")
+    if not template_takes_tools(getattr(tokenizer, "chat_template", None)):
+        raise ToolError("this model's chat template does not render tools, so the model cannot be told about "
+                        "them; send the tools in a message instead, or serve a model whose template takes tools",
+                        "tools")
+    if parser is None:
+        raise ToolError("no tool call parser is known for this model; start the server with "
+                        "--tool-call-parser NAME (hermes, llama3_json, mistral)", "tools")
+    cls = tool_parser(parser)
+    special = special_marker_ids(cls, tokenizer)
+    constraint = None
+    if choice.mode == "required":
+        constraint = tool_calls_constraint(cls, tools, parallel=parallel_tool_calls, special_tokens=special)
+    elif choice.mode == "function":
+        named = [t for t in tools if t.name == choice.function]
+        constraint = tool_calls_constraint(cls, named, parallel=False, special_tokens=special)
+    return ToolPlan(tools=tools, template_kwargs={"tools": [t.to_openai() for t in tools]},
+                    structured_outputs=constraint, parser=cls, skip_special_tokens=False if special else None)
+
+
+def special_marker_ids(cls: type[ToolParser], tokenizer) -> dict[str, int]:
+    """The parser's markers that are special tokens of this tokenizer, with their ids."""
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    special = {tok.content: i for i, tok in added.items() if getattr(tok, "special", False)}
+    return {m: special[m] for m in cls.special_markers if m in special}
+
+
+def tool_calls_constraint(cls: type[ToolParser], tools: Sequence[FunctionTool], *, parallel: bool,
+                          special_tokens: dict[str, int] | None = None) -> StructuredOutputs:
+    """The grammar of the parser's calls of these tools: each call `{"name": <a tool's name>,
+    <arguments key>: <that tool's parameters>}`, one, or (parallel) one or more."""
+    key = cls.arguments_key
+    defs: dict[str, Any] = {}
+    options = []
+    for t in tools:
+        params = dict(t.parameters) if t.parameters is not None else {"type": "object"}
+        for defs_key in ("$defs", "definitions"):   # a tool's references point at the root: move them there
+            for name, d in (params.pop(defs_key, None) or {}).items():
+                if name in defs and defs[name] != d:
+                    raise ToolError(f"tools: two tools define ${defs_key} {name!r} differently; "
+                                    f"a constrained call needs one meaning per name", "tools")
+                defs[name] = d
+        options.append({"type": "object", "properties": {"name": {"const": t.name}, key: params},
+                        "required": ["name", key], "additionalProperties": False})
+    schema: dict[str, Any] = options[0] if len(options) == 1 else {"anyOf": options}
+    schema = dict(schema, **({"$defs": defs} if defs else {}))
+    schema["x-guidance"] = JSON_LAYOUT
+    body = "call_json"
+    lark = cls.calls_lark(body, parallel, special_tokens or {}) + f"{body}: %json {json.dumps(schema)}\n"
+    return StructuredOutputs(grammar=lark)
