@@ -1,6 +1,7 @@
 """The FastAPI application of the OpenAI-compatible API.
 
-Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, vLLM's tokenizer routes
+Routes: POST /v1/completions, POST /v1/chat/completions, the /v1/responses routes (http/responses.py),
+GET /v1/models, vLLM's tokenizer routes
 (POST /tokenize, POST /detokenize, GET /tokenizer_info: http/tokenization.py) and the control
 routes of http/control.py (pause, resume, weight updates), all behind the API key when the server
 has one; GET /health and GET /metrics (open, as gRPC health and the metrics port are: probes and
@@ -22,13 +23,16 @@ from jaxserve.server.http import errors
 from jaxserve.server.http.body_limit import BodyLimit
 from jaxserve.server.http.control import add_control_routes
 from jaxserve.server.http.openai_front import OpenAIFront
+from jaxserve.server.http.responses import add_responses_routes
+from jaxserve.server.http.responses_store import ResponseStore
 from jaxserve.server.http import tokenization
 from jaxserve.server.http.schemas import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                           DetokenizeResponse, ModelList, TokenizeRequest, TokenizeResponse)
 from jaxserve.server.state import Phase
 
 
-def create_app(front: OpenAIFront, *, api_key: str | None = None, max_body_bytes: int | None = None) -> FastAPI:
+def create_app(front: OpenAIFront, *, api_key: str | None = None, max_body_bytes: int | None = None,
+               responses_store: ResponseStore | None = None) -> FastAPI:
     app = FastAPI(title="jaxserve", docs_url=None, redoc_url=None, openapi_url=None)
     if max_body_bytes is not None:
         app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
@@ -106,6 +110,8 @@ def create_app(front: OpenAIFront, *, api_key: str | None = None, max_body_bytes
         return JSONResponse(tokenization.tokenizer_info(front.engine()))
 
     add_control_routes(app, front, authorized)   # /pause, /resume, /update_weights_from_disk (docs/rl.md)
+    # /v1/responses (http/responses.py); stored responses kept in memory, the store's size a server setting
+    add_responses_routes(app, front, authorized, responses_store if responses_store is not None else ResponseStore())
     return app
 
 

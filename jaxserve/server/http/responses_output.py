@@ -1,0 +1,93 @@
+"""The Response object of one request: its settings echoed as OpenAI echoes them (effective
+values: temperature 1.0 when unset), the output items, the status and the usage. One builder for
+the non-streamed answer, the streamed events' snapshots and the stored copy, so all three agree.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from jaxserve.server.http.logprobs import TokenText, chat_logprobs
+from jaxserve.server.http.responses_schemas import (FunctionCall, IncompleteDetails, InputTokensDetails,
+                                                    OutputMessage, OutputText, OutputTokensDetails, ResponseError,
+                                                    ResponseObject, ResponsesRequest, ResponseUsage, new_item_id)
+from jaxserve.server.http.schemas import TokenLogprob, Usage
+from jaxserve.server.sample_deltas import SampleDelta
+
+
+@dataclass
+class AnswerText:
+    """The one sample's text, tokens and logprobs as its deltas arrive."""
+    logprobs_k: int | None                 # top alternatives per token; None: no logprobs asked
+    text_of: TokenText
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    def add(self, d: SampleDelta) -> list[TokenLogprob]:
+        """Take a delta; returns its tokens' logprobs (empty when none were asked)."""
+        self.text += d.text
+        self.token_ids += d.token_ids
+        new = []
+        if self.logprobs_k is not None and d.logprobs is not None:
+            new = chat_logprobs(d.token_ids, d.logprobs, self.logprobs_k, self.text_of).content
+            self.logprobs += new
+        if d.finish_reason is not None:
+            self.finish_reason = d.finish_reason
+        return new
+
+    @property
+    def cut_short(self) -> bool:
+        """The answer ended at max_output_tokens (or the model's context), not by itself."""
+        return self.finish_reason == "length"
+
+
+@dataclass
+class ResponseBuilder:
+    req: ResponsesRequest
+    model: str
+    id: str = field(default_factory=lambda: new_item_id("resp"))
+    created_at: int = field(default_factory=lambda: int(time.time()))
+    message_id: str = field(default_factory=lambda: new_item_id("msg"))
+
+    def snapshot(self, *, status: str = "in_progress", output: list | None = None, usage: Usage | None = None,
+                 error: ResponseError | None = None) -> ResponseObject:
+        r = self.req
+        fmt = r.text.format if r.text is not None and r.text.format is not None else None
+        text = {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt is not None else {"type": "text"},
+                "verbosity": "medium"}
+        return ResponseObject(
+            id=self.id, created_at=self.created_at, status=status, model=self.model, output=output or [],
+            completed_at=int(time.time()) if status in ("completed", "incomplete") else None, error=error,
+            incomplete_details=IncompleteDetails(reason="max_output_tokens") if status == "incomplete" else None,
+            instructions=r.instructions, max_output_tokens=r.max_output_tokens,
+            parallel_tool_calls=r.parallel_tool_calls if r.parallel_tool_calls is not None else True,
+            previous_response_id=r.previous_response_id, store=r.store is not False,
+            temperature=r.temperature if r.temperature is not None else 1.0,
+            top_p=r.top_p if r.top_p is not None else 1.0, top_logprobs=r.top_logprobs, text=text,
+            tool_choice=r.tool_choice if r.tool_choice is not None else "auto", tools=list(r.tools or []),
+            truncation=r.truncation or "disabled", usage=_usage(usage) if usage is not None else None,
+            user=r.user, safety_identifier=r.safety_identifier, prompt_cache_key=r.prompt_cache_key,
+            metadata=dict(r.metadata or {}))
+
+    def message(self, answer: AnswerText, *, status: str) -> OutputMessage:
+        return OutputMessage(id=self.message_id, status=status, content=[self.text_part(answer)])
+
+    def text_part(self, answer: AnswerText) -> OutputText:
+        return OutputText(text=answer.text, logprobs=list(answer.logprobs))
+
+    def finished(self, output: list[OutputMessage | FunctionCall], answer: AnswerText,
+                 usage: Usage) -> ResponseObject:
+        return self.snapshot(status="incomplete" if answer.cut_short else "completed", output=output, usage=usage)
+
+
+def _usage(u: Usage) -> ResponseUsage:
+    return ResponseUsage(input_tokens=u.prompt_tokens, output_tokens=u.completion_tokens, total_tokens=u.total_tokens,
+                         input_tokens_details=InputTokensDetails(cached_tokens=u.prompt_tokens_details.cached_tokens),
+                         output_tokens_details=OutputTokensDetails())
+
+
+def item_status(answer: AnswerText) -> str:
+    return "incomplete" if answer.cut_short else "completed"
