@@ -54,6 +54,9 @@ def add_server_parsers(subparsers) -> None:
     g.add_argument("--max-n", type=int, default=1, help="largest SamplingParams.n accepted")
     g.add_argument("--max-tokens-limit", type=int, default=None,
                    help="largest max_tokens accepted (default: max_model_len bounds it)")
+    g.add_argument("--responses-store-size", type=int, default=1024,
+                   help="finished /v1/responses kept in memory (least recently used dropped first) for "
+                        "GET /v1/responses/{id} and previous_response_id; 0 keeps none")
     add_engine_args(s)
     s.set_defaults(func=cmd_serve)
 
@@ -83,6 +86,7 @@ def server_config_from_args(args: argparse.Namespace):
                         tls_cert=args.tls_cert, tls_key=args.tls_key,
                         max_concurrent_streams=args.max_concurrent_streams, grace_period=args.grace_period,
                         max_message_bytes=args.max_message_bytes,
+                        responses_store_size=args.responses_store_size,
                         limits=RequestCaps(max_n=args.max_n, max_tokens=args.max_tokens_limit))
 
 

@@ -57,6 +57,7 @@ class ServerConfig:
     grace_period: float = 30.0           # seconds in-flight streams get after SIGTERM
     max_message_bytes: int | None = None     # None: message_bytes_limit(max_model_len)
     limits: RequestCaps = RequestCaps()
+    responses_store_size: int = 1024     # finished /v1/responses kept for GET and previous_response_id
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -77,6 +78,8 @@ class ServerConfig:
             raise ValueError(f"max_message_bytes={self.max_message_bytes} must be >= 1024")
         if self.api_key is not None and not self.api_key:
             raise ValueError("api_key is empty; leave it unset to disable auth")
+        if self.responses_store_size < 0:
+            raise ValueError(f"responses_store_size={self.responses_store_size} must be >= 0")
 
 
 def _build_in_thread(build: Callable[[], object]) -> asyncio.Future:
@@ -119,10 +122,12 @@ async def run_server(config: ServerConfig, engine_config: EngineConfig, *, progr
         from jaxserve.server.http.app import create_app
         from jaxserve.server.http.listener import HTTPListener
         from jaxserve.server.http.openai_front import OpenAIFront
+        from jaxserve.server.http.responses_store import ResponseStore
 
         front = OpenAIFront(state, limits=config.limits, metrics=metrics,
                             max_concurrent_streams=config.max_concurrent_streams)
-        http = HTTPListener(create_app(front, api_key=config.api_key, max_body_bytes=max_message_bytes),
+        http = HTTPListener(create_app(front, api_key=config.api_key, max_body_bytes=max_message_bytes,
+                                       responses_store=ResponseStore(config.responses_store_size)),
                             config.host, config.http_port)
         await http.start()
     if config.metrics_port is not None:

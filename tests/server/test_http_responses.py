@@ -215,6 +215,23 @@ def test_the_store_keeps_the_most_recent():
     assert store.get("resp_0") is entries[0]    # read: now the most recent
     store.put(entries[2])
     assert store.get("resp_1") is None and store.get("resp_0") is entries[0] and len(store) == 2
+    nothing = ResponseStore(0)      # --responses-store-size 0: store=true keeps nothing
+    nothing.put(entries[0])
+    assert nothing.get("resp_0") is None
+
+
+def test_the_store_size_is_a_server_setting():
+    import argparse
+
+    from jaxserve.server.cli import add_server_parsers, server_config_from_args
+    from jaxserve.server.server import ServerConfig
+
+    parser = argparse.ArgumentParser()
+    add_server_parsers(parser.add_subparsers())
+    args = parser.parse_args(["serve", "--model", "m", "--responses-store-size", "7"])
+    assert server_config_from_args(args).responses_store_size == 7
+    with pytest.raises(ValueError, match="responses_store_size"):
+        ServerConfig(responses_store_size=-1)
 
 
 @pytest.mark.parametrize("extra, param, words", [
