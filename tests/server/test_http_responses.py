@@ -6,11 +6,12 @@ non-streamed one, stored responses and previous_response_id, and the 400s of wha
 
 import json
 
+import httpx2 as httpx
 import jsonschema
 import openai
 import pytest
 
-from tests.server.http_harness import serving
+from tests.server.http_harness import blocks_all_free, serving, wait_until
 
 PROMPT = "The tide comes in"
 SCHEMA = {
@@ -201,6 +202,27 @@ def test_a_streamed_response_is_stored_and_store_false_is_not(server, client):
     assert unstored.store is False
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(unstored.id)
+
+
+def test_a_client_leaving_mid_stream_aborts_the_response_and_it_is_not_stored(server, client):
+    body = {"model": server.model, "input": PROMPT, "max_output_tokens": 64, "ignore_eos": True, "stream": True}
+    server.gate.close()
+    try:
+        with httpx.stream("POST", server.base_url + "/responses", json=body,
+                          headers={"Authorization": f"Bearer {server.api_key}"}, timeout=120) as r:
+            assert r.headers["content-type"].startswith("text/event-stream")
+            lines = r.iter_lines()   # kept: a line iterator dropped early closes the connection
+            assert next(lines) == "event: response.created"
+            created = json.loads(next(lines).removeprefix("data: "))
+            assert created["sequence_number"] == 0 and server.stats().num_requests_running == 1
+        # held mid-generation by the gate: only the disconnect can end it
+        wait_until(lambda: server.stats().num_requests_running == 0, "the request to be aborted")
+        assert blocks_all_free(server.stats())
+        wait_until(lambda: server.state.active_streams == 0, "the stream slot to be released")
+    finally:
+        server.gate.open()
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(created["response"]["id"])
 
 
 def test_the_store_keeps_the_most_recent():
