@@ -14,6 +14,8 @@ _EXPORTS = {
     "CustomModel": "jaxserve.models.custom",
     "EngineConfig": "jaxserve.config",
     "SamplingParams": "jaxserve.sampling_params",
+    "PoolingParams": "jaxserve.pooling_params",
+    "EmbeddingRequestOutput": "jaxserve.embedding_outputs",
     "RequestOutput": "jaxserve.outputs",
     "CompletionOutput": "jaxserve.outputs",
     "RequestMetrics": "jaxserve.outputs",

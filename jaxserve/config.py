@@ -125,6 +125,10 @@ class EngineConfig:
                "loglikelihood): the steps also return their hidden states and one more small function per step "
                "row count is compiled at start-up (the LM head, log_softmax, top-k); off, a request asking for "
                "them is refused at the door and nothing more is compiled")
+    enable_embeddings: bool = _f(
+        False, "serve embeddings (LLM.embed, /v1/embeddings, the Embed RPC): the steps also return their hidden "
+               "states (as for prompt logprobs) and one more small function per step row count is compiled at "
+               "start-up (the pooled sums); off, an embedding request is refused and nothing more is compiled")
     warm_up: str = _f(
         "all", "first runs before requests: all (every step is loaded and run once before the engine takes a "
                "request, so none pays a step's slow first run) or none (steps load at first use; for callers that "

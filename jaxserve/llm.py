@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Any, Sequence
 from jaxserve.config import EngineConfig
 from jaxserve.engine.builder import build_custom_engine, build_engine
 from jaxserve.engine.stats import EngineStats
+from jaxserve.embedding_outputs import EmbeddingRequestOutput
 from jaxserve.outputs import RequestOutput
+from jaxserve.pooling_params import PoolingParams
 from jaxserve.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -97,6 +99,11 @@ class LLM:
         prompts: a string, a dict ({"prompt": str} or {"prompt_token_ids": [...]}, optionally
         "cache_salt"), or a list of those. sampling_params: one for all, or one per prompt.
         """
+        return self._submit(prompts, sampling_params, priority, use_tqdm, "sampling_params", SamplingParams())
+
+    def _submit(self, prompts, params, priority, use_tqdm: bool, params_name: str, default_params) -> list:
+        """Queue every prompt with its params (SamplingParams, or PoolingParams for embeddings) and
+        run them to completion; a bad prompt rejects the whole call."""
         if self.engine.paused or self.engine.pausing:
             raise RuntimeError("the engine is paused: call resume() before generating")
         if self.engine.asleep:
@@ -105,7 +112,7 @@ class LLM:
             prompts = [prompts]
         prompts = list(prompts)
         n = len(prompts)
-        params = self._per_prompt(sampling_params, n, "sampling_params", SamplingParams())
+        params = self._per_prompt(params, n, params_name, default_params)
         priorities = self._per_prompt(priority, n, "priority", 0)
         ids = []
         try:
@@ -115,6 +122,17 @@ class LLM:
             self.engine.abort(ids)   # a bad prompt rejects the whole call; nothing stays queued
             raise
         return self._run(ids, use_tqdm)
+
+    def embed(self, prompts, pooling: str = "last", normalize: bool = True, *,
+              pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+              use_tqdm: bool = True, priority: int | Sequence[int] = 0) -> list[EmbeddingRequestOutput]:
+        """Embed prompts (as for generate): one EmbeddingRequestOutput per prompt, in input order,
+        its `outputs.embedding` the prompt's final hidden states pooled ("last" token or "mean"),
+        unit-normalized unless normalize=False. pooling_params: one PoolingParams for all or one
+        per prompt, instead of pooling and normalize. Needs enable_embeddings=True."""
+        if pooling_params is None:
+            pooling_params = PoolingParams(pooling=pooling, normalize=normalize)
+        return self._submit(prompts, pooling_params, priority, use_tqdm, "pooling_params", PoolingParams())
 
     def chat(self, messages, sampling_params=None, *, use_tqdm: bool = True, add_generation_prompt: bool = True,
              chat_template: str | None = None) -> list[RequestOutput]:

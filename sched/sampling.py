@@ -30,6 +30,9 @@ class SamplingOptions:
     # when a chunk ends before it
     num_prompt_logprobs: int | None = None
     prompt_token_ids: tuple[int, ...] = ()
+    # embeddings (runner/pooling.py): "last" or "mean", the hidden states the runner sums for this
+    # request's rows; None: a generation request
+    pooling: str | None = None
 
     @property
     def wants_logprobs(self) -> bool:

@@ -44,6 +44,19 @@ def prompt_logprobs_llm(tiny_llama_dir):
     return LLM(tiny_llama_dir, **PROMPT_LOGPROBS_ENGINE)
 
 
+# TINY_ENGINE serving embeddings, on the same few buckets: the engine tests of embeddings and the
+# /v1/embeddings and Embed RPC tests share one.
+EMBEDDING_ENGINE = dict(TINY_ENGINE, enable_embeddings=True, decode_buckets=(4,), decode_only_buckets=(1, 4),
+                        prefill_buckets=(0, 4))
+
+
+@pytest.fixture(scope="session")
+def embedding_llm(tiny_llama_dir):
+    from jaxserve import LLM
+
+    return LLM(tiny_llama_dir, **EMBEDDING_ENGINE)
+
+
 # Markers whose tests run only when `-m` names them: CI's default run stays well under 15 minutes
 # on 2 cores. slow: the full from_pretrained comparison, benchmark commands end to end, checks
 # another test covers on a smaller model; full_grid: the whole kernel case grid.

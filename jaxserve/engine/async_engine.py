@@ -36,9 +36,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Callable, Iterable
 
+from jaxserve.embedding_outputs import EmbeddingRequestOutput
 from jaxserve.engine.input_processor import EngineRequest
 from jaxserve.engine.stats import EngineStats
 from jaxserve.outputs import CompletionOutput, RequestOutput
+from jaxserve.pooling_params import PoolingParams
 from jaxserve.sampling_params import OutputKind, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -50,6 +52,10 @@ class EngineDeadError(RuntimeError):
 
 class EngineStoppedError(RuntimeError):
     """The engine was shut down; it accepts no more work."""
+
+
+class EmbeddingAborted(RuntimeError):
+    """An embedding request ended before its embedding was complete (aborted, or shut down)."""
 
 
 _ABORTED = object()   # queued to a stream whose request was aborted by `abort()` or shutdown
@@ -205,6 +211,22 @@ class AsyncEngine:
             if added and not done and self._error is None and not self._stopped:
                 # the consumer left early (cancelled, broke out, raised): free the request now
                 self._commands.put(_Abort((request_id,), notify=False))
+
+    async def embed(self, prompt: Any, params: PoolingParams | None = None, *, request_id: str | None = None,
+                    priority: int = 0, arrival_time: float | None = None) -> EmbeddingRequestOutput:
+        """A prompt's embedding (LLM.embed's, one prompt): through `generate`'s stream, whose one
+        output is the EmbeddingRequestOutput. Refusals raise as generate's do; an abort (abort(),
+        shutdown) raises EmbeddingAborted."""
+        params = PoolingParams() if params is None else params
+        if not isinstance(params, PoolingParams):
+            raise ValueError(f"pooling params must be a PoolingParams, got {type(params).__name__}")
+        last = None
+        async for out in self.generate(prompt, params, request_id=request_id, priority=priority,
+                                       arrival_time=arrival_time):
+            last = out
+        if not isinstance(last, EmbeddingRequestOutput):
+            raise EmbeddingAborted("the embedding request was aborted before its embedding was complete")
+        return last
 
     def check_prompt_chars(self, num_chars: int) -> None:
         """Refuse, before tokenizing, a text too long for any prompt that fits max_model_len."""

@@ -280,7 +280,7 @@ def _serve(config: EngineConfig, model_config: ModelConfig, params, *, dtype: st
                              num_host_blocks=0 if hosts is not None else config.swap_space // arena.bytes_per_block,
                              executable_cache=_cache(ExecutableCache, cache_dir, "executables"), mesh=mesh,
                              coupled_with_draft=_uses_draft_model(config), model=model,
-                             prompt_logprobs=config.enable_prompt_logprobs)
+                             prompt_logprobs=config.enable_prompt_logprobs, pooling=config.enable_embeddings)
         jax.block_until_ready(runner.kv_caches)
     with clock.phase("executables"):
         runner.warm_helpers()

@@ -28,6 +28,7 @@ from jaxserve.engine import weight_update
 from jaxserve.engine.draft_proposer import draft_sampling
 from jaxserve.engine.input_processor import EngineRequest, InputProcessor
 from jaxserve.engine.output_processor import OutputProcessor
+from jaxserve.engine.pooled_embedding import PooledEmbedding
 from jaxserve.engine.request_state import RequestState, SampleState
 from jaxserve.engine.stats import EngineStats
 from jaxserve.engine.step_timing import StepTimer
@@ -86,7 +87,8 @@ class Engine:
         self.async_scheduling = async_scheduling and draft_runner is None
         self.input_processor = InputProcessor(tokenizer=tokenizer, vocab_size=vocab_size,
                                               limits=scheduler.limits, eos_token_ids=self.eos_token_ids,
-                                              prompt_logprobs=getattr(runner, "prompt_logprobs", None) is not None)
+                                              prompt_logprobs=getattr(runner, "prompt_logprobs", None) is not None,
+                                              embeddings=getattr(runner, "pooling", None) is not None)
         self.outputs = OutputProcessor()
         self._rng = np.random.default_rng(seed)
         self._ids = itertools.count()
@@ -136,7 +138,9 @@ class Engine:
         now = time.perf_counter() if arrival_time is None else arrival_time
         params = req.params
         ids = [request_id] if params.n == 1 else [f"{request_id}#{i}" for i in range(params.n)]
-        samples = [SampleState(i, sid, self._detokenizer(req), logprobs=[] if params.logprobs is not None else None,
+        # an embedding's one token is never shown: nothing to detokenize
+        detok = self._detokenizer if req.pooling is None else (lambda _: None)
+        samples = [SampleState(i, sid, detok(req), logprobs=[] if params.logprobs is not None else None,
                                cumulative_logprob=0.0 if params.logprobs is not None else None)
                    for i, sid in enumerate(ids)]
         banned = self.input_processor.banned_before_min_tokens(params) if params.min_tokens else ()
@@ -147,9 +151,11 @@ class Engine:
                 eos_token_ids=self.eos_token_ids, stop_token_ids=frozenset(params.stop_token_ids or ()),
                 ignore_eos=params.ignore_eos, priority=req.priority, arrival_time=now, cache_salt=req.cache_salt,
                 sampling=sampling_options(params, seed, banned, req.constraints[i] if req.constraints else None,
-                                          prompt_token_ids=req.prompt_token_ids),
-                # prompt logprobs need every prompt position's logits: no prefix-cache hit
-                skip_reading_prefix_cache=params.prompt_logprobs is not None)
+                                          prompt_token_ids=req.prompt_token_ids,
+                                          pooling=req.pooling.pooling if req.pooling is not None else None),
+                # prompt logprobs need every prompt position's logits, embeddings its hidden
+                # states: no prefix-cache hit
+                skip_reading_prefix_cache=params.prompt_logprobs is not None or req.pooling is not None)
             if isinstance(sched_req.sampling, AdjustedSamplingOptions) and sched_req.sampling.adjust is not None:
                 sched_req.sampling.adjust.tokens.request = sched_req   # the penalties read its tokens
             if kv_transfer is not None:
@@ -161,7 +167,9 @@ class Engine:
             else:  # the other samples share the first one's prompt blocks
                 self.scheduler.fork_request(ids[0], sched_req)
         self.outputs.add(RequestState(request_id, req.prompt, list(req.prompt_token_ids), params,
-                                      RequestMetrics(arrival_time=now), samples))
+                                      RequestMetrics(arrival_time=now), samples,
+                                      pooled=(PooledEmbedding(req.pooling, len(req.prompt_token_ids))
+                                              if req.pooling is not None else None)))
         return request_id
 
     def _mark_kv_transfer(self, sched_req: Request, kv_transfer, n: int) -> None:
@@ -175,6 +183,8 @@ class Engine:
             raise ValueError(f"kv_transfer needs n=1, got n={n}")
         if side == "load" and sched_req.sampling.num_prompt_logprobs is not None:
             raise ValueError("prompt_logprobs need the prompt computed here, not loaded with kv_transfer")
+        if side == "load" and sched_req.sampling.pooling is not None:
+            raise ValueError("an embedding needs the prompt computed here, not loaded with kv_transfer")
         if side == "send":
             sched_req.kv_send = True
         else:
@@ -286,7 +296,8 @@ class Engine:
         if self._constrained:
             updates = self._advance_grammars(updates)
         processed = self.outputs.process(updates, result.sampled, time.perf_counter(),
-                                         prompt_logprobs=getattr(result, "prompt_logprobs", None))
+                                         prompt_logprobs=getattr(result, "prompt_logprobs", None),
+                                         pooled=getattr(result, "pooled", None))
         for hit in processed.stop_string_hits:
             self.scheduler.finish_requests([hit.scheduler_id], "stop", stop_reason=hit.stop)
         return processed.outputs
@@ -498,7 +509,8 @@ def _mesh_stats(runner) -> dict:
 
 
 def sampling_options(params: SamplingParams, seed: int, banned: tuple[int, ...],
-                     constraint: TokenConstraint | None = None, *, prompt_token_ids=()) -> SamplingOptions:
+                     constraint: TokenConstraint | None = None, *, prompt_token_ids=(),
+                     pooling: str | None = None) -> SamplingOptions:
     """The runner's options for one sample of a request (one per sample: each has its own seed,
     its own tokens for the penalties and its own grammar state)."""
     common = dict(
@@ -507,7 +519,8 @@ def sampling_options(params: SamplingParams, seed: int, banned: tuple[int, ...],
         top_k=params.top_k, top_p=params.top_p, min_p=params.min_p,
         seed=seed, min_tokens=params.min_tokens, banned_before_min_tokens=banned, num_logprobs=params.logprobs,
         num_prompt_logprobs=params.prompt_logprobs,
-        prompt_token_ids=tuple(prompt_token_ids) if params.prompt_logprobs is not None else ())
+        prompt_token_ids=tuple(prompt_token_ids) if params.prompt_logprobs is not None else (),
+        pooling=pooling)
     if not params.adjusts_logits and constraint is None:
         return SamplingOptions(**common)
     adjust = None

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jaxserve.engine.grammar import GrammarCompiler
+from jaxserve.pooling_params import PoolingParams
 from jaxserve.runner.token_mask import TokenConstraint
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.sched.limits import RequestLimits
@@ -33,6 +34,7 @@ class EngineRequest:
     priority: int
     # structured output: one grammar state per sample, built here (off the step thread)
     constraints: tuple[TokenConstraint, ...] = ()
+    pooling: PoolingParams | None = None   # an embedding request (params: its one dropped token)
 
 
 _PROMPT_KEYS = {"prompt", "prompt_token_ids", "cache_salt"}
@@ -40,16 +42,24 @@ _PROMPT_KEYS = {"prompt", "prompt_token_ids", "cache_salt"}
 
 class InputProcessor:
     def __init__(self, *, tokenizer, vocab_size: int, limits: RequestLimits, eos_token_ids: frozenset[int],
-                 prompt_logprobs: bool = False):
+                 prompt_logprobs: bool = False, embeddings: bool = False):
         self.tokenizer = tokenizer
         self.prompt_logprobs = prompt_logprobs    # whether the runner computes prompt logprobs
+        self.embeddings = embeddings              # whether the runner pools hidden states
         self.vocab_size = vocab_size
         self.limits = limits
         self.eos_token_ids = frozenset(eos_token_ids)
         self.grammars = GrammarCompiler(tokenizer, vocab_size, self.eos_token_ids)
 
-    def process(self, prompt: Any, params: SamplingParams | None = None, *, priority: int = 0) -> EngineRequest:
+    def process(self, prompt: Any, params: SamplingParams | PoolingParams | None = None, *,
+                priority: int = 0) -> EngineRequest:
         params = SamplingParams() if params is None else params
+        pooling = None
+        if isinstance(params, PoolingParams):   # an embedding: the prompt and one dropped token
+            if not self.embeddings:
+                raise ValueError("embeddings need an engine built with enable_embeddings=True "
+                                 "(jaxserve serve --enable-embeddings)")
+            pooling, params = params, params.sampling_params()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         if not isinstance(priority, int) or isinstance(priority, bool):
@@ -85,7 +95,7 @@ class InputProcessor:
         if params.structured_outputs is not None:
             grammar = self.grammars.compile(params.structured_outputs)
             constraints = tuple(self.grammars.constraint(grammar) for _ in range(params.n))
-        return EngineRequest(text, ids, cache_salt, params, max_tokens, priority, constraints)
+        return EngineRequest(text, ids, cache_salt, params, max_tokens, priority, constraints, pooling)
 
     def banned_before_min_tokens(self, params: SamplingParams) -> tuple[int, ...]:
         eos = set() if params.ignore_eos else set(self.eos_token_ids)

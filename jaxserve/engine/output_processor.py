@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from jaxserve.embedding_outputs import EmbeddingOutput, EmbeddingRequestOutput
 from jaxserve.engine.request_state import RequestState, SampleState
 from jaxserve.outputs import CompletionOutput, Logprob, RequestOutput
 from jaxserve.sampling_params import OutputKind
@@ -89,7 +90,7 @@ class OutputProcessor:
 
     # ---- a step -------------------------------------------------------------------------------
     def process(self, updates: Sequence[RequestUpdate], sampled: Mapping[str, Sequence], now: float, *,
-                prompt_logprobs: Mapping | None = None) -> ProcessedStep:
+                prompt_logprobs: Mapping | None = None, pooled: Mapping | None = None) -> ProcessedStep:
         """`sampled[scheduler id]`: the runner's SampledTokens (with logprobs) of this step;
         `prompt_logprobs[scheduler id]`: the prompt positions its rows described (a PromptLogprobChunk)."""
         hits: list[StopStringHit] = []
@@ -98,6 +99,10 @@ class OutputProcessor:
             entry = self._samples.get(sid)
             if entry is not None and entry[0].prompt_logprobs is not None:
                 entry[0].record_prompt_logprobs(chunk)
+        for sid, chunk in (pooled or {}).items():   # embeddings' sums (runner/pooling.PooledChunk)
+            entry = self._samples.get(sid)
+            if entry is not None and entry[0].pooled is not None:
+                entry[0].pooled.add(chunk)
         for u in updates:
             entry = self._samples.get(u.request.request_id)
             if entry is None:
@@ -105,7 +110,7 @@ class OutputProcessor:
             state, sample = entry
             sample.started = True
             state.num_cached_tokens = max(state.num_cached_tokens, u.request.num_cached_tokens)
-            if u.new_token_ids and not sample.finished:
+            if u.new_token_ids and not sample.finished and state.pooled is None:   # an embedding's token is dropped
                 self._append(state, sample, u.new_token_ids, sampled.get(u.request.request_id, ()), now)
                 if sample.detok is not None and sample.detok.stopped_by is not None:
                     sample.finish("stop", sample.detok.stopped_by)  # a stop string wins over a limit
@@ -153,6 +158,9 @@ class OutputProcessor:
         kind = state.params.output_kind
         if kind is OutputKind.FINAL_ONLY and not done:
             return None
+        if state.pooled is not None:   # an embedding: its one sampled token is not shown
+            return EmbeddingRequestOutput(state.request_id, state.prompt, list(state.prompt_token_ids),
+                                          EmbeddingOutput(state.pooled.embedding()), metrics=state.metrics)
         if len(state.samples) == 1:
             completions = [_completion(state.samples[0], kind)]
         else:  # n > 1 outputs are cumulative whatever the kind: each completion carries its index

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from jaxserve.engine.detokenizer import IncrementalDetokenizer
+from jaxserve.engine.pooled_embedding import PooledEmbedding
 from jaxserve.outputs import Logprob, RequestMetrics
 from jaxserve.sampling_params import SamplingParams
 
@@ -63,6 +64,8 @@ class RequestState:
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     prompt_logprobs_missing: int = 0      # positions >= 1 not filled yet
     prompt_logprobs_sent: bool = False    # a DELTA output carried them
+    # an embedding request (PoolingParams): its pooled hidden states, summed as its steps end
+    pooled: PooledEmbedding | None = None
 
     def __post_init__(self) -> None:
         if self.params.prompt_logprobs is not None and self.prompt_logprobs is None:

@@ -36,6 +36,7 @@ from jaxserve.runner import fingerprint
 from jaxserve.runner.executables import ExecutableCache, ExecutableStore, compile_to_keep
 from jaxserve.runner.host_swap import HostSwapPool, SwapCostModel
 from jaxserve.runner.prompt_logprobs import PromptLogprobs
+from jaxserve.runner.pooling import Pooling
 from jaxserve.runner.kv_arena import ArenaSpec, allocate_arena
 from jaxserve.parallel.mesh import describe as describe_mesh, replicated
 from jaxserve.parallel.sharding import arena_sharding
@@ -58,6 +59,8 @@ class ModelRunnerOutput:
     sampled: dict[str, list[SampledToken]] = field(default_factory=dict)
     # request id -> the prompt positions its rows in the step described (prompt_logprobs.PromptLogprobChunk)
     prompt_logprobs: dict = field(default_factory=dict)
+    # request id -> the summed hidden states of its rows in the step (pooling.PooledChunk)
+    pooled: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +72,7 @@ class StepHandle:
     want_logprobs: np.ndarray | None = None          # per logits row
     drafts: dict[str, tuple[int, ...]] | None = None  # request id -> guesses it verifies (batch.PackedStep)
     prompt: tuple | None = None                      # prompt logprobs dispatched (PromptLogprobs.run)
+    pooled: tuple | None = None                      # pooling dispatched (Pooling.run)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +85,7 @@ class StepInputs:
     block_copies: tuple = ()
     packed: object = None                # batch.PackedStep
     prompt_rows: object = None           # prompt_logprobs.PromptRows: rows whose prompt logprobs are asked
+    pooling_rows: object = None          # pooling.PoolingRows: rows whose hidden states an embedding pools
 
 
 class ModelRunner:
@@ -88,14 +93,16 @@ class ModelRunner:
                  attention_impl: str = "auto", xla_optimization_level: int | None = None,
                  num_host_blocks: int = 0, executable_cache: ExecutableCache | None = None,
                  sampler_probs: bool = False, coupled_with_draft: bool = False, mesh=None, model=None,
-                 prompt_logprobs: bool = False, logprobs_mode: str = "raw"):
+                 prompt_logprobs: bool = False, logprobs_mode: str = "raw", pooling: bool = False):
         """sampler_probs: the sampler also returns each row's distribution (a draft model's runner).
         coupled_with_draft: sampled rows are coupled with a draft model's rows of the same step
         (runner/sampler.py), which dispatch(draft_sample=...) hands over. model: what has the
         `forward` and `compute_logits` the steps run (default: the config's architecture in the
         model registry). prompt_logprobs: the steps also return their hidden states, and one more
         function per step row count computes prompt logprobs from them (runner/prompt_logprobs.py).
-        logprobs_mode: what sampled tokens' logprobs describe, "raw" or "processed" (runner/sampler.py)."""
+        logprobs_mode: what sampled tokens' logprobs describe, "raw" or "processed" (runner/sampler.py).
+        pooling: the steps also return their hidden states (the same programs as for prompt
+        logprobs), and one more function per step row count sums them for embeddings (runner/pooling.py)."""
         self.model_config = model_config
         self.model = model
         self.params = params
@@ -136,6 +143,7 @@ class ModelRunner:
                                  else {"xla_backend_optimization_level": xla_optimization_level})
         # None: no prompt logprobs (the steps return only logits, as they always did)
         self.prompt_logprobs = PromptLogprobs(self) if prompt_logprobs else None
+        self.pooling = Pooling(self) if pooling else None      # None: no embeddings
         compile_counter.install()
 
     # -- compilation -------------------------------------------------------------------------
@@ -143,7 +151,7 @@ class ModelRunner:
         D, P = bucket
         fn = make_step(self.model_config, self._attention, decode_rows=D, prefill_tiles=P,
                        tile=self.shapes.prefill_tile, mesh=self.mesh, model=self.model,
-                       return_hidden=self.prompt_logprobs is not None)
+                       return_hidden=self.returns_hidden)
         specs = {k: self._input(s, d) for k, (s, d) in
                  batch_shapes(D, P, tile=self.shapes.prefill_tile, table_width=self.shapes.table_width).items()}
         prev = self._input((self.max_sample_rows,), jnp.int32)
@@ -154,8 +162,8 @@ class ModelRunner:
         kv = self.arena_spec.shape_dtype(split)
         # the arena stays split (donated in place); the logits leave replicated, for the sampler
         out_shardings = ([(split, split)] * self.arena_spec.num_layers, replicated(self.mesh))
-        if self.prompt_logprobs is not None:
-            out_shardings += (replicated(self.mesh),)     # the hidden states, for prompt logprobs
+        if self.returns_hidden:
+            out_shardings += (replicated(self.mesh),)     # the hidden states, for prompt logprobs or pooling
         return jax.jit(fn, donate_argnums=(1,), out_shardings=out_shardings).lower(self.params, kv, specs, prev)
 
     def _input(self, shape, dtype) -> jax.ShapeDtypeStruct:
@@ -211,17 +219,26 @@ class ModelRunner:
             seconds += self._compiled.load(buckets, on_loaded=loaded)
         if self.prompt_logprobs is not None:
             seconds += self.prompt_logprobs.load(buckets)
+        if self.pooling is not None:
+            seconds += self.pooling.load(buckets)
         return seconds
 
     def executables_loaded_on_demand(self) -> list:
         """Steps and samplers a run needed before they were loaded: each one cost that run a stall."""
         extra = self.prompt_logprobs._compiled.loaded_on_demand if self.prompt_logprobs is not None else []
+        extra = extra + (self.pooling._compiled.loaded_on_demand if self.pooling is not None else [])
         return self._compiled.loaded_on_demand + self._samplers.loaded_on_demand + extra
 
     def _step_key(self, bucket: tuple[int, int]) -> dict:
         # a step that returns its hidden states is another program (an engine without prompt
-        # logprobs keeps the keys it always had)
-        return {"kind": "step", "bucket": bucket, **({"hidden": True} if self.prompt_logprobs is not None else {})}
+        # logprobs or embeddings keeps the keys it always had)
+        return {"kind": "step", "bucket": bucket, **({"hidden": True} if self.returns_hidden else {})}
+
+    @property
+    def returns_hidden(self) -> bool:
+        """Whether the steps also return every row's final hidden state: prompt logprobs and
+        embeddings read them (one program for both)."""
+        return self.prompt_logprobs is not None or getattr(self, "pooling", None) is not None
 
     def _build_step(self, bucket: tuple[int, int]):
         return self._load_or_compile(self._step_key(bucket), lambda: self._lower(bucket))
@@ -315,6 +332,8 @@ class ModelRunner:
                             if sched_out.requests else None)
         if self.prompt_logprobs is not None and inputs.packed is not None:
             inputs = dataclasses.replace(inputs, prompt_rows=self.prompt_logprobs.pack(sched_out, inputs.packed.bucket))
+        if self.pooling is not None and inputs.packed is not None:
+            inputs = dataclasses.replace(inputs, pooling_rows=self.pooling.pack(sched_out, inputs.packed.bucket))
         if self.step_mirror is not None:
             # multi-host: every other host runs this step's programs too (parallel/distributed.py)
             self.step_mirror.publish(inputs)
@@ -340,11 +359,12 @@ class ModelRunner:
         self.kv_caches, logits, *hidden = step(self.params, self.kv_caches, packed.arrays, self._prev_tokens)
         # prompt logprobs only in a step that carries rows asking for them (hidden: with the option on)
         prompt = self.prompt_logprobs.run(hidden[0], inputs.prompt_rows) if inputs.prompt_rows is not None else None
+        pooled = self.pooling.run(hidden[0], inputs.pooling_rows) if inputs.pooling_rows is not None else None
         # a verification's last token is known only at collect(): no later step may read it as a
         # placeholder (the scheduler schedules after its update), so it has no row here
         self._prev_rows = {rid: row for rid, row in packed.sample_rows if rid not in packed.drafts}
         if not packed.sample_rows:
-            return StepHandle(prompt=prompt)
+            return StepHandle(prompt=prompt, pooled=pooled)
         sampling = packed.sampling
         if not (sampling["adjust"].any() or sampling["masked"].any()):
             sampling = {**sampling, **self._neutral_adjustments(logits.shape[0])}
@@ -357,7 +377,7 @@ class ModelRunner:
         # start the copies to the host now; collect() reads them a step later
         for key in ("tokens", "logprob", "top_ids", "top_logprobs") if wants.any() else ("tokens",):
             out[key].copy_to_host_async()
-        return StepHandle(packed.sample_rows, out, wants, packed.drafts, prompt)
+        return StepHandle(packed.sample_rows, out, wants, packed.drafts, prompt, pooled)
 
     def is_ready(self, handle: StepHandle) -> bool:
         """Whether a dispatched step's sampled tokens are computed (collect would not wait)."""
@@ -366,8 +386,9 @@ class ModelRunner:
     def collect(self, handle: StepHandle) -> ModelRunnerOutput:
         """Wait for a dispatched step's sampled tokens (and logprobs, where asked) on the host."""
         prompt = PromptLogprobs.read(handle.prompt) if handle.prompt is not None else {}
+        pooled = Pooling.read(handle.pooled) if handle.pooled is not None else {}
         if not handle.sample_rows:
-            return ModelRunnerOutput(prompt_logprobs=prompt)
+            return ModelRunnerOutput(prompt_logprobs=prompt, pooled=pooled)
         out, wants = handle.sampler_out, handle.want_logprobs
         tokens = np.asarray(out["tokens"])
         lp = top_ids = top_lp = None
@@ -389,7 +410,7 @@ class ModelRunner:
             while kept < len(guesses) and int(tokens[row + kept]) == guesses[kept]:
                 kept += 1
             sampled[request_id] = [token(row + j) for j in range(kept + 1)]
-        return ModelRunnerOutput(sampled, prompt)
+        return ModelRunnerOutput(sampled, prompt, pooled)
 
     def copy_blocks(self, pairs) -> None:
         """Copy whole blocks (src -> dst) in every layer, COPY_BATCH pairs per compiled call;

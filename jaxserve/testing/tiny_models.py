@@ -139,6 +139,17 @@ def hf_logprobs(path: str, token_ids: list[int]):
     return torch.log_softmax(logits, dim=-1).numpy()
 
 
+def hf_last_hidden_states(path: str, token_ids: list[int]):
+    """HF transformers' (fp32) final hidden states of `token_ids`, after the model's final norm:
+    `hidden_states[-1]` of output_hidden_states=True, a float64 numpy array [len, hidden_size]."""
+    import torch
+
+    model = _hf_model(path)
+    with torch.no_grad():
+        out = model(torch.tensor([token_ids]), output_hidden_states=True)
+    return out.hidden_states[-1][0].double().numpy()
+
+
 _HF_CACHE: dict[str, object] = {}
 
 
