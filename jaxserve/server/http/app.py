@@ -22,6 +22,7 @@ from jaxserve.server.bearer import bearer_token
 from jaxserve.server.http import errors
 from jaxserve.server.http.body_limit import BodyLimit
 from jaxserve.server.http.control import add_control_routes
+from jaxserve.server.http.embeddings import add_embeddings_route
 from jaxserve.server.http.openai_front import OpenAIFront
 from jaxserve.server.http.responses import add_responses_routes
 from jaxserve.server.http.responses_store import ResponseStore
@@ -110,6 +111,7 @@ def create_app(front: OpenAIFront, *, api_key: str | None = None, max_body_bytes
         return JSONResponse(tokenization.tokenizer_info(front.engine()))
 
     add_control_routes(app, front, authorized)   # /pause, /resume, /update_weights_from_disk (docs/rl.md)
+    add_embeddings_route(app, front, authorized)   # POST /v1/embeddings (http/embeddings.py)
     # /v1/responses (http/responses.py); stored responses kept in memory, the store's size a server setting
     add_responses_routes(app, front, authorized, responses_store if responses_store is not None else ResponseStore())
     return app
