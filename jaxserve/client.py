@@ -93,6 +93,20 @@ def build_request(prompt: Any, *, request_id: str = "", priority: int = 0, cache
     return req
 
 
+def build_embed_request(inputs: Any, *, pooling: str = "", normalize: bool | None = None, request_id: str = "",
+                        priority: int = 0) -> pb.EmbedRequest:
+    """inputs: a string, token ids, or a list of strings / token-id lists (one embedding each)."""
+    if isinstance(inputs, str) or (isinstance(inputs, Sequence) and inputs and isinstance(inputs[0], int)):
+        inputs = [inputs]
+    req = pb.EmbedRequest(request_id=request_id, pooling=pooling, priority=priority)
+    if normalize is not None:
+        req.normalize = normalize
+    for item in inputs:
+        req.inputs.append(pb.EmbedInput(text=item) if isinstance(item, str) else
+                          pb.EmbedInput(token_ids=pb.TokenIds(ids=[int(t) for t in item])))
+    return req
+
+
 def _metadata(api_key: str | None):
     return (("authorization", f"Bearer {api_key}"),) if api_key else None
 
@@ -153,6 +167,12 @@ class GenerationClient:
         for _ in self.stream(prompt, completion=result, **kw):
             pass
         return result
+
+    def embed(self, inputs: Any, **kw: Any) -> list[list[float]]:
+        """Embeddings of a text, token ids or a list of them (build_embed_request's arguments):
+        one list of floats per input."""
+        reply = self._stub.Embed(build_embed_request(inputs, **kw), timeout=self.timeout, metadata=self._md)
+        return [list(e.values) for e in reply.embeddings]
 
     def abort(self, request_ids: Sequence[str]) -> None:
         self._stub.Abort(pb.AbortRequest(request_ids=list(request_ids)), timeout=self.timeout, metadata=self._md)
@@ -222,6 +242,10 @@ class AsyncGenerationClient:
         async for _ in self.stream_chunks(prompt, completion=result, **kw):
             pass
         return result
+
+    async def embed(self, inputs: Any, **kw: Any) -> list[list[float]]:
+        reply = await self._stub.Embed(build_embed_request(inputs, **kw), timeout=self.timeout, metadata=self._md)
+        return [list(e.values) for e in reply.embeddings]
 
     async def abort(self, request_ids: Sequence[str]) -> None:
         await self._stub.Abort(pb.AbortRequest(request_ids=list(request_ids)), timeout=self.timeout,

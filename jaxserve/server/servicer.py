@@ -175,6 +175,11 @@ class GenerationServicer(pb_grpc.GenerationServicer):
                                      num_requests_recomputed=done.num_requests_recomputed,
                                      num_prefix_blocks_flushed=done.num_prefix_blocks_flushed)
 
+    async def Embed(self, request: pb.EmbedRequest, context) -> pb.EmbedResponse:
+        from jaxserve.server.embed_rpc import embed    # server/embed_rpc.py
+
+        return await embed(self, request, context)
+
     async def GetModelInfo(self, request, context) -> pb.ModelInfo:
         aengine = self.state.aengine
         if aengine is None:

@@ -84,6 +84,11 @@ class GenerationStub:
                 request_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.UpdateWeightsRequest.SerializeToString,
                 response_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.UpdateWeightsReply.FromString,
                 _registered_method=True)
+        self.Embed = channel.unary_unary(
+                '/jaxserve.v1.Generation/Embed',
+                request_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.EmbedRequest.SerializeToString,
+                response_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.EmbedResponse.FromString,
+                _registered_method=True)
 
 
 class GenerationServicer:
@@ -160,6 +165,14 @@ class GenerationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Embed(self, request, context):
+        """Embeddings: each input's final-normed hidden states pooled (docs/server.md). INVALID_ARGUMENT
+        for an empty or too long input, an unknown pooling, or a server without --enable-embeddings.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GenerationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -212,6 +225,11 @@ def add_GenerationServicer_to_server(servicer, server):
                     servicer.UpdateWeights,
                     request_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.UpdateWeightsRequest.FromString,
                     response_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.UpdateWeightsReply.SerializeToString,
+            ),
+            'Embed': grpc.unary_unary_rpc_method_handler(
+                    servicer.Embed,
+                    request_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.EmbedRequest.FromString,
+                    response_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.EmbedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -484,6 +502,33 @@ class Generation:
             '/jaxserve.v1.Generation/UpdateWeights',
             jaxserve_dot_server_dot_proto_dot_generation__pb2.UpdateWeightsRequest.SerializeToString,
             jaxserve_dot_server_dot_proto_dot_generation__pb2.UpdateWeightsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Embed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/jaxserve.v1.Generation/Embed',
+            jaxserve_dot_server_dot_proto_dot_generation__pb2.EmbedRequest.SerializeToString,
+            jaxserve_dot_server_dot_proto_dot_generation__pb2.EmbedResponse.FromString,
             options,
             channel_credentials,
             insecure,
