@@ -3,11 +3,14 @@ embeddings for every input form (a string, strings, token ids, lists of them), u
 `normalize` extra, the refusals (dimensions, empty or too long input, unknown fields, a server
 without embeddings), and AsyncEngine.embed under it."""
 
+import asyncio
+
 import httpx2 as httpx
 import numpy as np
 import pytest
 
 from jaxserve import PoolingParams
+from jaxserve.engine.async_engine import EmbeddingAborted
 from tests.engine.test_embeddings import PROMPTS, RTOL, hf_embedding
 from tests.server.http_harness import HTTPServer
 
@@ -104,6 +107,26 @@ def test_async_engine_embed(server, tiny_llama_dir):
     assert_hf(tiny_llama_dir, out.prompt_token_ids, out.outputs.embedding, "mean", normalize=False)
     with pytest.raises(ValueError, match="PoolingParams"):
         server.run(server.state.aengine.embed(PROMPTS[1], params="mean"))
+
+
+def test_an_aborted_embedding_raises_embedding_aborted(server):
+    aengine = server.state.aengine
+
+    async def go():
+        await aengine.pause("keep")              # requests added now are held: nothing races the abort
+        try:
+            task = asyncio.ensure_future(aengine.embed(PROMPTS[0], request_id="held"))
+            while (await aengine.stats()).num_requests_held == 0:
+                await asyncio.sleep(0.01)
+            await aengine.abort("held")
+            with pytest.raises(EmbeddingAborted):
+                await task
+        finally:
+            await aengine.resume()
+        return await aengine.stats()
+
+    stats = server.run(go())
+    assert stats.num_requests_held == stats.num_requests_running == stats.num_requests_waiting == 0
 
 
 def test_a_server_without_embeddings_refuses_them(tiny_llm):
