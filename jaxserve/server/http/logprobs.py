@@ -6,17 +6,19 @@ from __future__ import annotations
 
 from jaxserve.outputs import Logprob
 from jaxserve.server.http.schemas import ChatLogprobs, CompletionLogprobs, PromptLogprob, TokenLogprob, TopLogprob
+from jaxserve.server.http.token_bytes import TokenBytes, text_offsets
 
 
 class TokenText:
     """Each token id's own text, decoded alone (cached: the same ids come back again and again).
     A token that is part of a UTF-8 character decodes to U+FFFD alone, and several such tokens
     would share one key in a top-logprobs map: those are named by their vocabulary string
-    (`convert_ids_to_tokens`, unique per id) instead."""
+    (`convert_ids_to_tokens`, unique per id) instead; `bytes` gives a token's real bytes."""
 
     def __init__(self, tokenizer):
         self._tokenizer = tokenizer
         self._cache: dict[int, str] = {}
+        self.bytes = TokenBytes(tokenizer)
 
     def __call__(self, token_id: int) -> str:
         text = self._cache.get(token_id)
@@ -50,21 +52,20 @@ def completion_logprobs(token_ids: list[int], entries: list[dict[int, Logprob] |
     An entry None (an echoed prompt's first token: nothing before it) lists the token with null
     token_logprobs and top_logprobs, as OpenAI's and vLLM's echo do."""
     out = CompletionLogprobs()
-    for t, entry in zip(token_ids, entries):
+    pairs = list(zip(token_ids, entries))
+    # offsets from the tokens' bytes, not their names' lengths ('Ã©' names one byte of 'é')
+    out.text_offset = text_offsets([text.bytes(t) for t, _ in pairs], offset)
+    for t, entry in pairs:
         s = text(t)
         out.tokens.append(s)
         if entry is None:
             out.token_logprobs.append(None)
             out.top_logprobs.append(None)
-            out.text_offset.append(offset)
-            offset += len(s)
             continue
         out.token_logprobs.append(_finite(entry[t].logprob))
         top = {text(tid): _finite(lp.logprob) for tid, lp in _ranked(entry, k)}
         top.setdefault(s, _finite(entry[t].logprob))   # the sampled token is always listed
         out.top_logprobs.append(top)
-        out.text_offset.append(offset)
-        offset += len(s)
     return out
 
 
@@ -72,9 +73,9 @@ def chat_logprobs(token_ids: list[int], entries: list[dict[int, Logprob]], k: in
     content = []
     for t, entry in zip(token_ids, entries):
         s = text(t)
-        top = [TopLogprob(token=text(tid), logprob=_finite(lp.logprob), bytes=list(text(tid).encode()))
+        top = [TopLogprob(token=text(tid), logprob=_finite(lp.logprob), bytes=list(text.bytes(tid)))
                for tid, lp in _ranked(entry, k)]
-        content.append(TokenLogprob(token=s, logprob=_finite(entry[t].logprob), bytes=list(s.encode()),
+        content.append(TokenLogprob(token=s, logprob=_finite(entry[t].logprob), bytes=list(text.bytes(t)),
                                     top_logprobs=top))
     return ChatLogprobs(content=content)
 
