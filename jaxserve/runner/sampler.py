@@ -70,7 +70,9 @@ def sampling_arrays(rows: list[tuple | None], num_rows: int, *, history_len: int
         s, num_out = row[0], row[1]
         temperature[i] = s.temperature
         top_k[i] = s.top_k
-        top_p[i] = s.top_p
+        # a top_p below float32's smallest normal would round to 0 (or a denormal flushed to 0) and
+        # keep no token at all; at that floor it keeps the top token only, which is what it means
+        top_p[i] = max(s.top_p, _TOP_P_FLOOR)
         min_p[i] = s.min_p
         seed[i] = s.seed & 0xFFFFFFFF
         step[i] = num_out
@@ -163,6 +165,9 @@ def _adjusted(logits, a, prev_tokens):
     out = jnp.where(seen, jnp.where(biased > 0, biased / rep, biased * rep), biased)
     out = out - a["frequency"][:, None] * counts - a["presence"][:, None] * (counts > 0)
     return jnp.where(a["adjust"][:, None], out, logits)
+
+
+_TOP_P_FLOOR = float(np.finfo(np.float32).tiny)
 
 
 def _filtered(scaled, top_k, top_p, min_p):
