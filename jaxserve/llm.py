@@ -49,6 +49,9 @@ class LLM:
         from jaxserve.models.custom import CustomModel
 
         progress = kwargs.pop("progress", True)
+        # LLM.chat's defaults (not engine settings): the model's call format and its reasoning's
+        self.tool_call_parser = kwargs.pop("tool_call_parser", None)
+        self.reasoning_parser = kwargs.pop("reasoning_parser", None)
         custom = isinstance(model, CustomModel)
         if not custom and (params is not None or tokenizer is not None):
             raise ValueError("params= and tokenizer= are for a model defined outside jaxserve "
@@ -135,18 +138,65 @@ class LLM:
         return self._submit(prompts, pooling_params, priority, use_tqdm, "pooling_params", PoolingParams())
 
     def chat(self, messages, sampling_params=None, *, use_tqdm: bool = True, add_generation_prompt: bool = True,
-             chat_template: str | None = None) -> list[RequestOutput]:
-        """messages: one conversation (a list of {"role", "content"} dicts) or a list of them."""
+             chat_template: str | None = None, tools: Sequence[dict] | None = None, tool_choice: Any = None,
+             parallel_tool_calls: bool = True, tool_call_parser: str | None = None,
+             reasoning_parser: str | None = None, chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        """messages: one conversation (a list of {"role", "content"} dicts, assistant messages
+        with "tool_calls" and "tool" messages as transformers' templates take them) or a list of them.
+
+        tools (OpenAI's `[{"type": "function", "function": {...}}]`), tool_choice ("auto",
+        "required", "none" or {"type": "function", "function": {"name": ...}}) and
+        parallel_tool_calls work as on /v1/chat/completions (jaxserve/tool_parsers/plan.py).
+        tool_call_parser and reasoning_parser default to the LLM's (LLM(..., tool_call_parser=...));
+        the tool parser then to the model's format. With tools or a reasoning parser each
+        CompletionOutput's `message` holds the answer split into reasoning, content and tool calls."""
+        import dataclasses
+
+        from jaxserve.chat_output import ChatOutputSpec
+        from jaxserve.reasoning_parsers import reasoning_parser as reasoning_parser_named
+        from jaxserve.tool_parsers import ToolChoice, function_tools, plan_tools, resolve_tool_parser
+
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         tok = self.get_tokenizer()
-        prompts = []
+        function = function_tools(tools)
+        choice = ToolChoice.from_openai(tool_choice)
+        parser = None
+        if function and (choice is None or choice.mode != "none"):
+            model_type = getattr(getattr(self.engine.runner, "model_config", None), "model_type", None)
+            parser = resolve_tool_parser(tool_call_parser or getattr(self, "tool_call_parser", None), tok, model_type)
+        plan = plan_tools(function, choice, parallel_tool_calls=parallel_tool_calls, parser=parser, tokenizer=tok,
+                          chat_template=chat_template)
+        reasoning = reasoning_parser or getattr(self, "reasoning_parser", None)
+        spec = ChatOutputSpec(plan.parser, reasoning_parser_named(reasoning) if reasoning is not None else None)
+        prompts, opens = [], []
         for conv in conversations:
             ids = tok.apply_chat_template(conv, add_generation_prompt=add_generation_prompt, tokenize=True,
-                                          chat_template=chat_template)
+                                          chat_template=chat_template, **plan.template_kwargs,
+                                          **(chat_template_kwargs or {}))
             if isinstance(ids, dict) or hasattr(ids, "input_ids"):
                 ids = ids["input_ids"]
             prompts.append({"prompt_token_ids": list(ids)})
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+            # a constrained call is written from the first token, never inside an opened reasoning
+            opens.append(plan.structured_outputs is None and spec.opens_reasoning(tok.decode(list(ids)[-8:])))
+        if plan.structured_outputs is not None or plan.skip_special_tokens is not None:
+            changes: dict[str, Any] = {}
+            if plan.structured_outputs is not None:
+                changes["structured_outputs"] = plan.structured_outputs
+            if plan.skip_special_tokens is not None:
+                changes["skip_special_tokens"] = plan.skip_special_tokens
+            given = sampling_params if sampling_params is not None else SamplingParams()
+            if plan.structured_outputs is not None and any(
+                    p.structured_outputs is not None for p in (given if isinstance(given, (list, tuple)) else [given])):
+                raise ValueError("tool_choice 'required' or a named function constrains the answer to tool calls; "
+                                 "it cannot be combined with SamplingParams.structured_outputs")
+            sampling_params = ([dataclasses.replace(p, **changes) for p in given] if isinstance(given, (list, tuple))
+                               else dataclasses.replace(given, **changes))
+        outs = self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        if spec.active:
+            for out, opened in zip(outs, opens):
+                for o in out.outputs:
+                    o.message = spec.new(opened).parse(o.text)
+        return outs
 
     def beam_search(self, prompts, params) -> list:
         """Beam search (see jaxserve/beam_search.py); prompts as for generate, params a

@@ -32,6 +32,9 @@ class CompletionOutput:
     stop_reason: int | str | None = None    # the stop token id or stop string that ended it
     logprobs: list[dict[int, Logprob]] | None = None
     cumulative_logprob: float | None = None
+    # LLM.chat with tools or a reasoning parser: the text as reasoning, content and tool calls
+    # (jaxserve/chat_output.py ChatMessageOut)
+    message: object | None = None
 
     def finished(self) -> bool:
         return self.finish_reason is not None

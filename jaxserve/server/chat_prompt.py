@@ -17,20 +17,22 @@ def check_roles(messages: list[dict[str, str]], allowed_roles: frozenset[str], f
                              f"takes; allowed: {', '.join(sorted(allowed_roles))}")
 
 
-async def render_chat(aengine: AsyncEngine, messages: list[dict[str, str]], *, field: str = "messages",
-                      cache_salt: str | None = None) -> dict:
+async def render_chat(aengine: AsyncEngine, messages: list[dict], *, field: str = "messages",
+                      cache_salt: str | None = None, template_kwargs: dict | None = None) -> dict:
     """The engine prompt ({"prompt_token_ids": ..., "cache_salt": ...}) of a chat, with the
     generation prompt added; ValueError for a model without a template, an unknown role, a chat too
-    long for max_model_len or one the template refuses."""
+    long for max_model_len or one the template refuses. template_kwargs: more variables for the
+    template (`tools`: tool_parsers.ToolPlan.template_kwargs)."""
     tok = aengine.engine.tokenizer
     if tok is None or not getattr(tok, "chat_template", None):
         raise ValueError(f"{field}: the model has no chat template; send text or token ids")
     check_roles(messages, chat_roles(tok.chat_template), field)
-    aengine.check_prompt_chars(sum(len(m["content"]) for m in messages))
+    extra = template_kwargs or {}
+    aengine.check_prompt_chars(sum(len(m["content"]) for m in messages) + len(repr(extra.get("tools") or "")))
 
     def render(tokenizer):   # in a tokenizer thread, like a text prompt
         try:
-            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **extra)
         except Exception as e:   # a template that rejects these messages (roles, order)
             raise ValueError(f"{field}: the model's chat template failed on these messages: {e}") from e
         ids = ids["input_ids"] if hasattr(ids, "keys") else ids

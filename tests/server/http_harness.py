@@ -27,7 +27,7 @@ HANG_GUARD_S = 120   # turns a hang into a failure; never a bound on how fast an
 
 class HTTPServer:
     def __init__(self, tiny_llm, *, api_key: str | None = API_KEY, max_n: int = 4, max_body_bytes: int = 1 << 20,
-                 **engine_overrides):
+                 tool_call_parser: str | None = None, reasoning_parser: str | None = None, **engine_overrides):
         self.max_body_bytes = max_body_bytes
         self._shared = tiny_llm
         self.engine = LLM.sharing_runner(tiny_llm, **engine_overrides).engine
@@ -38,7 +38,8 @@ class HTTPServer:
         self._thread.start()
         self.metrics = ServerMetrics(lambda: self.state.aengine.snapshot if self.state.aengine else None)
         self.front = OpenAIFront(self.state, limits=RequestCaps(max_n=max_n), metrics=self.metrics,
-                                 max_concurrent_streams=64)
+                                 max_concurrent_streams=64, tool_call_parser=tool_call_parser,
+                                 reasoning_parser=reasoning_parser)
         self.api_key = api_key
         self.listener = self.run(self._start())
         self.base_url = f"http://127.0.0.1:{self.listener.port}/v1"

@@ -16,10 +16,13 @@ from typing import AsyncIterator, Awaitable, Callable
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
+from jaxserve.chat_output import ChatOutputParser, ChatOutputSpec, chat_finish_reason
 from jaxserve.engine.async_engine import AsyncEngine, EngineDeadError, EngineStoppedError
+from jaxserve.reasoning_parsers import reasoning_parser as reasoning_parser_named
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.server.chat_prompt import render_chat
 from jaxserve.server.http import errors
+from jaxserve.server.http.chat_tools import assistant_message, chat_tool_plan, delta_message, joined
 from jaxserve.server.http.disconnect import ClientDisconnected, unless_disconnected
 from jaxserve.server.http.engine_run import EngineRun
 from jaxserve.server.http.logprobs import TokenText, chat_logprobs, completion_logprobs, prompt_logprobs_field
@@ -75,11 +78,19 @@ class _Echo:
 
 class OpenAIFront:
     def __init__(self, state: ServerState, *, limits: RequestCaps, metrics: ServerMetrics | None,
-                 max_concurrent_streams: int):
+                 max_concurrent_streams: int, tool_call_parser: str | None = None,
+                 reasoning_parser: str | None = None):
+        """tool_call_parser: the format of the model's calls (tool_parsers; None: the model's
+        default); reasoning_parser: split the answers' reasoning out (reasoning_parsers; None: no)."""
         self.state = state
         self.limits = limits
         self.metrics = metrics
         self.max_concurrent_streams = max_concurrent_streams
+        if tool_call_parser is not None:
+            from jaxserve.tool_parsers import tool_parser
+            tool_parser(tool_call_parser)      # an unknown name fails at start-up, not per request
+        self.tool_call_parser = tool_call_parser
+        self.reasoning_parser = reasoning_parser_named(reasoning_parser) if reasoning_parser is not None else None
 
     # -- the server's state ------------------------------------------------------------------
     def engine(self) -> AsyncEngine:
@@ -120,17 +131,28 @@ class OpenAIFront:
         arrival = time.perf_counter()
         aengine = self.engine()
         model = self.check_model(req.model, aengine)
-        params = chat_params(req, self.limits)
+        tools = chat_tool_plan(req, aengine.engine, parser=self.tool_call_parser)
+        params = chat_params(req, self.limits, tools)
         messages = chat_messages(req.messages)
+        spec = ChatOutputSpec(tools.parser, self.reasoning_parser)
+        opens_reasoning = [False]
 
         async def prompts():
-            return [await render_chat(aengine, messages, field="messages", cache_salt=req.cache_salt)]
+            prompt = await render_chat(aengine, messages, field="messages", cache_salt=req.cache_salt,
+                                       template_kwargs=tools.template_kwargs)
+            # a thinking template's generation prompt opens the reasoning; a constrained call (the
+            # grammar writes the calls from the first token) never starts inside it
+            if spec.reasoning_parser is not None and tools.structured_outputs is None:
+                tail = aengine.engine.tokenizer.decode(prompt["prompt_token_ids"][-8:])
+                opens_reasoning[0] = spec.opens_reasoning(tail)
+            return [prompt]
         return await self._answer(http, aengine, req, model, params, arrival, prompts, chat=True,
-                                  prompt_field="messages")
+                                  prompt_field="messages",
+                                  chat_output=(lambda: spec.new(opens_reasoning[0])) if spec.active else None)
 
     async def _answer(self, http: Request, aengine: AsyncEngine, req, model: str, params: SamplingParams,
                       arrival: float, prompts: Callable[[], list | Awaitable[list]], *, chat: bool,
-                      prompt_field: str):
+                      prompt_field: str, chat_output: Callable[[], ChatOutputParser] | None = None):
         st = self.state
         if st.active_streams >= self.max_concurrent_streams:
             raise errors.too_many_requests(
@@ -142,10 +164,11 @@ class OpenAIFront:
             run = await unless_disconnected(http, self._start(aengine, req, params, arrival, prompts, prompt_field))
             if req.stream:
                 released = True    # the stream's own finally releases it
-                return StreamingResponse(self._events(run, req, model, params, chat=chat),
+                return StreamingResponse(self._events(run, req, model, params, chat=chat, chat_output=chat_output),
                                          media_type="text/event-stream")
             try:
-                return await unless_disconnected(http, self._collect(run, req, model, params, chat=chat))
+                return await unless_disconnected(http, self._collect(run, req, model, params, chat=chat,
+                                                                     chat_output=chat_output))
             finally:
                 await run.close()
         except ClientDisconnected:
@@ -172,13 +195,17 @@ class OpenAIFront:
             if err.status == 400 and err.param is None:   # the door's refusals are about the prompt
                 err.param = prompt_field
             elif err.param == "structured_outputs" and req.structured_outputs is None:
-                err.param = "response_format"              # the grammar came from OpenAI's field
+                # the grammar came from OpenAI's field, or from the tools (tool_choice required / named)
+                rf = req.response_format
+                err.param = "tools" if getattr(req, "tools", None) and (rf is None or rf.type == "text") \
+                    else "response_format"
             raise err from e
 
     def _token_text(self, run: EngineRun) -> TokenText:
         return TokenText(run.aengine.engine.tokenizer)
 
-    async def _collect(self, run: EngineRun, req, model: str, params: SamplingParams, *, chat: bool):
+    async def _collect(self, run: EngineRun, req, model: str, params: SamplingParams, *, chat: bool,
+                       chat_output: Callable[[], ChatOutputParser] | None = None):
         choices = [_Choice() for _ in range(len(run.prompts) * params.n)]
         try:
             async for cd in run.deltas():
@@ -198,11 +225,18 @@ class OpenAIFront:
         text_of = self._token_text(run)
         k = params.logprobs
         if chat:
-            return ChatCompletionResponse(id=new_id("chatcmpl"), created=now(), model=model, usage=usage, choices=[
-                ChatChoice(index=i, message=AssistantMessage(content="".join(c.text)),
-                           logprobs=(chat_logprobs(c.token_ids, c.logprobs, k, text_of) if k is not None else None),
-                           finish_reason=c.finish_reason, stop_reason=c.stop_reason)
-                for i, c in enumerate(choices)])
+            out = []
+            for i, c in enumerate(choices):
+                message, finish = AssistantMessage(content="".join(c.text)), c.finish_reason
+                if chat_output is not None:   # tools or reasoning: the text split into its parts
+                    parsed = chat_output().parse("".join(c.text))
+                    message = assistant_message(parsed, reasoning_parsed=self.reasoning_parser is not None)
+                    finish = chat_finish_reason(finish, bool(parsed.tool_calls))
+                out.append(ChatChoice(
+                    index=i, message=message, finish_reason=finish, stop_reason=c.stop_reason,
+                    logprobs=(chat_logprobs(c.token_ids, c.logprobs, k, text_of) if k is not None else None)))
+            return ChatCompletionResponse(id=new_id("chatcmpl"), created=now(), model=model, usage=usage,
+                                          choices=out)
         if echo_only(req):   # the one token the engine ran is not part of the answer
             usage = usage.model_copy(update={"completion_tokens": 0, "total_tokens": usage.prompt_tokens})
         out = []
@@ -233,8 +267,8 @@ class OpenAIFront:
         entries = list(p.prompt_logprobs) if p.prompt_logprobs is not None else [None] * len(ids)
         return _Echo(text, ids, entries)
 
-    async def _events(self, run: EngineRun, req, model: str, params: SamplingParams, *,
-                      chat: bool) -> AsyncIterator[str]:
+    async def _events(self, run: EngineRun, req, model: str, params: SamplingParams, *, chat: bool,
+                      chat_output: Callable[[], ChatOutputParser] | None = None) -> AsyncIterator[str]:
         """The SSE body: a chunk per choice delta, then (stream_options.include_usage) one chunk
         with the usage and no choices, then `data: [DONE]`. A client that disconnects cancels this
         generator at its current await; closing the run aborts the requests."""
@@ -245,6 +279,7 @@ class OpenAIFront:
         chars = [0] * (len(run.prompts) * params.n)
         started: set[int] = set()
         echoed: set[int] = set()
+        parsers: dict[int, ChatOutputParser] = {}   # per choice, with tools or reasoning
         try:
             async for cd in run.deltas():
                 d = cd.delta
@@ -254,9 +289,20 @@ class OpenAIFront:
                         yield _sse(ChatCompletionChunk(id=rid, created=created, model=model, choices=[
                             ChatChunkChoice(index=cd.choice, delta=DeltaMessage(role="assistant", content=""))]))
                     lp = chat_logprobs(d.token_ids, d.logprobs, k, text_of) if d.logprobs is not None else None
+                    delta, finish = DeltaMessage(content=d.text), d.finish_reason
+                    if chat_output is not None:   # the text as its reasoning, content and call pieces
+                        if cd.choice not in parsers:
+                            parsers[cd.choice] = chat_output()
+                        p = parsers[cd.choice]
+                        piece = p.feed(d.text)
+                        if finish is not None:
+                            piece = joined(piece, p.finish())
+                            finish = chat_finish_reason(finish, p.called)
+                        if not piece and lp is None and finish is None:
+                            continue             # held back (a tag may be arriving): nothing to say yet
+                        delta = delta_message(piece)
                     yield _sse(ChatCompletionChunk(id=rid, created=created, model=model, choices=[
-                        ChatChunkChoice(index=cd.choice, delta=DeltaMessage(content=d.text), logprobs=lp,
-                                        finish_reason=d.finish_reason)]))
+                        ChatChunkChoice(index=cd.choice, delta=delta, logprobs=lp, finish_reason=finish)]))
                 else:
                     ids, entries, text = (([], [], "") if echo_only(req) else
                                           (d.token_ids, d.logprobs or [], d.text))

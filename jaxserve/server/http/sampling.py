@@ -8,10 +8,12 @@ engine does not have.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from jaxserve.sampling_params import OutputKind, SamplingParams
 from jaxserve.structured_outputs import StructuredOutputs
+from jaxserve.tool_parsers.plan import NO_TOOLS, ToolPlan
 from jaxserve.server.request_caps import RequestCaps
 from jaxserve.server.http.errors import bad_request
 from jaxserve.server.http.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, _SamplingFields
@@ -43,19 +45,23 @@ def echo_only(req: CompletionRequest) -> bool:
     return req.echo and req.max_tokens == 0
 
 
-def chat_params(req: ChatCompletionRequest, limits: RequestCaps) -> SamplingParams:
+def chat_params(req: ChatCompletionRequest, limits: RequestCaps, tools: ToolPlan = NO_TOOLS) -> SamplingParams:
+    """tools: the request's tool plan (http/chat_tools.py), whose constraint (tool_choice required
+    or a named function) and special-token setting the params take."""
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     return _params(req, limits, max_tokens=max_tokens, logprobs=logprobs, logprobs_field="top_logprobs",
-                   max_tokens_field=field)
+                   max_tokens_field=field, constraint=tools.structured_outputs,
+                   skip_special_tokens=tools.skip_special_tokens)
 
 
 def _params(req: _SamplingFields, limits: RequestCaps, *, max_tokens: int | None, logprobs: int | None,
             logprobs_field: str, max_tokens_field: str = "max_tokens", prompt_logprobs: int | None = None,
-            prompt_logprobs_field: str = "prompt_logprobs") -> SamplingParams:
+            prompt_logprobs_field: str = "prompt_logprobs", constraint: StructuredOutputs | None = None,
+            skip_special_tokens: bool | None = None) -> SamplingParams:
     if req.n > limits.max_n:
         raise bad_request(f"n={req.n} exceeds this server's limit of {limits.max_n}", "n")
     if limits.max_tokens is not None and max_tokens is not None and max_tokens > limits.max_tokens:
@@ -65,11 +71,12 @@ def _params(req: _SamplingFields, limits: RequestCaps, *, max_tokens: int | None
     if stop is not None and len(stop) > limits.max_stop_strings:
         raise bad_request(f"stop has {len(stop)} strings; the limit is {limits.max_stop_strings}", "stop")
     kwargs: dict[str, Any] = dict(
-        structured_outputs=_structured_outputs(req),
+        structured_outputs=constraint if constraint is not None else _structured_outputs(req),
         presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
         repetition_penalty=req.repetition_penalty, logit_bias=_logit_bias(req.logit_bias),
         n=req.n, seed=req.seed, max_tokens=max_tokens, min_tokens=req.min_tokens, ignore_eos=req.ignore_eos,
-        stop=tuple(stop) if stop else None, logprobs=logprobs, skip_special_tokens=req.skip_special_tokens,
+        stop=tuple(stop) if stop else None, logprobs=logprobs,
+        skip_special_tokens=req.skip_special_tokens if skip_special_tokens is None else skip_special_tokens,
         include_stop_str_in_output=req.include_stop_str_in_output, output_kind=OutputKind.DELTA,
         stop_token_ids=tuple(req.stop_token_ids) if req.stop_token_ids else None, prompt_logprobs=prompt_logprobs)
     for name in ("temperature", "top_p", "top_k", "min_p"):   # None: the engine's default (OpenAI's too)
@@ -148,8 +155,11 @@ def completion_prompts(req: CompletionRequest) -> list[dict[str, Any]]:
     return prompts
 
 
-def chat_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    """Messages as the chat template's dicts; content parts must be text (no images here)."""
+def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Messages as the chat template's dicts; content parts must be text (no images here). An
+    assistant's tool calls go with their arguments as objects (what templates write back with
+    tojson), a tool result with its tool_call_id, a reasoning as reasoning_content (the name
+    templates read) and reasoning."""
     out = []
     for i, m in enumerate(messages):
         content = m.content
@@ -163,5 +173,31 @@ def chat_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
                                       f"(got type {part.get('type')!r})", f"messages[{i}].content")
                 texts.append(part["text"])
             content = "".join(texts)
-        out.append({"role": m.role, "content": content})
+        msg: dict[str, Any] = {"role": m.role, "content": content}
+        if m.name is not None:
+            msg["name"] = m.name
+        if m.tool_calls:
+            msg["tool_calls"] = [_template_call(c, f"messages[{i}].tool_calls[{k}]")
+                                 for k, c in enumerate(m.tool_calls)]
+        if m.tool_call_id is not None:
+            msg["tool_call_id"] = m.tool_call_id
+        reasoning = m.reasoning_content if m.reasoning_content is not None else m.reasoning
+        if reasoning is not None:
+            msg["reasoning_content"] = msg["reasoning"] = reasoning
+        out.append(msg)
+    return out
+
+
+def _template_call(call, field: str) -> dict[str, Any]:
+    args = call.function.arguments
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except ValueError as e:
+            raise bad_request(f"{field}.function.arguments is not valid JSON: {e}", field) from None
+    if not isinstance(args, dict):
+        raise bad_request(f"{field}.function.arguments must be a JSON object", field)
+    out: dict[str, Any] = {"type": "function", "function": {"name": call.function.name, "arguments": args}}
+    if call.id is not None:
+        out["id"] = call.id
     return out

@@ -2,7 +2,7 @@
 
 Request fields are those of the OpenAI API plus vLLM's extras (top_k, min_p, repetition_penalty,
 min_tokens, ignore_eos, priority, cache_salt, ...). Unknown fields are refused (400 naming the
-field) rather than ignored: a client that sends `tools` or `best_of` would otherwise get an
+field) rather than ignored: a client that sends `functions` or `best_of` would otherwise get an
 answer that silently is not what it asked for.
 """
 
@@ -89,10 +89,39 @@ class CompletionRequest(_SamplingFields):
     best_of: int | None = None
 
 
+class FunctionCallIn(_Request):
+    name: str
+    arguments: str | dict[str, Any] = "{}"   # OpenAI sends JSON text; an object is taken too
+
+
+class ToolCallIn(_Request):
+    """A call of an earlier assistant message in the history."""
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
 class ChatMessage(_Request):
-    model_config = ConfigDict(extra="ignore")   # `name` and other per-message extras do no harm
+    model_config = ConfigDict(extra="ignore")   # other per-message extras do no harm
     role: str
     content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None   # an assistant's calls
+    tool_call_id: str | None = None              # a tool message: the call it answers
+    reasoning: str | None = None                 # an assistant's reasoning, under either name
+    reasoning_content: str | None = None
+
+
+class FunctionDefinition(_Request):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None               # the arguments are always held to the schema when constrained
+
+
+class ChatTool(_Request):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -101,6 +130,11 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    tools: list[ChatTool] | None = None
+    # "auto" (None's meaning) | "required" | "none" | {"type": "function", "function": {"name": ...}},
+    # checked by tool_parsers.ToolChoice (one 400 naming tool_choice for any wrong value)
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
 
 
 # -- responses -------------------------------------------------------------------------------
@@ -180,9 +214,24 @@ class ChatLogprobs(BaseModel):
     content: list[TokenLogprob] | None = None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str                           # JSON text
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None                      # None: the answer is only tool calls
+    # the reasoning of a thinking model (--reasoning-parser), under both names clients read
+    reasoning: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class ChatChoice(_Choice):
@@ -195,9 +244,26 @@ class ChatCompletionResponse(_Response):
     choices: list[ChatChoice]
 
 
+class DeltaFunctionCall(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(BaseModel):
+    """OpenAI's streamed call: the first piece has id, type and the name (arguments ""), the
+    next ones only argument fragments."""
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall
+
+
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatChunkChoice(BaseModel):
