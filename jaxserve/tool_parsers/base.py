@@ -74,8 +74,10 @@ class ToolParser(ABC):
     name: ClassVar[str]
     # the key of a call's arguments in the format's JSON (what the grammar writes)
     arguments_key: ClassVar[str] = "arguments"
-    # markers that a tokenizer may hold as special tokens: they must then stay in the text
-    special_markers: ClassVar[tuple[str, ...]] = ()
+    # the fixed strings of the call syntax that a tokenizer may hold as single tokens: the grammar
+    # then writes those tokens (llguidance matches an added token only by its id), and where they
+    # are special tokens they must stay in the text (skip_special_tokens off)
+    markers: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self) -> None:
         self._text = ""
@@ -91,10 +93,10 @@ class ToolParser(ABC):
 
     @classmethod
     @abstractmethod
-    def calls_lark(cls, body: str, parallel: bool, special_tokens: dict[str, int]) -> str:
+    def calls_lark(cls, body: str, parallel: bool, marker_tokens: dict[str, int]) -> str:
         """A Lark grammar (llguidance's dialect) of the format's calls, one or several; `body`
-        is the rule of one call's JSON object; special_tokens: the markers the tokenizer holds as
-        special tokens, with their ids (written as `<[id]>`)."""
+        is the rule of one call's JSON object; marker_tokens: the markers the tokenizer holds as
+        single tokens, with their ids (written `<[id]>`; `lark_marker` does it)."""
 
     @classmethod
     def new_call_id(cls) -> str:
@@ -141,6 +143,11 @@ class ToolParser(ABC):
                 out.append(ToolCallDelta(i, arguments=fragment))
                 self._sent_args[i] = len(call.arguments)
         return StreamDelta(content, tuple(out))
+
+
+def lark_marker(marker: str, marker_tokens: dict[str, int]) -> str:
+    """A marker in a Lark grammar: its token, where the tokenizer has one, else its text."""
+    return f"<[{marker_tokens[marker]}]>" if marker in marker_tokens else json.dumps(marker)
 
 
 def hold_back(text: str, markers: tuple[str, ...]) -> str:

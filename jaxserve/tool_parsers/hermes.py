@@ -4,15 +4,15 @@
     {"name": "get_weather", "arguments": {"city": "Paris"}}
     </tool_call>
 
-with free text before, between or after them (the content). A block whose body is not a call
+with free text before, between or after them (the content; whitespace after a call is not). A block whose body is not a call
 stays content; a block cut short (max_tokens) whose name is complete is a call with the
 arguments written so far, as it was streamed.
 """
 
 from __future__ import annotations
 
-from jaxserve.tool_parsers.base import Scan, ToolParser, call_from_object, hold_back
-from jaxserve.tool_parsers.json_scan import scan_object
+from jaxserve.tool_parsers.base import Scan, ToolParser, call_from_object, hold_back, lark_marker
+from jaxserve.tool_parsers.json_scan import scan_object, skip_ws
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
@@ -20,6 +20,7 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 class HermesToolParser(ToolParser):
     name = "hermes"
     arguments_key = "arguments"
+    markers = (OPEN, CLOSE)
 
     def scan(self, text: str, final: bool) -> Scan:
         content: list[str] = []
@@ -27,11 +28,13 @@ class HermesToolParser(ToolParser):
         i = 0
         while True:
             j = text.find(OPEN, i)
+            # the whitespace a model writes between and after its calls is not content
+            start = skip_ws(text, i) if calls else i
             if j < 0:
-                tail = text[i:]
+                tail = text[start:]
                 content.append(tail if final else hold_back(tail, (OPEN,)))
                 break
-            content.append(text[i:j])
+            content.append(text[start:j])
             begin = j + len(OPEN)
             k = text.find(CLOSE, begin)
             end = k if k >= 0 else len(text)
@@ -51,6 +54,6 @@ class HermesToolParser(ToolParser):
         return Scan("".join(content), calls)
 
     @classmethod
-    def calls_lark(cls, body: str, parallel: bool, special_tokens: dict[str, int]) -> str:
-        call = f'"{OPEN}\\n" {body} "\\n{CLOSE}"'
+    def calls_lark(cls, body: str, parallel: bool, marker_tokens: dict[str, int]) -> str:
+        call = f'{lark_marker(OPEN, marker_tokens)} "\\n" {body} "\\n" {lark_marker(CLOSE, marker_tokens)}'
         return f"start: call{' (\"\\n\" call)*' if parallel else ''}\ncall: {call}\n"

@@ -5,7 +5,8 @@
 
 An answer that does not start with `{` (after whitespace and the tag) is content, and so is one
 whose first object is not a call. The tag is a special token: with skip_special_tokens it is
-simply absent from the text, which parses the same.
+simply absent from the text, which parses the same (so it is not among the markers whose
+special tokens are kept: that would keep the end-of-turn token's text too).
 """
 
 from __future__ import annotations
@@ -53,5 +54,5 @@ class Llama3JsonToolParser(ToolParser):
                 return Scan(text[j:], calls)
 
     @classmethod
-    def calls_lark(cls, body: str, parallel: bool, special_tokens: dict[str, int]) -> str:
+    def calls_lark(cls, body: str, parallel: bool, marker_tokens: dict[str, int]) -> str:
         return f"start: {body}{' (\"; \" ' + body + ')*' if parallel else ''}\n"

@@ -14,7 +14,7 @@ import json
 import random
 import string
 
-from jaxserve.tool_parsers.base import PartialCall, Scan, ToolParser, call_from_object, hold_back
+from jaxserve.tool_parsers.base import PartialCall, Scan, ToolParser, call_from_object, hold_back, lark_marker
 from jaxserve.tool_parsers.json_scan import scan_object, skip_ws
 
 MARKER, ARGS = "[TOOL_CALLS]", "[ARGS]"
@@ -24,7 +24,7 @@ EOS = "</s>"
 class MistralToolParser(ToolParser):
     name = "mistral"
     arguments_key = "arguments"
-    special_markers = (MARKER, ARGS)
+    markers = (MARKER, ARGS)
 
     @classmethod
     def new_call_id(cls) -> str:
@@ -94,6 +94,6 @@ class MistralToolParser(ToolParser):
         return [PartialCall(name, text[obj.start:obj.end], complete=True)], obj.end, True
 
     @classmethod
-    def calls_lark(cls, body: str, parallel: bool, special_tokens: dict[str, int]) -> str:
-        marker = f"<[{special_tokens[MARKER]}]>" if MARKER in special_tokens else json.dumps(MARKER)
+    def calls_lark(cls, body: str, parallel: bool, marker_tokens: dict[str, int]) -> str:
+        marker = lark_marker(MARKER, marker_tokens)
         return f"start: {marker} \"[\" {body}{' (\", \" ' + body + ')*' if parallel else ''} \"]\"\n"

@@ -139,9 +139,10 @@ def resolve_tool_parser(name: str | None, tokenizer, model_type: str | None) -> 
 
 
 def plan_tools(tools: Sequence[FunctionTool], choice: ToolChoice | None, *, parallel_tool_calls: bool = True,
-               parser: str | None, tokenizer) -> ToolPlan:
+               parser: str | None, tokenizer, chat_template: str | None = None) -> ToolPlan:
     """ToolError (with the field it is about) for a choice without tools, an unknown named
-    function, a template that renders no tools, or no parser for the model."""
+    function, a template that renders no tools, or no parser for the model. chat_template: the
+    template the chat is rendered with, when not the tokenizer's."""
     tools = tuple(tools)
     if choice is None:
         choice = ToolChoice("auto")
@@ -154,7 +155,7 @@ def plan_tools(tools: Sequence[FunctionTool], choice: ToolChoice | None, *, para
     if choice.mode == "function" and not any(t.name == choice.function for t in tools):
         raise ToolError(f"tool_choice names function {choice.function!r}, which is not among the tools "
                         f"({', '.join(t.name for t in tools)})", "tool_choice")
-    if not template_takes_tools(getattr(tokenizer, "chat_template", None)):
+    if not template_takes_tools(chat_template or getattr(tokenizer, "chat_template", None)):
         raise ToolError("this model's chat template does not render tools, so the model cannot be told about "
                         "them; send the tools in a message instead, or serve a model whose template takes tools",
                         "tools")
@@ -162,26 +163,28 @@ def plan_tools(tools: Sequence[FunctionTool], choice: ToolChoice | None, *, para
         raise ToolError("no tool call parser is known for this model; start the server with "
                         "--tool-call-parser NAME (hermes, llama3_json, mistral)", "tools")
     cls = tool_parser(parser)
-    special = special_marker_ids(cls, tokenizer)
+    tokens, special = marker_tokens(cls, tokenizer)
     constraint = None
     if choice.mode == "required":
-        constraint = tool_calls_constraint(cls, tools, parallel=parallel_tool_calls, special_tokens=special)
+        constraint = tool_calls_constraint(cls, tools, parallel=parallel_tool_calls, marker_tokens=tokens)
     elif choice.mode == "function":
         named = [t for t in tools if t.name == choice.function]
-        constraint = tool_calls_constraint(cls, named, parallel=False, special_tokens=special)
+        constraint = tool_calls_constraint(cls, named, parallel=False, marker_tokens=tokens)
     return ToolPlan(tools=tools, template_kwargs={"tools": [t.to_openai() for t in tools]},
                     structured_outputs=constraint, parser=cls, skip_special_tokens=False if special else None)
 
 
-def special_marker_ids(cls: type[ToolParser], tokenizer) -> dict[str, int]:
-    """The parser's markers that are special tokens of this tokenizer, with their ids."""
+def marker_tokens(cls: type[ToolParser], tokenizer) -> tuple[dict[str, int], bool]:
+    """The parser's markers that are single (added) tokens of this tokenizer, with their ids,
+    and whether any of them is a special token."""
     added = getattr(tokenizer, "added_tokens_decoder", None) or {}
-    special = {tok.content: i for i, tok in added.items() if getattr(tok, "special", False)}
-    return {m: special[m] for m in cls.special_markers if m in special}
+    by_text = {tok.content: (i, bool(getattr(tok, "special", False))) for i, tok in added.items()}
+    found = {m: by_text[m] for m in cls.markers if m in by_text}
+    return {m: i for m, (i, _) in found.items()}, any(s for _, s in found.values())
 
 
 def tool_calls_constraint(cls: type[ToolParser], tools: Sequence[FunctionTool], *, parallel: bool,
-                          special_tokens: dict[str, int] | None = None) -> StructuredOutputs:
+                          marker_tokens: dict[str, int] | None = None) -> StructuredOutputs:
     """The grammar of the parser's calls of these tools: each call `{"name": <a tool's name>,
     <arguments key>: <that tool's parameters>}`, one, or (parallel) one or more."""
     key = cls.arguments_key
@@ -201,5 +204,5 @@ def tool_calls_constraint(cls: type[ToolParser], tools: Sequence[FunctionTool], 
     schema = dict(schema, **({"$defs": defs} if defs else {}))
     schema["x-guidance"] = JSON_LAYOUT
     body = "call_json"
-    lark = cls.calls_lark(body, parallel, special_tokens or {}) + f"{body}: %json {json.dumps(schema)}\n"
+    lark = cls.calls_lark(body, parallel, marker_tokens or {}) + f"{body}: %json {json.dumps(schema)}\n"
     return StructuredOutputs(grammar=lark)

@@ -19,9 +19,9 @@ A = json.dumps(ARGS)
 CASES = [
     (HermesToolParser, f'<tool_call>\n{{"name": "f", "arguments": {A}}}\n</tool_call>', None, [("f", A)]),
     (HermesToolParser, f'Let me check.\n<tool_call>\n{{"name": "f", "arguments": {A}}}\n</tool_call>\n'
-                       '<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>', "Let me check.\n\n",
+                       '<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>\n', "Let me check.\n",
      [("f", A), ("g", "{}")]),
-    (HermesToolParser, '<tool_call>{"arguments": {"x": 1}, "name": "f"}</tool_call> done', " done",
+    (HermesToolParser, '<tool_call>{"arguments": {"x": 1}, "name": "f"}</tool_call> done', "done",
      [("f", '{"x": 1}')]),
     (HermesToolParser, "no calls < here <tool", "no calls < here <tool", []),
     (HermesToolParser, "<tool_call>not json</tool_call>", "<tool_call>not json</tool_call>", []),
