@@ -54,6 +54,14 @@ def add_server_parsers(subparsers) -> None:
     g.add_argument("--max-n", type=int, default=1, help="largest SamplingParams.n accepted")
     g.add_argument("--max-tokens-limit", type=int, default=None,
                    help="largest max_tokens accepted (default: max_model_len bounds it)")
+    from jaxserve.reasoning_parsers.registry import REASONING_PARSERS
+    from jaxserve.tool_parsers.registry import TOOL_PARSERS
+    g.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_PARSERS),
+                   help="the format of the model's tool calls on /v1/chat/completions (default: the one its chat "
+                        "template or architecture names: hermes for Qwen, llama3_json for Llama, mistral for Mistral)")
+    g.add_argument("--reasoning-parser", default=None, choices=sorted(REASONING_PARSERS),
+                   help="split a thinking model's reasoning (qwen3: <think>...</think>) into message.reasoning "
+                        "and reasoning_content (default: not split, the reasoning stays in content)")
     g.add_argument("--responses-store-size", type=int, default=1024,
                    help="finished /v1/responses kept in memory (least recently used dropped first) for "
                         "GET /v1/responses/{id} and previous_response_id; 0 keeps none")
@@ -87,6 +95,7 @@ def server_config_from_args(args: argparse.Namespace):
                         max_concurrent_streams=args.max_concurrent_streams, grace_period=args.grace_period,
                         max_message_bytes=args.max_message_bytes,
                         responses_store_size=args.responses_store_size,
+                        tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
                         limits=RequestCaps(max_n=args.max_n, max_tokens=args.max_tokens_limit))
 
 

@@ -58,6 +58,8 @@ class ServerConfig:
     max_message_bytes: int | None = None     # None: message_bytes_limit(max_model_len)
     limits: RequestCaps = RequestCaps()
     responses_store_size: int = 1024     # finished /v1/responses kept for GET and previous_response_id
+    tool_call_parser: str | None = None  # the model's tool-call format (tool_parsers; None: the model's default)
+    reasoning_parser: str | None = None  # split answers' reasoning out (reasoning_parsers; None: not split)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -80,6 +82,12 @@ class ServerConfig:
             raise ValueError("api_key is empty; leave it unset to disable auth")
         if self.responses_store_size < 0:
             raise ValueError(f"responses_store_size={self.responses_store_size} must be >= 0")
+        if self.tool_call_parser is not None:
+            from jaxserve.tool_parsers.registry import tool_parser
+            tool_parser(self.tool_call_parser)
+        if self.reasoning_parser is not None:
+            from jaxserve.reasoning_parsers.registry import reasoning_parser
+            reasoning_parser(self.reasoning_parser)
 
 
 def _build_in_thread(build: Callable[[], object]) -> asyncio.Future:
@@ -125,7 +133,8 @@ async def run_server(config: ServerConfig, engine_config: EngineConfig, *, progr
         from jaxserve.server.http.responses_store import ResponseStore
 
         front = OpenAIFront(state, limits=config.limits, metrics=metrics,
-                            max_concurrent_streams=config.max_concurrent_streams)
+                            max_concurrent_streams=config.max_concurrent_streams,
+                            tool_call_parser=config.tool_call_parser, reasoning_parser=config.reasoning_parser)
         http = HTTPListener(create_app(front, api_key=config.api_key, max_body_bytes=max_message_bytes,
                                        responses_store=ResponseStore(config.responses_store_size)),
                             config.host, config.http_port)
