@@ -31,7 +31,10 @@ class StructuredOutputs:
         if self.choice is not None:
             object.__setattr__(self, "choice", tuple(self.choice))
         if isinstance(self.json, dict):   # frozen and hashable: keep the schema as canonical text
-            object.__setattr__(self, "json", json.dumps(self.json, sort_keys=True))
+            try:
+                object.__setattr__(self, "json", json.dumps(self.json, sort_keys=True))
+            except RecursionError:
+                raise ValueError("SamplingParams.structured_outputs.json is nested too deeply") from None
         given = [k for k in _KINDS if getattr(self, k) not in (None, False)]
         if len(given) != 1:
             raise ValueError(f"SamplingParams.structured_outputs must set exactly one of {', '.join(_KINDS)}; "
@@ -41,6 +44,8 @@ class StructuredOutputs:
                 schema = json.loads(self.json)
             except ValueError as e:
                 raise ValueError(f"SamplingParams.structured_outputs.json is not valid JSON: {e}") from None
+            except RecursionError:   # Python's decoder recurses per level; a 400, not a crash
+                raise ValueError("SamplingParams.structured_outputs.json is nested too deeply") from None
             if not isinstance(schema, dict):
                 raise ValueError("SamplingParams.structured_outputs.json must be a JSON schema object")
         if self.choice is not None and (not self.choice or not all(isinstance(c, str) and c for c in self.choice)):

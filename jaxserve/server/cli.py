@@ -54,6 +54,17 @@ def add_server_parsers(subparsers) -> None:
     g.add_argument("--max-n", type=int, default=1, help="largest SamplingParams.n accepted")
     g.add_argument("--max-tokens-limit", type=int, default=None,
                    help="largest max_tokens accepted (default: max_model_len bounds it)")
+    g.add_argument("--max-prompts", type=int, default=64,
+                   help="most prompts in one /v1/completions request (a list of prompts)")
+    g.add_argument("--http-header-timeout", type=float, default=10.0,
+                   help="seconds an HTTP request's headers may take to arrive; the connection is closed after")
+    g.add_argument("--http-body-timeout", type=float, default=60.0,
+                   help="seconds an HTTP request's body may take to arrive; 408 after")
+    g.add_argument("--lenient-api", action="store_true",
+                   help="HTTP: accept unknown request fields (dropped, with a warning naming them) instead of a 400")
+    g.add_argument("--chat-content-special-tokens", action="store_true",
+                   help="special-token text typed into chat message contents becomes control tokens "
+                        "(default: it is tokenized as text, so no user can forge a turn)")
     from jaxserve.reasoning_parsers.registry import REASONING_PARSERS
     from jaxserve.tool_parsers.registry import TOOL_PARSERS
     g.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_PARSERS),
@@ -96,7 +107,10 @@ def server_config_from_args(args: argparse.Namespace):
                         max_message_bytes=args.max_message_bytes,
                         responses_store_size=args.responses_store_size,
                         tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
-                        limits=RequestCaps(max_n=args.max_n, max_tokens=args.max_tokens_limit))
+                        http_header_timeout=args.http_header_timeout, http_body_timeout=args.http_body_timeout,
+                        lenient_api=args.lenient_api, chat_content_special_tokens=args.chat_content_special_tokens,
+                        limits=RequestCaps(max_n=args.max_n, max_tokens=args.max_tokens_limit,
+                                           max_prompts=args.max_prompts))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -14,9 +14,14 @@ class RequestCaps:
     max_n: int = 1
     max_tokens: int | None = None        # None: only max_model_len bounds it
     max_stop_strings: int = 16
+    # prompts in one /v1/completions request (each is an engine request of its own): enough for
+    # batched evaluation clients (lm-eval sends its batch in one request), not a queue's worth
+    max_prompts: int = 64
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_n, int) or self.max_n < 1:
             raise ValueError(f"max_n={self.max_n!r} must be an integer >= 1")
         if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
             raise ValueError(f"max_tokens={self.max_tokens!r} must be an integer >= 1 or None")
+        if not isinstance(self.max_prompts, int) or self.max_prompts < 1:
+            raise ValueError(f"max_prompts={self.max_prompts!r} must be an integer >= 1")

@@ -60,6 +60,10 @@ class ServerConfig:
     responses_store_size: int = 1024     # finished /v1/responses kept for GET and previous_response_id
     tool_call_parser: str | None = None  # the model's tool-call format (tool_parsers; None: the model's default)
     reasoning_parser: str | None = None  # split answers' reasoning out (reasoning_parsers; None: not split)
+    http_header_timeout: float = 10.0    # seconds a request's headers may take (the connection closes after)
+    http_body_timeout: float = 60.0      # seconds a request's body may take (408 after)
+    lenient_api: bool = False            # HTTP: unknown request fields dropped with a warning, not a 400
+    chat_content_special_tokens: bool = False   # special-token text in chat contents is control tokens
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -80,6 +84,9 @@ class ServerConfig:
             raise ValueError(f"max_message_bytes={self.max_message_bytes} must be >= 1024")
         if self.api_key is not None and not self.api_key:
             raise ValueError("api_key is empty; leave it unset to disable auth")
+        if not self.http_header_timeout > 0 or not self.http_body_timeout > 0:
+            raise ValueError(f"http_header_timeout={self.http_header_timeout} and http_body_timeout="
+                             f"{self.http_body_timeout} must be > 0")
         if self.responses_store_size < 0:
             raise ValueError(f"responses_store_size={self.responses_store_size} must be >= 0")
         if self.tool_call_parser is not None:
@@ -135,9 +142,11 @@ async def run_server(config: ServerConfig, engine_config: EngineConfig, *, progr
         front = OpenAIFront(state, limits=config.limits, metrics=metrics,
                             max_concurrent_streams=config.max_concurrent_streams,
                             tool_call_parser=config.tool_call_parser, reasoning_parser=config.reasoning_parser)
+        front.content_special_tokens = config.chat_content_special_tokens
         http = HTTPListener(create_app(front, api_key=config.api_key, max_body_bytes=max_message_bytes,
-                                       responses_store=ResponseStore(config.responses_store_size)),
-                            config.host, config.http_port)
+                                       responses_store=ResponseStore(config.responses_store_size),
+                                       body_timeout_s=config.http_body_timeout, lenient_api=config.lenient_api),
+                            config.host, config.http_port, header_timeout_s=config.http_header_timeout)
         await http.start()
     if config.metrics_port is not None:
         from prometheus_client import start_http_server

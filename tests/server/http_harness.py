@@ -26,6 +26,10 @@ HANG_GUARD_S = 120   # turns a hang into a failure; never a bound on how fast an
 
 
 class HTTPServer:
+    # create_app's and HTTPListener's keyword options (timeouts, lenient_api): a subclass sets them
+    app_options: dict = {}
+    listener_options: dict = {}
+
     def __init__(self, tiny_llm, *, api_key: str | None = API_KEY, max_n: int = 4, max_body_bytes: int = 1 << 20,
                  tool_call_parser: str | None = None, reasoning_parser: str | None = None, **engine_overrides):
         self.max_body_bytes = max_body_bytes
@@ -49,8 +53,8 @@ class HTTPServer:
         self.state.aengine = AsyncEngine(self.engine)
         self.state.aengine.start()
         self.state.phase = Phase.SERVING
-        listener = HTTPListener(create_app(self.front, api_key=self.api_key, max_body_bytes=self.max_body_bytes),
-                                "127.0.0.1", 0)
+        listener = HTTPListener(create_app(self.front, api_key=self.api_key, max_body_bytes=self.max_body_bytes,
+                                           **self.app_options), "127.0.0.1", 0, **self.listener_options)
         await listener.start()
         return listener
 

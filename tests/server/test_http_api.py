@@ -100,7 +100,10 @@ def test_completion_logprobs_list_each_token_with_its_top_alternatives(server, c
     for tok, chosen, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
         assert len(top) >= 3 and chosen <= 0
         assert top[tok] == pytest.approx(max(top.values()))   # greedy: the sampled token is the best
-    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(4)]
+    # each token's offset: the characters whole before it (a token inside one shares its offset)
+    ref = server.reference(lambda llm: llm.generate(PROMPT, _greedy(4), use_tqdm=False)[0].outputs[0])
+    tok = server.engine.tokenizer
+    assert lp.text_offset == [len(tok.decode(ref.token_ids[:i]).rstrip("\ufffd")) for i in range(4)]
 
 
 def test_chat_logprobs_with_top_logprobs(server, client):
@@ -112,7 +115,9 @@ def test_chat_logprobs_with_top_logprobs(server, client):
     for t in content:
         assert len(t.top_logprobs) == 2 and t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob
         assert t.logprob == pytest.approx(t.top_logprobs[0].logprob)
-        assert bytes(t.bytes).decode() == t.token
+        # a token's own bytes: its text's, unless it is part of a UTF-8 character
+        assert bytes(t.bytes).decode("utf-8", errors="replace") == t.token or not bytes(t.bytes).isascii()
+    assert b"".join(bytes(t.bytes) for t in content).decode("utf-8", errors="replace") == r.choices[0].message.content
 
 
 def test_a_second_request_with_the_same_prefix_reports_cached_tokens(server, client):

@@ -60,7 +60,9 @@ def test_echo_puts_the_prompt_and_its_logprobs_before_the_completion(server):
     # then the completion's own entries, as without echo
     assert lp["tokens"][len(ids):] == plain["logprobs"]["tokens"]
     assert lp["token_logprobs"][len(ids):] == pytest.approx(plain["logprobs"]["token_logprobs"], abs=1e-5)
-    assert lp["text_offset"] == [sum(len(t) for t in lp["tokens"][:i]) for i in range(n)]
+    # each token's offset: the characters whole before it (a token inside one shares its offset)
+    tok, every = server.engine.tokenizer, list(ids) + list(ref.outputs[0].token_ids)
+    assert lp["text_offset"] == [len(tok.decode(every[:i]).rstrip("\ufffd")) for i in range(n)]
     assert echo["usage"]["completion_tokens"] == 3
 
 

@@ -4,14 +4,15 @@ Routes: POST /v1/completions, POST /v1/chat/completions, the /v1/responses route
 GET /v1/models, vLLM's tokenizer routes
 (POST /tokenize, POST /detokenize, GET /tokenizer_info: http/tokenization.py) and the control
 routes of http/control.py (pause, resume, weight updates), all behind the API key when the server
-has one; GET /health and GET /metrics (open, as gRPC health and the metrics port are: probes and
-scrapers carry no key). Every error, FastAPI's own included (a body that does not
+has one; GET /v1/models/{id}; GET (and HEAD) /health, GET /metrics and GET /openapi.json (open, as
+gRPC health and the metrics port are: probes and scrapers carry no key). Every error, FastAPI's own included (a body that does not
 parse, a field of the wrong type, an unknown route), answers in OpenAI's error shape.
 """
 
 from __future__ import annotations
 
 import hmac
+import logging
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -21,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from jaxserve.server.bearer import bearer_token
 from jaxserve.server.http import errors
 from jaxserve.server.http.body_limit import BodyLimit
+from jaxserve.server.http.request_checks import LenientAPI
 from jaxserve.server.http.control import add_control_routes
 from jaxserve.server.http.embeddings import add_embeddings_route
 from jaxserve.server.http.openai_front import OpenAIFront
@@ -28,15 +30,23 @@ from jaxserve.server.http.responses import add_responses_routes
 from jaxserve.server.http.responses_store import ResponseStore
 from jaxserve.server.http import tokenization
 from jaxserve.server.http.schemas import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
-                                          DetokenizeResponse, ModelList, TokenizeRequest, TokenizeResponse)
+                                          DetokenizeResponse, ModelCard, ModelList, TokenizeRequest, TokenizeResponse)
 from jaxserve.server.state import Phase
+
+log = logging.getLogger("jaxserve.server.http")
 
 
 def create_app(front: OpenAIFront, *, api_key: str | None = None, max_body_bytes: int | None = None,
-               responses_store: ResponseStore | None = None) -> FastAPI:
-    app = FastAPI(title="jaxserve", docs_url=None, redoc_url=None, openapi_url=None)
-    if max_body_bytes is not None:
-        app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+               responses_store: ResponseStore | None = None, body_timeout_s: float | None = None,
+               lenient_api: bool = False) -> FastAPI:
+    """`body_timeout_s`: the most seconds a request body may take to arrive (408 after);
+    `lenient_api`: unknown request fields are dropped with a warning instead of a 400."""
+    # the OpenAPI schema is served open, as vLLM's is (it describes the API, it grants nothing)
+    app = FastAPI(title="jaxserve", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
+    if max_body_bytes is not None or body_timeout_s is not None:
+        app.add_middleware(BodyLimit, max_bytes=max_body_bytes, timeout_s=body_timeout_s)
+    if lenient_api:
+        app.add_middleware(LenientAPI)
     key = api_key.encode() if api_key else None
 
     def authorized(request: Request) -> None:
@@ -56,18 +66,26 @@ def create_app(front: OpenAIFront, *, api_key: str | None = None, max_body_bytes
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, e: RequestValidationError):
         first = e.errors()[0] if e.errors() else {"loc": (), "msg": "invalid request"}
-        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+        loc = [str(x) for x in first.get("loc", ()) if x != "body" and not _union_member_tag(x)]
         if first.get("type") == "json_invalid":
             return errors.bad_request(f"the body is not valid JSON: {first.get('ctx', {}).get('error', '')}",
                                       "body").response()
         param = ".".join(loc) or None
         return errors.bad_request(f"{param}: {first['msg']}" if param else first["msg"], param).response()
 
+    @app.exception_handler(Exception)
+    async def unexpected_error(request: Request, e: Exception):
+        # a bug: logged with its traceback here, never sent (the client gets OpenAI's shape)
+        log.error("%s %s failed", request.method, request.url.path, exc_info=e)
+        return errors.internal(f"internal error ({type(e).__name__})").response()
+
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException):
-        return errors.error_response(e.status_code, str(e.detail), type="invalid_request_error")
+        return errors.error_response(e.status_code, str(e.detail), type="invalid_request_error",
+                                     headers=getattr(e, "headers", None))   # a 405's Allow
 
     @app.get("/health")
+    @app.head("/health", include_in_schema=False)   # probes that only HEAD
     async def health():
         if front.state.phase is Phase.SERVING and front.state.aengine is not None and front.state.aengine.healthy:
             return Response(status_code=200)
@@ -84,6 +102,10 @@ def create_app(front: OpenAIFront, *, api_key: str | None = None, max_body_bytes
     @app.get("/v1/models", dependencies=[Depends(authorized)], response_model=ModelList)
     async def models():
         return front.models()
+
+    @app.get("/v1/models/{model_id:path}", dependencies=[Depends(authorized)], response_model=ModelCard)
+    async def model(model_id: str):
+        return front.model_card(model_id)
 
     @app.post("/v1/completions", dependencies=[Depends(authorized)])
     async def completions(req: CompletionRequest, request: Request):
@@ -115,6 +137,15 @@ def create_app(front: OpenAIFront, *, api_key: str | None = None, max_body_bytes
     # /v1/responses (http/responses.py); stored responses kept in memory, the store's size a server setting
     add_responses_routes(app, front, authorized, responses_store if responses_store is not None else ResponseStore())
     return app
+
+
+_SCALAR_TAGS = frozenset({"str", "int", "float", "bool", "none"})
+
+
+def _union_member_tag(part) -> bool:
+    """pydantic names the member of a union a value failed (`str`, `list[str]`, `literal[...]`,
+    a model's class name) in the error's location; the 400's param is the field's path alone."""
+    return isinstance(part, str) and (part in _SCALAR_TAGS or "[" in part or "-" in part or part[:1].isupper())
 
 
 def _json(answer):

@@ -30,9 +30,28 @@ class APIError(Exception):
 
 
 def error_response(status: int, message: str, *, type: str, param: str | None = None,
-                   code: str | None = None) -> JSONResponse:
-    body = ErrorResponse(error=ErrorBody(message=message, type=type, param=param, code=code))
-    return JSONResponse(body.model_dump(), status_code=status)
+                   code: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
+    body = ErrorResponse(error=ErrorBody(message=clip_message(message), type=type, param=param, code=code))
+    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
+
+
+# An error message quotes the input it is about (a regex, a role, a prompt's start); a client's
+# 200 KB regex must not come back as an 800 KB error (its escapes quadruple it). Every run of
+# non-space text is cut to ECHO_CHARS, and the whole message to MAX_MESSAGE_CHARS, each cut saying
+# what length it had.
+ECHO_CHARS = 200
+MAX_MESSAGE_CHARS = 2000
+_LONG_RUN = re.compile(r"\S{%d,}" % (ECHO_CHARS + 1))
+
+
+def clip(text: str, limit: int = ECHO_CHARS) -> str:
+    """`text` itself if short, else its first `limit` characters, "..." and its length."""
+    return text if len(text) <= limit else f"{text[:limit]}...({len(text)} characters)"
+
+
+def clip_message(message: str) -> str:
+    message = _LONG_RUN.sub(lambda m: clip(m.group()), message)
+    return clip(message, MAX_MESSAGE_CHARS)
 
 
 def bad_request(message: str, param: str | None = None) -> APIError:

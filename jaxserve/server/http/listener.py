@@ -13,7 +13,13 @@ import logging
 
 import uvicorn
 
+from jaxserve.server.http.slow_headers import h11_with_header_timeout
+
 log = logging.getLogger("jaxserve.server")
+
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+DEFAULT_BODY_TIMEOUT_S = 60.0
+KEEP_ALIVE_S = 5
 
 
 class _InLoopServer(uvicorn.Server):
@@ -23,9 +29,14 @@ class _InLoopServer(uvicorn.Server):
 
 
 class HTTPListener:
-    def __init__(self, app, host: str, port: int, *, shutdown_timeout_s: float = 5.0):
+    def __init__(self, app, host: str, port: int, *, shutdown_timeout_s: float = 5.0,
+                 header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S):
+        # a slow client is bounded at every stage: its headers (header_timeout_s), its body (the
+        # app's BodyLimit), the idle time between its requests (timeout_keep_alive) and the size
+        # of a request head (h11's 16 KiB bound on an incomplete event)
         config = uvicorn.Config(app, host=host, port=port, lifespan="off", log_level="warning", access_log=False,
-                                timeout_graceful_shutdown=shutdown_timeout_s)
+                                timeout_graceful_shutdown=shutdown_timeout_s, timeout_keep_alive=KEEP_ALIVE_S,
+                                http=h11_with_header_timeout(header_timeout_s))
         self._server = _InLoopServer(config)
         try:
             self._socket = config.bind_socket()

@@ -86,6 +86,9 @@ class OpenAIFront:
         self.limits = limits
         self.metrics = metrics
         self.max_concurrent_streams = max_concurrent_streams
+        # --chat-content-special-tokens: special-token text in message contents maps to control
+        # tokens (off: it is text, chat_content_tokens.py)
+        self.content_special_tokens = False
         if tool_call_parser is not None:
             from jaxserve.tool_parsers import tool_parser
             tool_parser(tool_call_parser)      # an unknown name fails at start-up, not per request
@@ -117,6 +120,13 @@ class OpenAIFront:
         e = aengine.engine
         return ModelList(data=[ModelCard(id=self.model_name(aengine), created=now(), max_model_len=e.max_model_len)])
 
+    def model_card(self, model_id: str) -> ModelCard:
+        """GET /v1/models/{id}: the served model's card, or 404 for any other id."""
+        card = self.models().data[0]
+        if model_id != card.id:
+            raise errors.model_not_found(model_id, card.id)
+        return card
+
     # -- the two generation endpoints --------------------------------------------------------
     async def completions(self, req: CompletionRequest, http: Request):
         arrival = time.perf_counter()
@@ -124,6 +134,9 @@ class OpenAIFront:
         model = self.check_model(req.model, aengine)
         params = completion_params(req, self.limits)
         prompts = completion_prompts(req)
+        if len(prompts) > self.limits.max_prompts:
+            raise errors.bad_request(f"prompt holds {len(prompts)} prompts; this server's limit is "
+                                     f"{self.limits.max_prompts} per request (--max-prompts)", "prompt")
         return await self._answer(http, aengine, req, model, params, arrival, lambda: prompts, chat=False,
                                   prompt_field="prompt")
 
@@ -139,7 +152,8 @@ class OpenAIFront:
 
         async def prompts():
             prompt = await render_chat(aengine, messages, field="messages", cache_salt=req.cache_salt,
-                                       template_kwargs=tools.template_kwargs)
+                                       template_kwargs=tools.template_kwargs,
+                                       content_special_tokens=self.content_special_tokens)
             # a thinking template's generation prompt opens the reasoning; a constrained call (the
             # grammar writes the calls from the first token) never starts inside it
             if spec.reasoning_parser is not None and tools.structured_outputs is None:
@@ -164,8 +178,10 @@ class OpenAIFront:
             run = await unless_disconnected(http, self._start(aengine, req, params, arrival, prompts, prompt_field))
             if req.stream:
                 released = True    # the stream's own finally releases it
-                return StreamingResponse(self._events(run, req, model, params, chat=chat, chat_output=chat_output),
-                                         media_type="text/event-stream")
+                events = self._events(run, req, model, params, chat=chat, chat_output=chat_output)
+                if req.stream_options is not None and req.stream_options.continuous_usage_stats:
+                    events = _with_usage_so_far(events, run)
+                return StreamingResponse(events, media_type="text/event-stream")
             try:
                 return await unless_disconnected(http, self._collect(run, req, model, params, chat=chat,
                                                                      chat_output=chat_output))
@@ -335,6 +351,16 @@ class OpenAIFront:
             await run.close()
             self._release()
         yield "data: [DONE]\n\n"
+
+
+async def _with_usage_so_far(events: AsyncIterator[str], run: EngineRun) -> AsyncIterator[str]:
+    """stream_options.continuous_usage_stats (vLLM's): every chunk with choices carries the usage
+    so far. A chunk's JSON has its top-level `"usage":null` first (the field precedes `choices`;
+    a text's own quotes are escaped), so that is what gets the numbers."""
+    async for event in events:
+        if event.startswith("data: {") and '"usage":null' in event and '"choices":[]' not in event:
+            event = event.replace('"usage":null', '"usage":' + run.usage().model_dump_json(), 1)
+        yield event
 
 
 def _sse(model) -> str:

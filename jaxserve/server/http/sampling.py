@@ -64,6 +64,8 @@ def _params(req: _SamplingFields, limits: RequestCaps, *, max_tokens: int | None
             skip_special_tokens: bool | None = None) -> SamplingParams:
     if req.n > limits.max_n:
         raise bad_request(f"n={req.n} exceeds this server's limit of {limits.max_n}", "n")
+    if req.stream_options is not None and not req.stream:   # OpenAI refuses it too: it would do nothing
+        raise bad_request("stream_options is only allowed with stream=true", "stream_options")
     if limits.max_tokens is not None and max_tokens is not None and max_tokens > limits.max_tokens:
         raise bad_request(f"{max_tokens_field}={max_tokens} exceeds this server's limit of {limits.max_tokens}",
                           max_tokens_field)

@@ -12,11 +12,20 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from jaxserve.server.http.request_checks import check_request_body
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: a field takes its JSON type only (no "16" or true for 16, no "true" for true: a
+    # client's bug is a 400 naming the field, not a guess); a float field still takes a JSON integer
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _checked(cls, data: Any) -> Any:
+        return check_request_body(cls, data)   # lone surrogates; --lenient-api's unknown fields
 
 
 class StreamOptions(_Request):
