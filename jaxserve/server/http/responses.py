@@ -9,46 +9,59 @@
 A response is a chat turn: `instructions` and the input items become chat messages
 (responses_input), rendered by the model's chat template (chat_prompt); the sampling fields map
 onto chat's (`max_output_tokens` is max_completion_tokens, `text.format` is response_format), so
-the same checks, caps and structured outputs apply. `store` (OpenAI's default: true) keeps the
-finished response in the bounded in-memory ResponseStore, which `previous_response_id` continues.
+the same checks, caps and structured outputs apply; function tools take chat's tool plan
+(http/chat_tools.py) and the answer goes through chat's tool and reasoning parsers
+(chat_output.py) into reasoning, message and function_call items. `store` (OpenAI's default:
+true) keeps the finished response in the bounded in-memory ResponseStore, which
+`previous_response_id` continues.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
 from starlette.responses import StreamingResponse
 
+from jaxserve.chat_output import ChatMessageOut, ChatOutputParser, ChatOutputSpec
 from jaxserve.engine.async_engine import AsyncEngine
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.server.chat_prompt import render_chat
 from jaxserve.server.chat_roles import chat_roles
 from jaxserve.server.http import errors
+from jaxserve.server.http.chat_tools import chat_tool_plan
 from jaxserve.server.http.disconnect import ClientDisconnected, unless_disconnected
 from jaxserve.server.http.engine_run import EngineRun
 from jaxserve.server.http.logprobs import TokenText
 from jaxserve.server.http.openai_front import OpenAIFront, engine_error
 from jaxserve.server.http.responses_events import response_events
-from jaxserve.server.http.responses_input import (LOGPROBS_INCLUDE, as_template_roles, input_messages,
+from jaxserve.server.http.responses_input import (LOGPROBS_INCLUDE, as_template_roles, chat_tool_choice, chat_tools,
+                                                  input_messages, refuse_logprobs_of_parsed_output,
                                                   refuse_unsupported, with_instructions)
-from jaxserve.server.http.responses_output import AnswerText, ResponseBuilder, item_status
+from jaxserve.server.http.responses_output import AnswerText, ResponseBuilder, as_chat_message
 from jaxserve.server.http.responses_schemas import DeletedResponse, ResponseObject, ResponsesRequest
 from jaxserve.server.http.responses_store import ResponseStore, StoredResponse
-from jaxserve.server.http.sampling import chat_params
-from jaxserve.server.http.schemas import ChatCompletionRequest
+from jaxserve.server.http.sampling import chat_messages, chat_params
+from jaxserve.server.http.schemas import ChatCompletionRequest, ChatMessage
+from jaxserve.tool_parsers import ToolPlan
 
 # chat's field names in a sampling error -> the Responses request's
 _CHAT_TO_RESPONSES_PARAM = {"max_completion_tokens": "max_output_tokens", "max_tokens": "max_output_tokens",
                             "response_format": "text.format", "structured_outputs": "text.format"}
 
-TOOLS_SUPPORTED = False   # function tools wait for the chat tool-calling pieces (see docs/server.md)
-
-
 def not_found(message: str, param: str | None = None) -> errors.APIError:
     return errors.APIError(404, message, type="invalid_request_error", param=param, code="not_found")
+
+
+@dataclass(frozen=True, slots=True)
+class _Sampling:
+    params: SamplingParams
+    tools: ToolPlan          # template kwargs, the constraint of required / named calls, the parser
+    output: ChatOutputSpec   # the tool and reasoning parsers the answer goes through
 
 
 class ResponsesAPI:
@@ -62,7 +75,7 @@ class ResponsesAPI:
         front = self.front
         aengine = front.engine()
         model = front.check_model(req.model, aengine)
-        refuse_unsupported(req, tools_supported=TOOLS_SUPPORTED)
+        refuse_unsupported(req)
         earlier: list[dict[str, Any]] = []
         if req.previous_response_id is not None:
             prev = self.store.get(req.previous_response_id)
@@ -71,36 +84,43 @@ class ResponsesAPI:
                                 f"memory, the last {self.store.max_entries}, and only with store=true)",
                                 "previous_response_id")
             earlier = prev.conversation
-        conversation = earlier + input_messages(req, tools_supported=TOOLS_SUPPORTED)
-        params = sampling_params(req, front)
+        conversation = earlier + input_messages(req)
+        sampling = sampling_of(req, front, aengine)
         builder = ResponseBuilder(req, model)
-        answer = AnswerText(params.logprobs, TokenText(aengine.engine.tokenizer))
+        answer = AnswerText(sampling.params.logprobs, TokenText(aengine.engine.tokenizer))
+        opens_reasoning = [False]
 
-        def finish(a: AnswerText, run: EngineRun) -> ResponseObject:
-            message = builder.message(a, status=item_status(a))
-            final = builder.finished([message], a, run.usage())
+        def parser() -> ChatOutputParser | None:
+            return sampling.output.new(opens_reasoning[0]) if sampling.output.active else None
+
+        def finish(items: list, a: AnswerText, run: EngineRun) -> ResponseObject:
+            final = builder.finished(items, a, run.usage())
             if req.store is not False:
-                self.store.put(StoredResponse(final, conversation + [{"role": "assistant", "content": a.text}]))
+                self.store.put(StoredResponse(final, conversation + [as_chat_message(items)]))
             return final
 
         self._take_slot()
         released = False
         try:
-            run = await unless_disconnected(http, self._start(aengine, req, conversation, params, builder.id, arrival))
+            run = await unless_disconnected(http, self._start(aengine, req, conversation, sampling, builder.id,
+                                                              arrival, opens_reasoning))
             if req.stream:
                 released = True   # the event stream's close releases it
 
                 async def close():
                     await run.close()
                     self._release()
-                return StreamingResponse(response_events(run, builder, answer, finish=lambda a: finish(a, run),
+                return StreamingResponse(response_events(run, builder, answer, parser=parser(),
+                                                         finish=lambda items, a: finish(items, a, run),
                                                          error_of=engine_error, close=close),
                                          media_type="text/event-stream")
             try:
                 await unless_disconnected(http, self._collect(run, answer))
             finally:
                 await run.close()
-            return finish(answer, run)
+            p = parser()
+            return finish(builder.items(p.parse(answer.text) if p is not None else ChatMessageOut(answer.text),
+                                        answer), answer, run)
         except ClientDisconnected:
             return None
         finally:
@@ -108,13 +128,19 @@ class ResponsesAPI:
                 self._release()
 
     async def _start(self, aengine: AsyncEngine, req: ResponsesRequest, conversation: list[dict[str, Any]],
-                     params: SamplingParams, response_id: str, arrival: float) -> EngineRun:
+                     sampling: _Sampling, response_id: str, arrival: float, opens_reasoning: list[bool]) -> EngineRun:
         try:
             tok = aengine.engine.tokenizer
             roles = chat_roles(getattr(tok, "chat_template", None)) if tok is not None else frozenset()
-            messages = as_template_roles(with_instructions(req.instructions, conversation), roles)
-            prompt = await render_chat(aengine, messages, field="input", cache_salt=req.cache_salt)
-            return await EngineRun.start(aengine, [prompt], params, request_id=req.request_id or response_id,
+            messages = chat_messages([ChatMessage.model_validate(m)
+                                      for m in with_instructions(req.instructions, conversation)])
+            prompt = await render_chat(aengine, as_template_roles(messages, roles), field="input",
+                                       cache_salt=req.cache_salt, template_kwargs=sampling.tools.template_kwargs)
+            # as chat: a thinking template's generation prompt opens the reasoning; a constrained call
+            # (the grammar writes the calls from the first token) never starts inside it
+            if sampling.output.reasoning_parser is not None and sampling.tools.structured_outputs is None:
+                opens_reasoning[0] = sampling.output.opens_reasoning(tok.decode(prompt["prompt_token_ids"][-8:]))
+            return await EngineRun.start(aengine, [prompt], sampling.params, request_id=req.request_id or response_id,
                                          priority=req.priority, metrics=self.front.metrics, arrival=arrival)
         except Exception as e:
             err = engine_error(e)
@@ -168,8 +194,9 @@ class ResponsesAPI:
                                  "client disconnects", "response_id")
 
 
-def sampling_params(req: ResponsesRequest, front: OpenAIFront) -> SamplingParams:
-    """The Responses sampling fields as the chat request they mean, through chat's checks and caps."""
+def sampling_of(req: ResponsesRequest, front: OpenAIFront, aengine: AsyncEngine) -> _Sampling:
+    """The Responses sampling and tool fields as the chat request they mean, through chat's
+    checks, caps and tool plan (the same template kwargs, constraint and parser as chat's)."""
     fmt = req.text.format if req.text is not None else None
     response_format = None
     if fmt is not None and fmt.type != "text":
@@ -183,13 +210,25 @@ def sampling_params(req: ResponsesRequest, front: OpenAIFront) -> SamplingParams
         raise errors.bad_request("text.format of type text takes no name, schema, strict or description",
                                  "text.format")
     logprobs = LOGPROBS_INCLUDE in (req.include or [])
-    chat = ChatCompletionRequest.model_validate(dict(
+    fields = dict(
         messages=[], max_completion_tokens=req.max_output_tokens, temperature=req.temperature, top_p=req.top_p,
         top_k=req.top_k, min_p=req.min_p, repetition_penalty=req.repetition_penalty, seed=req.seed, stop=req.stop,
         ignore_eos=req.ignore_eos, response_format=response_format, logprobs=logprobs,
-        top_logprobs=req.top_logprobs))
+        top_logprobs=req.top_logprobs, tools=chat_tools(req), tool_choice=chat_tool_choice(req.tool_choice))
+    if req.parallel_tool_calls is not None:
+        fields["parallel_tool_calls"] = req.parallel_tool_calls
     try:
-        return chat_params(chat, front.limits)
+        chat = ChatCompletionRequest.model_validate(fields)
+    except ValidationError as e:   # what only chat's model checks (the fields' own types are checked)
+        first = e.errors()[0]
+        param = ".".join(str(x) for x in first.get("loc", ())[:1]) or None
+        raise errors.bad_request(f"{param}: {first['msg']}", _CHAT_TO_RESPONSES_PARAM.get(param, param)) from None
+    try:
+        tools = chat_tool_plan(chat, aengine.engine, parser=front.tool_call_parser)
+        output = ChatOutputSpec(tools.parser, front.reasoning_parser)
+        if output.active:
+            refuse_logprobs_of_parsed_output(req)
+        return _Sampling(chat_params(chat, front.limits, tools), tools, output)
     except errors.APIError as e:
         e.param = _CHAT_TO_RESPONSES_PARAM.get(e.param, e.param)
         raise

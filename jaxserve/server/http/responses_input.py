@@ -10,13 +10,16 @@ items: messages (user/assistant/system/developer; text parts only), an earlier a
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from jaxserve.server.http.errors import bad_request
-from jaxserve.server.http.responses_schemas import (FunctionCallItem, FunctionCallOutputItem, InputTextPart,
-                                                    MessageItem, OutputTextPart, RefusalPart, ResponsesRequest)
+from jaxserve.server.http.responses_schemas import (FunctionCallItem, FunctionCallOutputItem, FunctionTool,
+                                                    InputTextPart, MessageItem, OutputTextPart, ReasoningInputItem,
+                                                    ReasoningTextPart, RefusalPart, ResponsesRequest,
+                                                    SummaryTextPart)
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
@@ -34,7 +37,7 @@ _REFUSED_FIELDS = {
 }
 
 
-def refuse_unsupported(req: ResponsesRequest, *, tools_supported: bool) -> None:
+def refuse_unsupported(req: ResponsesRequest) -> None:
     for name, why in _REFUSED_FIELDS.items():
         if getattr(req, name) is not None:
             raise bad_request(f"{name} is not supported on this server: {why}", name)
@@ -59,18 +62,49 @@ def refuse_unsupported(req: ResponsesRequest, *, tools_supported: bool) -> None:
     if req.top_logprobs is not None and LOGPROBS_INCLUDE not in (req.include or []):
         raise bad_request(f"top_logprobs needs include=[{LOGPROBS_INCLUDE!r}]", "top_logprobs")
     if req.reasoning is not None and any(v is not None for v in req.reasoning.values()):
-        raise bad_request("reasoning is not supported on /v1/responses yet: this server has no reasoning parser "
-                          "to separate a model's reasoning from its answer", "reasoning")
-    if not tools_supported:
-        if req.tools:
-            raise bad_request("tools are not yet implemented on /v1/responses", "tools")
-        if req.tool_choice is not None and req.tool_choice not in ("none", "auto"):
-            raise bad_request(f"tool_choice={req.tool_choice!r} needs tools, which are not yet implemented on "
-                              "/v1/responses", "tool_choice")
+        raise bad_request("reasoning settings (effort, summary) are not supported: this server cannot tell a model how "
+                          "much to think; a server started with --reasoning-parser returns the model's reasoning as "
+                          "reasoning items", "reasoning")
 
 
-def input_messages(req: ResponsesRequest, *, tools_supported: bool) -> list[dict[str, Any]]:
-    """The request's input as chat messages (without the instructions)."""
+def refuse_logprobs_of_parsed_output(req: ResponsesRequest) -> None:
+    """With a tool or reasoning parser the text is split into items; its tokens' logprobs are not."""
+    if LOGPROBS_INCLUDE in (req.include or []):
+        raise bad_request(f"include {LOGPROBS_INCLUDE!r} is not supported when the answer is parsed into reasoning "
+                          "or function calls (tools given, or a server with --reasoning-parser): the tokens' "
+                          "logprobs are not split between the items", "include")
+
+
+def chat_tools(req: ResponsesRequest) -> list[dict[str, Any]] | None:
+    """Responses' flat function tools as chat's `{"type": "function", "function": {...}}`."""
+    if req.tools is None:
+        return None
+    out = []
+    for i, raw in enumerate(req.tools):
+        where = f"tools[{i}]"
+        kind = raw.get("type") if isinstance(raw, dict) else None
+        if kind != "function":
+            raise bad_request(f"{where}: tools of type {kind!r} are not available on this server; only function "
+                              "tools are (built-in tools such as web_search or file_search are OpenAI's own)", "tools")
+        t = _validated(FunctionTool, raw, where)
+        out.append({"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)})
+    return out
+
+
+def chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+    """Responses' tool_choice as chat's: the modes as they are, a named function
+    `{"type": "function", "name"}` as `{"type": "function", "function": {"name"}}`."""
+    if choice is None or choice in ("auto", "none", "required"):
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    raise bad_request(f"tool_choice={choice!r} is not supported; 'auto', 'none', 'required' or "
+                      "{'type': 'function', 'name': ...} are (allowed_tools and built-in tools are not)", "tool_choice")
+
+
+def input_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
+    """The request's input as chat messages (without the instructions), in the chat request's
+    shape (ChatMessage: calls with their arguments' JSON text)."""
     if isinstance(req.input, str):
         return [{"role": "user", "content": req.input}]
     if not req.input:
@@ -83,19 +117,22 @@ def input_messages(req: ResponsesRequest, *, tools_supported: bool) -> list[dict
         kind = raw.get("type", "message")
         if kind == "message":
             m = _validated(MessageItem, raw, where)
-            out.append({"role": m.role, "content": _message_text(m, where)})
+            text = _message_text(m, where)
+            if m.role == "assistant" and out and _only_reasoning(out[-1]):
+                out[-1] = dict(out[-1], content=text)   # the answer of the reasoning before it
+            else:
+                out.append({"role": m.role, "content": text})
         elif kind in ("function_call", "function_call_output"):
-            if not tools_supported:
-                raise bad_request(f"{where}: {kind} items need tools, which are not yet implemented on "
-                                  "/v1/responses", where)
             if kind == "function_call":
-                _append_call(out, _validated(FunctionCallItem, raw, where))
+                _append_call(out, _validated(FunctionCallItem, raw, where), where)
             else:
                 o = _validated(FunctionCallOutputItem, raw, where)
                 out.append({"role": "tool", "tool_call_id": o.call_id,
                             "content": o.output if isinstance(o.output, str) else _parts_text(o.output, where)})
-        elif kind == "reasoning":
-            raise bad_request(f"{where}: reasoning items are not supported (this server emits none)", where)
+        elif kind == "reasoning":   # the assistant turn's reasoning, which its text and calls then join
+            r = _validated(ReasoningInputItem, raw, where)
+            parts = r.content if r.content else r.summary
+            out.append({"role": "assistant", "content": "", "reasoning": _parts_text(parts, f"{where}.content")})
         elif kind == "item_reference":
             raise bad_request(f"{where}: item references are not supported; send the item, or continue with "
                               "previous_response_id", where)
@@ -133,7 +170,8 @@ def _message_text(m: MessageItem, where: str) -> str:
     return _parts_text(m.content, f"{where}.content")
 
 
-_PARTS = {"input_text": InputTextPart, "output_text": OutputTextPart, "refusal": RefusalPart}
+_PARTS = {"input_text": InputTextPart, "output_text": OutputTextPart, "refusal": RefusalPart,
+          "reasoning_text": ReasoningTextPart, "summary_text": SummaryTextPart}
 
 
 def _parts_text(parts: list[dict[str, Any]], where: str) -> str:
@@ -142,16 +180,27 @@ def _parts_text(parts: list[dict[str, Any]], where: str) -> str:
         at = f"{where}[{j}]"
         kind = raw.get("type") if isinstance(raw, dict) else None
         if kind not in _PARTS:
-            raise bad_request(f"{at}: only text parts are supported (input_text, output_text, refusal); got "
+            raise bad_request(f"{at}: only text parts are supported (input_text, output_text, refusal, "
+                              f"reasoning_text, summary_text); got "
                               f"type {kind!r}", at)
         part = _validated(_PARTS[kind], raw, at)
         texts.append(part.refusal if isinstance(part, RefusalPart) else part.text)
     return "".join(texts)
 
 
-def _append_call(out: list[dict[str, Any]], call: FunctionCallItem) -> None:
+def _only_reasoning(m: dict[str, Any]) -> bool:
+    return m["role"] == "assistant" and "reasoning" in m and not m["content"] and "tool_calls" not in m
+
+
+def _append_call(out: list[dict[str, Any]], call: FunctionCallItem, where: str) -> None:
     """A function call joins the assistant message before it (its text and its calls are one turn
     to a chat template), or starts one."""
+    try:
+        args = json.loads(call.arguments) if call.arguments.strip() else {}
+    except ValueError as e:
+        raise bad_request(f"{where}.arguments is not valid JSON: {e}", f"{where}.arguments") from None
+    if not isinstance(args, dict):
+        raise bad_request(f"{where}.arguments must be a JSON object", f"{where}.arguments")
     entry = {"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
     if out and out[-1]["role"] == "assistant":
         out[-1] = dict(out[-1], tool_calls=[*out[-1].get("tool_calls", []), entry])

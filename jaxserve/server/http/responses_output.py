@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
+
+from jaxserve.chat_output import ChatMessageOut
 
 from jaxserve.server.http.logprobs import TokenText, chat_logprobs
-from jaxserve.server.http.responses_schemas import (FunctionCall, IncompleteDetails, InputTokensDetails,
-                                                    OutputMessage, OutputText, OutputTokensDetails, ResponseError,
-                                                    ResponseObject, ResponsesRequest, ResponseUsage, new_item_id)
+from jaxserve.server.http.responses_schemas import (FunctionCall, IncompleteDetails, InputTokensDetails, OutputItem,
+                                                    OutputMessage, OutputText, OutputTokensDetails, ReasoningItem,
+                                                    ReasoningText, ResponseError, ResponseObject, ResponsesRequest,
+                                                    ResponseUsage, new_item_id)
 from jaxserve.server.http.schemas import TokenLogprob, Usage
 from jaxserve.server.sample_deltas import SampleDelta
 
@@ -51,6 +55,7 @@ class ResponseBuilder:
     id: str = field(default_factory=lambda: new_item_id("resp"))
     created_at: int = field(default_factory=lambda: int(time.time()))
     message_id: str = field(default_factory=lambda: new_item_id("msg"))
+    reasoning_id: str = field(default_factory=lambda: new_item_id("rs"))
 
     def snapshot(self, *, status: str = "in_progress", output: list | None = None, usage: Usage | None = None,
                  error: ResponseError | None = None) -> ResponseObject:
@@ -72,15 +77,38 @@ class ResponseBuilder:
             user=r.user, safety_identifier=r.safety_identifier, prompt_cache_key=r.prompt_cache_key,
             metadata=dict(r.metadata or {}))
 
-    def message(self, answer: AnswerText, *, status: str) -> OutputMessage:
-        return OutputMessage(id=self.message_id, status=status, content=[self.text_part(answer)])
+    def message(self, text: str, logprobs: list[TokenLogprob], *, status: str) -> OutputMessage:
+        return OutputMessage(id=self.message_id, status=status, content=[OutputText(text=text, logprobs=logprobs)])
 
-    def text_part(self, answer: AnswerText) -> OutputText:
-        return OutputText(text=answer.text, logprobs=list(answer.logprobs))
+    def reasoning(self, text: str, *, status: str) -> ReasoningItem:
+        return ReasoningItem(id=self.reasoning_id, status=status, content=[ReasoningText(text=text)])
 
-    def finished(self, output: list[OutputMessage | FunctionCall], answer: AnswerText,
-                 usage: Usage) -> ResponseObject:
+    def items(self, out: ChatMessageOut, answer: AnswerText) -> list[OutputItem]:
+        """A whole answer's output items: its reasoning, its text (also when empty, if there is
+        nothing else), its function calls, in that order (the order chat_output parses them in,
+        so a stream's items come in it too)."""
+        status = item_status(answer)
+        items: list[OutputItem] = []
+        if out.reasoning:
+            items.append(self.reasoning(out.reasoning, status=status))
+        if out.content or not (items or out.tool_calls):
+            items.append(self.message(out.content or "", list(answer.logprobs), status=status))
+        items += [FunctionCall(id=new_item_id("fc"), call_id=c.id, name=c.name, arguments=c.arguments, status=status)
+                  for c in out.tool_calls]
+        return items
+
+    def finished(self, output: list[OutputItem], answer: AnswerText, usage: Usage) -> ResponseObject:
         return self.snapshot(status="incomplete" if answer.cut_short else "completed", output=output, usage=usage)
+
+
+def as_chat_message(output: list[OutputItem]) -> dict[str, Any]:
+    """A response's output as the assistant message of the stored conversation (in the request
+    messages' shape: calls with their arguments' JSON text); the reasoning is not kept, as chat
+    templates drop an earlier turn's reasoning."""
+    text = "".join(p.text for item in output if isinstance(item, OutputMessage) for p in item.content)
+    calls = [{"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}}
+             for item in output if isinstance(item, FunctionCall)]
+    return {"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})}
 
 
 def _usage(u: Usage) -> ResponseUsage:

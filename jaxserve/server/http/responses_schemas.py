@@ -15,9 +15,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from jaxserve.server.http.schemas import TokenLogprob
+from jaxserve.server.http.schemas import _Request as _APIRequest
 
 
-class _Request(BaseModel):
+class _Request(_APIRequest):
+    """The other routes' request base (unknown fields refused, and its checks of the raw body)."""
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
@@ -93,8 +95,8 @@ class ResponsesRequest(_Request):
 
 # -- input items (validated one at a time by responses_input) -----------------------------------
 
-class _Item(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+class _Item(_Request):
+    pass
 
 
 class InputTextPart(_Item):
@@ -108,6 +110,16 @@ class OutputTextPart(_Item):
     text: str
     annotations: list[Any] = Field(default_factory=list)
     logprobs: list[Any] | None = None
+
+
+class ReasoningTextPart(_Item):
+    type: Literal["reasoning_text"]
+    text: str
+
+
+class SummaryTextPart(_Item):
+    type: Literal["summary_text"]
+    text: str
 
 
 class RefusalPart(_Item):
@@ -141,6 +153,16 @@ class FunctionCallOutputItem(_Item):
     call_id: str
     output: str | list[dict[str, Any]]
     id: str | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+
+class ReasoningInputItem(_Item):
+    """An earlier response's reasoning item, sent back as input."""
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[dict[str, Any]] = Field(default_factory=list)
+    content: list[dict[str, Any]] | None = None
+    encrypted_content: None = None           # never produced here
     status: Literal["in_progress", "completed", "incomplete"] | None = None
 
 
@@ -183,6 +205,23 @@ class FunctionCall(BaseModel):
     status: Literal["in_progress", "completed", "incomplete"]
 
 
+class ReasoningText(BaseModel):
+    type: Literal["reasoning_text"] = "reasoning_text"
+    text: str
+
+
+class ReasoningItem(BaseModel):
+    """The model's reasoning, split from its answer by the server's --reasoning-parser."""
+    id: str
+    type: Literal["reasoning"] = "reasoning"
+    summary: list[Any] = Field(default_factory=list)
+    content: list[ReasoningText]
+    status: Literal["in_progress", "completed", "incomplete"]
+
+
+OutputItem = ReasoningItem | OutputMessage | FunctionCall
+
+
 class InputTokensDetails(BaseModel):
     cached_tokens: int = 0
     cache_write_tokens: int = 0        # not counted: the prefix cache keeps every full block anyway
@@ -223,7 +262,7 @@ class ResponseObject(BaseModel):
     instructions: str | None = None
     max_output_tokens: int | None = None
     model: str
-    output: list[OutputMessage | FunctionCall] = Field(default_factory=list)
+    output: list[OutputItem] = Field(default_factory=list)
     parallel_tool_calls: bool = True
     previous_response_id: str | None = None
     reasoning: dict[str, Any] | None = None
