@@ -260,3 +260,15 @@ def test_a_kept_alive_connection_serves_the_next_request(tuned):
 def test_a_union_field_of_the_wrong_type_is_named_alone(server, field, value):
     body = {"prompt": "a", "max_tokens": 2, field: value}
     error_400(post(server, "/completions", body), field)
+
+
+def test_a_chat_message_ignores_null_extras_and_refuses_set_ones(server):
+    echoed = {"role": "assistant", "content": "hi", "refusal": None, "audio": None, "annotations": [],
+              "function_call": None}
+    ok = post(server, "/chat/completions", {"messages": [{"role": "user", "content": "a"}, echoed,
+                                                         {"role": "user", "content": "b"}], "max_tokens": 1})
+    assert ok.status_code == 200, ok.text
+    set_one = dict(echoed, audio={"id": "x"})
+    err = error_400(post(server, "/chat/completions", {"messages": [{"role": "user", "content": "a"}, set_one],
+                                                       "max_tokens": 1}), "messages.1")
+    assert "audio" in err["message"]

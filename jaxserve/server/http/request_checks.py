@@ -4,7 +4,8 @@ each request model's raw input).
 - A lone surrogate (U+D800..U+DFFF alone: `"\\ud800"` in JSON, or the bytes ED A0 80, which
   Python's JSON decoder lets through) is no Unicode text: the tokenizer and the JSON encoder of the
   answer would fail on it, so it is a 400 naming where it is, not a 500.
-- Unknown fields are a 400 (the models' extra="forbid"), unless the server runs with
+- Unknown fields are a 400 (the models' extra="forbid"; a model with extra="ignore" ignores only
+  null or empty ones), unless the server runs with
   --lenient-api: they are then dropped with a warning that names them (`lenient_api`, set per
   request by the app's middleware, so two apps in one process can differ).
 """
@@ -54,10 +55,19 @@ def check_request_body(model: type, data: Any) -> Any:
     if where is not None:
         raise PydanticCustomError("lone_surrogate", "{where}: the text holds a lone UTF-16 surrogate "
                                   "(U+D800..U+DFFF), which is not valid Unicode", {"where": where})
-    if lenient_api.get() and model.model_config.get("extra") == "forbid":
-        known = set()
-        for name, info in model.model_fields.items():
-            known.update((name, info.alias or name))
+    extra = model.model_config.get("extra")
+    known = set()
+    for name, info in model.model_fields.items():
+        known.update((name, info.alias or name))
+    if extra == "ignore" and not lenient_api.get():
+        # a model that ignores extras (a chat message: clients send back the assistant message
+        # they got, with refusal, audio, annotations as null) ignores only empty ones; a value
+        # would be silently dropped, so it is refused
+        given = sorted(str(k) for k, v in data.items() if k not in known and v not in (None, "", [], {}))
+        if given:
+            raise PydanticCustomError("extra_forbidden", "{fields}: not a field this server takes (it ignores "
+                                      "such fields only when null or empty)", {"fields": ", ".join(given)})
+    if lenient_api.get() and extra in ("forbid", "ignore"):
         unknown = sorted(k for k in data if k not in known)
         if unknown:
             log.warning("ignoring unknown field(s) %s of %s (--lenient-api)", ", ".join(map(str, unknown)),

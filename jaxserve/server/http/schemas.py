@@ -111,7 +111,9 @@ class ToolCallIn(_Request):
 
 
 class ChatMessage(_Request):
-    model_config = ConfigDict(extra="ignore")   # other per-message extras do no harm
+    # other per-message fields are ignored when null or empty (a client's echo of the message it got:
+    # refusal, audio, annotations), refused otherwise (http/request_checks.py)
+    model_config = ConfigDict(extra="ignore")
     role: str
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
