@@ -284,6 +284,7 @@ def test_the_store_size_is_a_server_setting():
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0]", "previous_response_id"),
     ({"input": [{"role": "wizard", "content": "x"}]}, "input[0].role", "Input should be"),
     ({"input": []}, "input", "empty"),
+    ({"stream_options": {"include_obfuscation": False}}, "stream_options", "stream=true"),
 ])
 def test_refused_fields_are_400s_naming_the_field(server, client, extra, param, words):
     body = dict({"model": server.model, "input": PROMPT, "max_output_tokens": 2}, **extra)
@@ -291,3 +292,13 @@ def test_refused_fields_are_400s_naming_the_field(server, client, extra, param, 
         client.post("/responses", cast_to=object, body=body)
     err = e.value.response.json()["error"]
     assert err["param"] == param and words in err["message"], err
+
+
+def test_a_lone_surrogate_in_an_input_item_is_a_400_naming_it(server):
+    body = ('{"model": "%s", "input": [{"role": "user", "content": [{"type": "input_text", "text": "a\\ud800"}]}]}'
+            % server.model).encode()
+    r = httpx.post(server.base_url + "/responses", content=body, timeout=60,
+                   headers={"Authorization": f"Bearer {server.api_key}", "content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert "surrogate" in err["message"] and "input[0].content[0].text" in err["message"], err

@@ -53,6 +53,8 @@ def refuse_unsupported(req: ResponsesRequest) -> None:
     if req.text is not None and req.text.verbosity not in (None, "medium"):
         raise bad_request("text.verbosity is a hint OpenAI's models are trained on; this server cannot honour it",
                           "text.verbosity")
+    if req.stream_options is not None and not req.stream:   # as chat: it would do nothing
+        raise bad_request("stream_options is only allowed with stream=true", "stream_options")
     if req.stream_options is not None and req.stream_options.include_obfuscation:
         raise bad_request("stream_options.include_obfuscation is not supported: events carry no padding",
                           "stream_options.include_obfuscation")
