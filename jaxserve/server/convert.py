@@ -8,6 +8,7 @@ ValueError naming the field, which the servicer turns into INVALID_ARGUMENT.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from jaxserve.outputs import RequestOutput
@@ -57,10 +58,36 @@ def structured_outputs_from_proto(msg: pb.StructuredOutputs) -> StructuredOutput
     return StructuredOutputs(**{which: getattr(msg, which)})
 
 
-def chat_messages(msg: pb.Chat) -> list[dict[str, str]]:
+def chat_messages(msg: pb.Chat) -> list[dict[str, Any]]:
     """The proto's messages as the chat template's dicts; roles are checked when the chat is
-    rendered (chat_prompt.render_chat), against the roles the model's template takes."""
-    return [{"role": m.role, "content": m.content} for m in msg.messages]
+    rendered (chat_prompt.render_chat), against the roles the model's template takes. Calls,
+    tool results and reasoning as the HTTP route hands them (http/sampling.py chat_messages)."""
+    out = []
+    for i, m in enumerate(msg.messages):
+        d: dict[str, Any] = {"role": m.role, "content": m.content}
+        if m.tool_calls:
+            d["tool_calls"] = [_template_call(c, f"chat.messages[{i}].tool_calls[{k}]")
+                               for k, c in enumerate(m.tool_calls)]
+        for name in ("tool_call_id", "name"):
+            if m.HasField(name):
+                d[name] = getattr(m, name)
+        if m.HasField("reasoning"):
+            d["reasoning_content"] = d["reasoning"] = m.reasoning
+        out.append(d)
+    return out
+
+
+def _template_call(c: pb.ToolCall, field: str) -> dict[str, Any]:
+    try:
+        args = json.loads(c.arguments) if c.arguments.strip() else {}
+    except ValueError as e:
+        raise ValueError(f"{field}.arguments is not valid JSON: {e}") from None
+    if not isinstance(args, dict):
+        raise ValueError(f"{field}.arguments must be a JSON object")
+    call: dict[str, Any] = {"type": "function", "function": {"name": c.name, "arguments": args}}
+    if c.id:
+        call["id"] = c.id
+    return call
 
 
 def prompt_from_proto(req: pb.GenerateRequest) -> Any:

@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 
 import grpc
 from grpc import aio
 
+from jaxserve.chat_output import ChatOutputSpec
 from jaxserve.engine.async_engine import AsyncEngine, EngineDeadError, EngineStoppedError
+from jaxserve.reasoning_parsers import reasoning_parser as reasoning_parser_named
 from jaxserve.server import convert
 from jaxserve.server.chat_prompt import render_chat
+from jaxserve.server.chat_tools_proto import CompleteSplitter, tool_plan_from_proto
 from jaxserve.server.metrics import ServerMetrics
 from jaxserve.server.proto import generation_pb2 as pb
 from jaxserve.server.proto import generation_pb2_grpc as pb_grpc
@@ -33,11 +37,16 @@ log = logging.getLogger(__name__)
 
 class GenerationServicer(pb_grpc.GenerationServicer):
     def __init__(self, state: ServerState, *, max_concurrent_streams: int, limits: RequestCaps,
-                 metrics: ServerMetrics | None = None):
+                 metrics: ServerMetrics | None = None, tool_call_parser: str | None = None,
+                 reasoning_parser: str | None = None):
+        """tool_call_parser / reasoning_parser: as the HTTP front's (a chat's tools, the split of
+        its answers on their Complete messages)."""
         self.state = state
         self.max_concurrent_streams = max_concurrent_streams
         self.limits = limits
         self.metrics = metrics
+        self.tool_call_parser = tool_call_parser
+        self.reasoning_parser = reasoning_parser_named(reasoning_parser) if reasoning_parser is not None else None
 
     async def _engine(self, context) -> AsyncEngine:
         st = self.state
@@ -68,10 +77,18 @@ class GenerationServicer(pb_grpc.GenerationServicer):
 
     async def _generate(self, aengine: AsyncEngine, request: pb.GenerateRequest, context):
         arrival = time.perf_counter()
+        splitter = None        # a chat with tools or reasoning: its Complete messages carry the split
         try:
             params = convert.sampling_params_from_proto(request.sampling_params, self.limits)
             if request.WhichOneof("input") == "chat":
-                prompt = await self._render_chat(aengine, request)
+                plan = tool_plan_from_proto(request.chat, aengine.engine, parser=self.tool_call_parser)
+                params = _with_tools(params, plan)
+                prompt = await self._render_chat(aengine, request, plan.template_kwargs)
+                spec = ChatOutputSpec(plan.parser, self.reasoning_parser)
+                if spec.active:
+                    opens = (plan.structured_outputs is None and spec.opens_reasoning(
+                        aengine.engine.tokenizer.decode(prompt["prompt_token_ids"][-8:])))
+                    splitter = CompleteSplitter(spec, opens, params.n)
             else:
                 prompt = convert.prompt_from_proto(request)
         except ValueError as e:
@@ -83,7 +100,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
 
         last = None
         refused = False       # never ran: its latency is not a request's latency
-        sent = _SentPerSample(params.n, params.prompt_logprobs)
+        sent = _SentPerSample(params.n, params.prompt_logprobs, splitter)
         kv_transfer = _kv_transfer(request)
         try:
             stream = aengine.generate(prompt, params, request_id=request.request_id or None,
@@ -130,10 +147,11 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         if lease is not None:     # none when the request was aborted: nothing was held
             response.complete.kv_lease.CopyFrom(lease)
 
-    async def _render_chat(self, aengine: AsyncEngine, request: pb.GenerateRequest) -> dict:
+    async def _render_chat(self, aengine: AsyncEngine, request: pb.GenerateRequest,
+                           template_kwargs: dict | None = None) -> dict:
         salt = request.cache_salt if request.HasField("cache_salt") else None
         return await render_chat(aengine, convert.chat_messages(request.chat), field="chat.messages",
-                                 cache_salt=salt)
+                                 cache_salt=salt, template_kwargs=template_kwargs)
 
     async def Abort(self, request: pb.AbortRequest, context) -> pb.AbortResponse:
         aengine = await self._engine(context)
@@ -209,6 +227,20 @@ async def _control(call, context):
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
 
 
+def _with_tools(params, plan):
+    """The params with a tool plan's constraint (required / a named function) and special-token
+    setting; a constraint beside the request's own structured_outputs is refused."""
+    changes = {}
+    if plan.structured_outputs is not None:
+        if params.structured_outputs is not None:
+            raise ValueError("chat.tool_choice 'required' or a function constrains the answer to tool calls; it "
+                             "cannot be combined with SamplingParams.structured_outputs")
+        changes["structured_outputs"] = plan.structured_outputs
+    if plan.skip_special_tokens is not None:
+        changes["skip_special_tokens"] = plan.skip_special_tokens
+    return dataclasses.replace(params, **changes) if changes else params
+
+
 def _kv_transfer(request: pb.GenerateRequest):
     """"send", a RemoteKV to load, or None (a colocated request)."""
     if not request.HasField("kv_transfer"):
@@ -226,15 +258,18 @@ class _SentPerSample:
     """Turns engine outputs into Chunk and Complete messages, one Complete per sample; the prompt
     logprobs (when asked) ride on the first chunk that follows their arrival."""
 
-    def __init__(self, n: int, prompt_logprobs: int | None = None):
+    def __init__(self, n: int, prompt_logprobs: int | None = None, splitter: CompleteSplitter | None = None):
         self._deltas = SampleDeltas(n)
         self._k = prompt_logprobs
         self._prompt: list | None = None     # prompt logprob entries not sent yet
+        self._splitter = splitter
 
     def responses(self, out):
         if self._k is not None and out.prompt_logprobs is not None:
             self._prompt = convert.prompt_logprobs_to_proto(out, self._k)
         for d in self._deltas.deltas(out):
+            if self._splitter is not None:
+                self._splitter.add(d.index, d.text)
             if d.token_ids or d.text or (self._prompt is not None and d.finish_reason is not None):
                 chunk = pb.Chunk(token_ids=d.token_ids, text=d.text, index=d.index)
                 if self._prompt is not None:
@@ -242,4 +277,7 @@ class _SentPerSample:
                     self._prompt = None
                 yield pb.GenerateResponse(request_id=out.request_id, chunk=chunk)
             if d.finish_reason is not None:
-                yield convert.complete_response(out, d)
+                response = convert.complete_response(out, d)
+                if self._splitter is not None:
+                    self._splitter.fill(response.complete)
+                yield response
