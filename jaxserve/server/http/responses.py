@@ -53,6 +53,7 @@ from jaxserve.tool_parsers import ToolPlan
 _CHAT_TO_RESPONSES_PARAM = {"max_completion_tokens": "max_output_tokens", "max_tokens": "max_output_tokens",
                             "response_format": "text.format", "structured_outputs": "text.format"}
 
+
 def not_found(message: str, param: str | None = None) -> errors.APIError:
     return errors.APIError(404, message, type="invalid_request_error", param=param, code="not_found")
 
