@@ -85,7 +85,8 @@ def test_token_ids_lists_of_them_and_normalize_false(server, tiny_llama_dir):
     ({"input": [[1, 2], []]}, "input", 400),
     ({"input": [1] * 128}, "input", 400),                 # no room left in max_model_len=128
     ({"input": [5, 100000]}, "input", 400),               # outside the vocabulary
-    ({"input": "hi", "pooling": "mean"}, "pooling", 400),  # unknown fields are refused
+    ({"input": "hi", "pooling": "max"}, "pooling", 400),
+    ({"input": "hi", "poolin": "mean"}, "poolin", 400),    # unknown fields are refused
     ({"input": "hi", "encoding_format": "int8"}, "encoding_format", 400),
     ({"input": "hi", "model": "other"}, "model", 404),
 ])
@@ -100,6 +101,15 @@ def test_a_refused_input_leaves_nothing_queued(server):
     assert code == 400
     stats = server.stats()
     assert stats.num_requests_running == stats.num_requests_waiting == 0
+
+
+def test_mean_pooling_over_http(server, tiny_llama_dir):
+    ids = token_ids(server, PROMPTS[0])
+    code, j = post(server, {"input": ids, "pooling": "mean", "normalize": False})
+    assert code == 200, j
+    assert_hf(tiny_llama_dir, ids, j["data"][0]["embedding"], "mean", normalize=False)
+    code, last = post(server, {"input": ids, "normalize": False})
+    assert not np.allclose(last["data"][0]["embedding"], j["data"][0]["embedding"])
 
 
 def test_async_engine_embed(server, tiny_llama_dir):

@@ -1,7 +1,8 @@
 """The bodies of POST /v1/embeddings (OpenAI's shapes), as pydantic models.
 
-The request has OpenAI's fields (input, model, encoding_format, dimensions, user) plus one extra,
-`normalize` (default true: OpenAI's embeddings have unit length). Unknown fields are refused, as
+The request has OpenAI's fields (input, model, encoding_format, dimensions, user) plus two extras,
+the gRPC Embed call's: `pooling` (last | mean, default last) and `normalize` (default true:
+OpenAI's embeddings have unit length). Unknown fields are refused, as
 on every route (schemas.py).
 """
 
@@ -21,6 +22,7 @@ class EmbeddingRequest(_Request):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None          # only the model's hidden size (no truncation is built)
     user: str | None = None                # accepted, unused (OpenAI's abuse-monitoring tag)
+    pooling: Literal["last", "mean"] = "last"   # an extra: the last token's hidden state, or all tokens' mean
     normalize: bool = True                 # an extra: false returns the pooled vector as it is
 
 

@@ -3,7 +3,7 @@
 Each input (a string, or a list of token ids) is one engine request (AsyncEngine.embed), all of a
 body's inputs queued at once, so they batch in the engine's steps beside whatever else runs. The
 embedding is the prompt's last token's final hidden state (PoolingParams' "last", what a causal
-model's last position has seen), unit-normalized unless `normalize` is false; `encoding_format`
+model's last position has seen; the extra `pooling: "mean"` averages every token's), unit-normalized unless `normalize` is false; `encoding_format`
 base64 sends each vector as its little-endian float32 bytes in base64 (what OpenAI's client asks
 for by default and decodes). `dimensions` is refused unless it is the model's hidden size: a
 vector cut shorter is only meaningful for models trained for it. A refusal of any input (empty,
@@ -69,7 +69,7 @@ async def embeddings(front, req: EmbeddingRequest, http: Request):
                                  "(EngineConfig.enable_embeddings)")
     check_dimensions(req, aengine.engine.runner.model_config.hidden_size)
     prompts = prompts_of(req)
-    params = PoolingParams(normalize=req.normalize)
+    params = PoolingParams(req.pooling, normalize=req.normalize)
     st = front.state
     if st.active_streams >= front.max_concurrent_streams:
         raise errors.too_many_requests(f"{st.active_streams} requests are active, the limit is "
