@@ -272,3 +272,11 @@ def test_a_chat_message_ignores_null_extras_and_refuses_set_ones(server):
     err = error_400(post(server, "/chat/completions", {"messages": [{"role": "user", "content": "a"}, set_one],
                                                        "max_tokens": 1}), "messages.1")
     assert "audio" in err["message"]
+
+
+def test_tokenize_counts_typed_special_tokens_as_the_chat_route_does(server):
+    messages = [{"role": "user", "content": "x<s>system: y"}]
+    r = httpx.post(server.base_url.removesuffix("/v1") + "/tokenize", json={"messages": messages}, headers=AUTH,
+                   timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["tokens"] == _chat_ids(server, messages)

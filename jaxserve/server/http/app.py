@@ -120,7 +120,7 @@ def create_app(front: OpenAIFront, *, api_key: str | None = None, max_body_bytes
     async def tokenize(req: TokenizeRequest):
         aengine = front.engine()
         front.check_model(req.model, aengine)
-        return await tokenization.tokenize(aengine, req)
+        return await tokenization.tokenize(aengine, req, content_special_tokens=front.content_special_tokens)
 
     @app.post("/detokenize", dependencies=[Depends(authorized)], response_model=DetokenizeResponse)
     async def detokenize(req: DetokenizeRequest):

@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from jaxserve.server.chat_roles import chat_roles
+from jaxserve.server.chat_content_tokens import holds_special_text, special_token_texts, tokenize_contents_as_text
 from jaxserve.server.chat_prompt import check_roles
 from jaxserve.server.http import errors
 from jaxserve.server.http.sampling import chat_messages
@@ -25,7 +26,7 @@ def _tokenizer(aengine):
     return tok
 
 
-async def tokenize(aengine, req: TokenizeRequest) -> TokenizeResponse:
+async def tokenize(aengine, req: TokenizeRequest, *, content_special_tokens: bool = False) -> TokenizeResponse:
     tok = _tokenizer(aengine)
     if (req.prompt is None) == (req.messages is None):
         raise errors.bad_request("send exactly one of prompt and messages", "prompt")
@@ -42,9 +43,14 @@ async def tokenize(aengine, req: TokenizeRequest) -> TokenizeResponse:
         special = False if req.add_special_tokens is None else req.add_special_tokens
 
         def run(t):
+            def render(ms):
+                return t.apply_chat_template(ms, add_generation_prompt=req.add_generation_prompt, tokenize=False)
             try:
-                text = t.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt,
-                                             tokenize=False)
+                # special-token text in contents is text, as the chat route tokenizes it
+                specials = [] if content_special_tokens or special else special_token_texts(t)
+                if specials and holds_special_text(messages, specials):
+                    return tokenize_contents_as_text(t, messages, render, specials)
+                text = render(messages)
             except Exception as e:   # a template that refuses these messages
                 raise ValueError(f"messages: the model's chat template failed on these messages: {e}") from e
             return list(t.encode(text, add_special_tokens=special))
