@@ -87,6 +87,16 @@ def test_instructions_and_message_items_render_as_the_chat(server, client):
     assert r.output_text == expected.outputs[0].text
     assert r.usage.input_tokens == len(expected.prompt_token_ids)
     assert r.instructions == "You are the sea."
+    # the stored input items: ids (the one given kept), statuses, text parts; newest first by default
+    listed = client.responses.input_items.list(r.id)
+    assert [(i.type, i.role) for i in listed.data] == [("message", "user"), ("message", "developer"),
+                                                       ("message", "assistant"), ("message", "user")]
+    assert listed.data[2].id == "msg_1" and all(i.id and i.status == "completed" for i in listed.data)
+    assert listed.data[0].content[0].type == "input_text" and listed.data[0].content[0].text == PROMPT
+    page = client.responses.input_items.list(r.id, order="asc", limit=2)
+    assert [i.id for i in page.data] == [i.id for i in listed.data[::-1][:2]] and page.has_more
+    rest = client.responses.input_items.list(r.id, order="asc", after=page.data[-1].id)
+    assert [i.id for i in rest.data] == [i.id for i in listed.data[::-1][2:]] and not rest.has_more
 
 
 def test_json_schema_output_parses_and_validates_streamed_and_not(server, client):
@@ -231,7 +241,7 @@ def test_the_store_keeps_the_most_recent():
     from jaxserve.server.http.responses_schemas import ResponseObject
 
     store = ResponseStore(2)
-    entries = [StoredResponse(ResponseObject(id=f"resp_{i}", created_at=0, status="completed", model="m", text={}), [])
+    entries = [StoredResponse(ResponseObject(id=f"resp_{i}", created_at=0, status="completed", model="m", text={}), [], [])
                for i in range(3)]
     store.put(entries[0])
     store.put(entries[1])

@@ -108,6 +108,10 @@ def test_a_call_result_sent_back_renders_as_the_templates_tool_turn(server, clie
         {"role": "tool", "tool_call_id": call.call_id, "content": "at 14:00"}], 6, tools=template_tools)
     assert by_items.usage.input_tokens == by_previous.usage.input_tokens == len(expected.prompt_token_ids)
     assert _comparable(by_items)["output"] == _comparable(by_previous)["output"]
+    listed = client.responses.input_items.list(by_items.id, order="asc").data
+    assert [i.type for i in listed] == ["message", "function_call", "function_call_output"]
+    assert listed[1].call_id == listed[2].call_id == call.call_id and listed[1].id == call.id
+    assert [i.type for i in client.responses.input_items.list(by_previous.id).data] == ["function_call_output"]
     # the template opened <think> and the tiny model never closes it: the answer is its reasoning
     assert "</think>" not in expected.outputs[0].text
     assert [item.type for item in by_items.output] == ["reasoning"]

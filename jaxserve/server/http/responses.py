@@ -2,6 +2,7 @@
 
     POST   /v1/responses                  create (stream=true: typed server-sent events)
     GET    /v1/responses/{id}             a stored response
+    GET    /v1/responses/{id}/input_items its input items (paged: after, limit, order)
     DELETE /v1/responses/{id}             forget a stored one
     POST   /v1/responses/{id}/cancel      refused: only background responses can be cancelled, and
                                           background=true is refused (nothing runs detached here)
@@ -22,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.responses import StreamingResponse
@@ -40,10 +41,10 @@ from jaxserve.server.http.logprobs import TokenText
 from jaxserve.server.http.openai_front import OpenAIFront, engine_error
 from jaxserve.server.http.responses_events import response_events
 from jaxserve.server.http.responses_input import (LOGPROBS_INCLUDE, as_template_roles, chat_tool_choice, chat_tools,
-                                                  input_messages, refuse_logprobs_of_parsed_output,
+                                                  input_messages, listed_input_items, refuse_logprobs_of_parsed_output,
                                                   refuse_unsupported, with_instructions)
 from jaxserve.server.http.responses_output import AnswerText, ResponseBuilder, as_chat_message
-from jaxserve.server.http.responses_schemas import DeletedResponse, ResponseObject, ResponsesRequest
+from jaxserve.server.http.responses_schemas import DeletedResponse, InputItemList, ResponseObject, ResponsesRequest
 from jaxserve.server.http.responses_store import ResponseStore, StoredResponse
 from jaxserve.server.http.sampling import chat_messages, chat_params
 from jaxserve.server.http.schemas import ChatCompletionRequest, ChatMessage
@@ -86,6 +87,7 @@ class ResponsesAPI:
                                 "previous_response_id")
             earlier = prev.conversation
         conversation = earlier + input_messages(req)
+        listed = listed_input_items(req)
         sampling = sampling_of(req, front, aengine)
         builder = ResponseBuilder(req, model)
         answer = AnswerText(sampling.params.logprobs, TokenText(aengine.engine.tokenizer))
@@ -97,7 +99,7 @@ class ResponsesAPI:
         def finish(items: list, a: AnswerText, run: EngineRun) -> ResponseObject:
             final = builder.finished(items, a, run.usage())
             if req.store is not False:
-                self.store.put(StoredResponse(final, conversation + [as_chat_message(items)]))
+                self.store.put(StoredResponse(final, conversation + [as_chat_message(items)], listed))
             return final
 
         self._take_slot()
@@ -183,6 +185,26 @@ class ResponsesAPI:
             raise not_found(f"no stored response has id {response_id!r}", "response_id")
         return entry.response
 
+    def input_items(self, response_id: str, *, after: str | None, limit: int, order: str) -> InputItemList:
+        """A stored response's own input items (not those of the responses it continues), newest
+        first by default, as OpenAI pages them."""
+        entry = self.store.get(response_id)
+        if entry is None:
+            raise not_found(f"no stored response has id {response_id!r}", "response_id")
+        if not 1 <= limit <= 100:
+            raise errors.bad_request(f"limit={limit} must be in [1, 100]", "limit")
+        if order not in ("asc", "desc"):
+            raise errors.bad_request(f"order={order!r} must be 'asc' or 'desc'", "order")
+        items = entry.input_items if order == "asc" else entry.input_items[::-1]
+        if after is not None:
+            ids = [item["id"] for item in items]
+            if after not in ids:
+                raise errors.bad_request(f"after={after!r} is not an input item of {response_id!r}", "after")
+            items = items[ids.index(after) + 1:]
+        page = items[:limit]
+        return InputItemList(data=page, first_id=page[0]["id"] if page else None,
+                             last_id=page[-1]["id"] if page else None, has_more=len(items) > limit)
+
     def delete(self, response_id: str) -> DeletedResponse:
         if not self.store.delete(response_id):
             raise not_found(f"no stored response has id {response_id!r}", "response_id")
@@ -253,6 +275,14 @@ def add_responses_routes(app: FastAPI, front: OpenAIFront, authorized, store: Re
             raise errors.bad_request("replaying a stored response's events (stream=true) is not supported; "
                                      "GET it without stream", "stream")
         return JSONResponse(api.retrieve(response_id).model_dump(mode="json", by_alias=True))
+
+    @app.get("/v1/responses/{response_id}/input_items", dependencies=[Depends(authorized)])
+    async def list_input_items(response_id: str, after: str | None = None, limit: int = 20, order: str = "desc",
+                               include: list[str] | None = Query(default=None)):
+        if include:
+            raise errors.bad_request(f"include={include!r} is not supported on input_items (input items have "
+                                     "nothing more to include)", "include")
+        return JSONResponse(api.input_items(response_id, after=after, limit=limit, order=order).model_dump(mode="json"))
 
     @app.delete("/v1/responses/{response_id}", dependencies=[Depends(authorized)])
     async def delete_response(response_id: str):

@@ -19,7 +19,7 @@ from jaxserve.server.http.errors import bad_request
 from jaxserve.server.http.responses_schemas import (FunctionCallItem, FunctionCallOutputItem, FunctionTool,
                                                     InputTextPart, MessageItem, OutputTextPart, ReasoningInputItem,
                                                     ReasoningTextPart, RefusalPart, ResponsesRequest,
-                                                    SummaryTextPart)
+                                                    SummaryTextPart, new_item_id)
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
@@ -208,3 +208,24 @@ def _append_call(out: list[dict[str, Any]], call: FunctionCallItem, where: str) 
         out[-1] = dict(out[-1], tool_calls=[*out[-1].get("tool_calls", []), entry])
     else:
         out.append({"role": "assistant", "content": "", "tool_calls": [entry]})
+
+
+def listed_input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
+    """The request's input as `GET /v1/responses/{id}/input_items` lists it: each item with an id
+    (its own, or a new one) and a status, a message's string content as a text part."""
+    raw_items = ([{"role": "user", "content": req.input}] if isinstance(req.input, str) else req.input)
+    out = []
+    for raw in raw_items:
+        kind = raw.get("type", "message")
+        model = {"message": MessageItem, "function_call": FunctionCallItem,   # input_messages took no other kind
+                 "function_call_output": FunctionCallOutputItem, "reasoning": ReasoningInputItem}[kind]
+        item = model.model_validate(raw).model_dump(exclude_none=True)
+        item["id"] = item.get("id") or new_item_id({"message": "msg", "function_call": "fc",
+                                                     "function_call_output": "fco", "reasoning": "rs"}[kind])
+        item["status"] = item.get("status") or "completed"
+        if kind == "message" and isinstance(item["content"], str):
+            part = ({"type": "output_text", "text": item["content"], "annotations": []} if item["role"] == "assistant"
+                    else {"type": "input_text", "text": item["content"]})
+            item["content"] = [part]
+        out.append(item)
+    return out

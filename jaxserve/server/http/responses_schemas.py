@@ -283,6 +283,14 @@ class ResponseObject(BaseModel):
     metadata: dict[str, str] = Field(default_factory=dict)
 
 
+class InputItemList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[dict[str, Any]]
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool = False
+
+
 class DeletedResponse(BaseModel):
     id: str
     object: Literal["response.deleted"] = "response.deleted"

@@ -22,6 +22,7 @@ DEFAULT_MAX_STORED_RESPONSES = 1024
 class StoredResponse:
     response: ResponseObject
     conversation: list[dict[str, Any]]    # the chat messages up to and including this response's answer
+    input_items: list[dict[str, Any]]     # the request's own input, as GET .../input_items lists it
 
 
 class ResponseStore:
