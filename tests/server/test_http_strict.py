@@ -280,3 +280,14 @@ def test_tokenize_counts_typed_special_tokens_as_the_chat_route_does(server):
                    timeout=60)
     assert r.status_code == 200, r.text
     assert r.json()["tokens"] == _chat_ids(server, messages)
+
+
+def test_a_bug_is_a_500_in_openais_shape_without_a_traceback(server, monkeypatch):
+    def broken():
+        raise RuntimeError("a bug with a secret path /srv/x")
+    monkeypatch.setattr(server.front, "models", broken)
+    r = httpx.get(server.base_url + "/models", headers=AUTH, timeout=60)
+    assert r.status_code == 500 and r.headers["content-type"].startswith("application/json")
+    err = r.json()["error"]
+    assert err["code"] == "internal_error" and "RuntimeError" in err["message"]
+    assert "Traceback" not in r.text and "/srv/x" not in r.text
