@@ -1,12 +1,13 @@
 """The FastAPI application of the OpenAI-compatible API.
 
 Routes: POST /v1/completions, POST /v1/chat/completions, the /v1/responses routes (http/responses.py),
-GET /v1/models, vLLM's tokenizer routes
+GET /v1/models and /v1/models/{id}, vLLM's tokenizer routes
 (POST /tokenize, POST /detokenize, GET /tokenizer_info: http/tokenization.py) and the control
 routes of http/control.py (pause, resume, weight updates), all behind the API key when the server
-has one; GET /v1/models/{id}; GET (and HEAD) /health, GET /metrics and GET /openapi.json (open, as
-gRPC health and the metrics port are: probes and scrapers carry no key). Every error, FastAPI's own included (a body that does not
-parse, a field of the wrong type, an unknown route), answers in OpenAI's error shape.
+has one; GET (and HEAD) /health, GET /metrics and GET /openapi.json (open, as gRPC health and the
+metrics port are: probes and scrapers carry no key). Every error, FastAPI's own included (a body
+that does not parse, a field of the wrong type, an unknown route, a bug), answers in OpenAI's
+error shape.
 """
 
 from __future__ import annotations
