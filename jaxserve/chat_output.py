@@ -97,7 +97,19 @@ class ChatOutputSpec:
             self.tool_parser() if self.tool_parser is not None else None)
 
     def opens_reasoning(self, prompt_tail: str) -> bool:
+        """Whether a prompt ending with this text leaves the reasoning open."""
         return self.reasoning_parser is not None and self.reasoning_parser.prompt_opens_reasoning(prompt_tail)
+
+    def prompt_opens_reasoning(self, tokenizer, prompt_ids: list[int]) -> bool:
+        """Whether this prompt leaves the reasoning open (a thinking template's generation
+        prompt ends with the opening tag): read from its last few tokens, enough for a tag and
+        the newlines around it."""
+        if self.reasoning_parser is None:
+            return False
+        return self.opens_reasoning(tokenizer.decode(list(prompt_ids[-PROMPT_TAIL_TOKENS:])))
+
+
+PROMPT_TAIL_TOKENS = 8
 
 
 def chat_finish_reason(reason: str | None, called: bool) -> str | None:

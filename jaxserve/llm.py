@@ -177,7 +177,7 @@ class LLM:
                 ids = ids["input_ids"]
             prompts.append({"prompt_token_ids": list(ids)})
             # a constrained call is written from the first token, never inside an opened reasoning
-            opens.append(plan.structured_outputs is None and spec.opens_reasoning(tok.decode(list(ids)[-8:])))
+            opens.append(plan.structured_outputs is None and spec.prompt_opens_reasoning(tok, list(ids)))
         if plan.structured_outputs is not None or plan.skip_special_tokens is not None:
             changes: dict[str, Any] = {}
             if plan.structured_outputs is not None:

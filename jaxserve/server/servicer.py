@@ -86,8 +86,8 @@ class GenerationServicer(pb_grpc.GenerationServicer):
                 prompt = await self._render_chat(aengine, request, plan.template_kwargs)
                 spec = ChatOutputSpec(plan.parser, self.reasoning_parser)
                 if spec.active:
-                    opens = (plan.structured_outputs is None and spec.opens_reasoning(
-                        aengine.engine.tokenizer.decode(prompt["prompt_token_ids"][-8:])))
+                    opens = (plan.structured_outputs is None
+                             and spec.prompt_opens_reasoning(aengine.engine.tokenizer, prompt["prompt_token_ids"]))
                     splitter = CompleteSplitter(spec, opens, params.n)
             else:
                 prompt = convert.prompt_from_proto(request)

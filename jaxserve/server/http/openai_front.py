@@ -156,9 +156,8 @@ class OpenAIFront:
                                        content_special_tokens=self.content_special_tokens)
             # a thinking template's generation prompt opens the reasoning; a constrained call (the
             # grammar writes the calls from the first token) never starts inside it
-            if spec.reasoning_parser is not None and tools.structured_outputs is None:
-                tail = aengine.engine.tokenizer.decode(prompt["prompt_token_ids"][-8:])
-                opens_reasoning[0] = spec.opens_reasoning(tail)
+            if tools.structured_outputs is None:
+                opens_reasoning[0] = spec.prompt_opens_reasoning(aengine.engine.tokenizer, prompt["prompt_token_ids"])
             return [prompt]
         return await self._answer(http, aengine, req, model, params, arrival, prompts, chat=True,
                                   prompt_field="messages",
