@@ -181,3 +181,23 @@ def test_defaults_from_the_template_then_the_architecture():
     assert default_tool_parser("mistral", "") == "mistral"
     assert default_tool_parser("gemma2", "plain") is None
     assert template_takes_tools(TOOL_TEMPLATE) and not template_takes_tools("{{ messages }}")
+
+
+class _Added:
+    def __init__(self, content, special):
+        self.content, self.special = content, special
+
+
+@pytest.mark.parametrize("parser, added, token_refs, skip", [
+    ("mistral", {7: _Added("[TOOL_CALLS]", True)}, ["<[7]>"], False),          # special: kept in the text
+    ("hermes", {5: _Added("<tool_call>", False), 6: _Added("</tool_call>", False)}, ["<[5]>", "<[6]>"], None),
+    ("hermes", {}, [], None),                                                  # no such tokens: the text
+])
+def test_markers_the_vocabulary_holds_are_written_as_tokens(parser, added, token_refs, skip):
+    tok = _Tok(TOOL_TEMPLATE)
+    tok.added_tokens_decoder = added
+    plan = plan_tools(TOOLS, ToolChoice("required"), parser=parser, tokenizer=tok)
+    assert plan.skip_special_tokens is skip
+    assert all(ref in plan.structured_outputs.grammar for ref in token_refs)
+    if not token_refs:
+        assert '"<tool_call>"' in plan.structured_outputs.grammar
