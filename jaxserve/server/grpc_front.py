@@ -60,6 +60,7 @@ async def start_grpc(config: "ServerConfig", max_message_bytes: int, state: Serv
     servicer = GenerationServicer(state, max_concurrent_streams=config.max_concurrent_streams,
                                   limits=config.limits, metrics=metrics, tool_call_parser=config.tool_call_parser,
                                   reasoning_parser=config.reasoning_parser)
+    servicer.content_special_tokens = config.chat_content_special_tokens
     pb_grpc.add_GenerationServicer_to_server(servicer, server)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)

@@ -36,6 +36,10 @@ log = logging.getLogger(__name__)
 
 
 class GenerationServicer(pb_grpc.GenerationServicer):
+    # --chat-content-special-tokens: special-token text in a chat's contents maps to control
+    # tokens (off: it is text, server/chat_content_tokens.py), as on the HTTP front
+    content_special_tokens: bool = False
+
     def __init__(self, state: ServerState, *, max_concurrent_streams: int, limits: RequestCaps,
                  metrics: ServerMetrics | None = None, tool_call_parser: str | None = None,
                  reasoning_parser: str | None = None):
@@ -151,7 +155,8 @@ class GenerationServicer(pb_grpc.GenerationServicer):
                            template_kwargs: dict | None = None) -> dict:
         salt = request.cache_salt if request.HasField("cache_salt") else None
         return await render_chat(aengine, convert.chat_messages(request.chat), field="chat.messages",
-                                 cache_salt=salt, template_kwargs=template_kwargs)
+                                 cache_salt=salt, template_kwargs=template_kwargs,
+                                 content_special_tokens=self.content_special_tokens)
 
     async def Abort(self, request: pb.AbortRequest, context) -> pb.AbortResponse:
         aengine = await self._engine(context)
