@@ -141,8 +141,9 @@ class ResponsesAPI:
                                        cache_salt=req.cache_salt, template_kwargs=sampling.tools.template_kwargs)
             # as chat: a thinking template's generation prompt opens the reasoning; a constrained call
             # (the grammar writes the calls from the first token) never starts inside it
-            if sampling.output.reasoning_parser is not None and sampling.tools.structured_outputs is None:
-                opens_reasoning[0] = sampling.output.opens_reasoning(tok.decode(prompt["prompt_token_ids"][-8:]))
+            reasoning = sampling.output.reasoning_parser
+            if reasoning is not None and sampling.tools.structured_outputs is None:   # a tag and its newlines
+                opens_reasoning[0] = reasoning.prompt_opens_reasoning(tok.decode(prompt["prompt_token_ids"][-8:]))
             return await EngineRun.start(aengine, [prompt], sampling.params, request_id=req.request_id or response_id,
                                          priority=req.priority, metrics=self.front.metrics, arrival=arrival)
         except Exception as e:
