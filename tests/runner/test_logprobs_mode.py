@@ -220,11 +220,11 @@ def test_the_http_api_reports_a_token_cut_from_the_distribution_at_a_finite_floo
     import json
 
     from jaxserve.outputs import Logprob
-    from jaxserve.server.http.logprobs import LOGPROB_FLOOR, chat_logprobs, completion_logprobs
+    from jaxserve.server.http.logprobs import LOGPROB_FLOOR, TokenText, chat_logprobs, completion_logprobs
 
     entry = {7: Logprob(-0.3), **{t: Logprob(lp, r) for r, (t, lp) in enumerate(
         [(7, -0.3), (3, -1.5), (4, -np.inf), (5, -np.inf)], start=1)}}
-    text = str
+    text = TokenText(None)     # no tokenizer: a token's text is its id
     chat = chat_logprobs([7], [entry], 4, text).model_dump()
     completion = completion_logprobs([7], [entry], 4, text, 0).model_dump()
     json.dumps(chat, allow_nan=False), json.dumps(completion, allow_nan=False)
