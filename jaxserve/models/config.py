@@ -74,6 +74,15 @@ class ModelConfig:
     # the full-attention layers; the sliding layers' RoPE is never scaled)
     rope_linear_factor: float | None = None
     hidden_activation: str = "silu"              # the MLP's gate activation (HF name)
+    # --- mixture of experts (Qwen3-MoE, Mixtral; 0 / () elsewhere) ---
+    num_experts: int = 0                         # experts per MoE layer
+    num_experts_per_tok: int = 0                 # top-k
+    moe_intermediate_size: int = 0               # each expert's F (Mixtral: intermediate_size)
+    norm_topk_prob: bool = False                 # the k routing weights renormalized to sum 1
+    moe_layers: tuple[int, ...] = ()             # the layers whose MLP is the MoE block
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return layer in self.moe_layers
 
     def __post_init__(self) -> None:
         registry.for_model_type(self.model_type)     # refuses a model type no architecture serves
@@ -95,6 +104,13 @@ class ModelConfig:
                 raise ValueError(f"layer_types {unknown} are not {SLIDING_ATTENTION!r} or {FULL_ATTENTION!r}")
             if SLIDING_ATTENTION in self.layer_types and not self.sliding_window:
                 raise ValueError("layer_types has sliding layers but sliding_window is not set")
+        if self.moe_layers:
+            if not 0 < self.num_experts_per_tok <= self.num_experts or self.moe_intermediate_size <= 0:
+                raise ValueError(f"a MoE model needs 0 < num_experts_per_tok ({self.num_experts_per_tok}) <= "
+                                 f"num_experts ({self.num_experts}) and moe_intermediate_size > 0 "
+                                 f"({self.moe_intermediate_size})")
+            if not all(0 <= i < self.num_hidden_layers for i in self.moe_layers):
+                raise ValueError(f"moe_layers {self.moe_layers} are not all in [0, {self.num_hidden_layers})")
         if self.hidden_activation not in ACTIVATIONS:
             raise ValueError(f"hidden_activation={self.hidden_activation!r} is not one of {ACTIVATIONS}")
         for name in ("attn_logit_softcap", "final_logit_softcap", "query_pre_attn_scalar",
@@ -134,8 +150,8 @@ class ModelConfig:
         scaling = None if gemma else _rope_scaling(cfg)     # Gemma's RoPE: _gemma_fields
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
-        sliding = cfg.get("sliding_window") if model_type == "mistral" else None
-        if model_type in ("qwen2", "qwen3") and cfg.get("use_sliding_window"):
+        sliding = cfg.get("sliding_window") if model_type in ("mistral", "mixtral") else None
+        if model_type in ("qwen2", "qwen3", "qwen3_moe") and cfg.get("use_sliding_window"):
             sliding = cfg.get("sliding_window")
         fields = dict(
             model_type=model_type,
@@ -151,7 +167,7 @@ class ModelConfig:
             max_position_embeddings=cfg.get("max_position_embeddings", 2048),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
-            qk_norm=model_type == "qwen3",
+            qk_norm=model_type in ("qwen3", "qwen3_moe"),
             sliding_window=sliding,
             rope_scaling=scaling,
             bos_token_id=cfg.get("bos_token_id"),
@@ -159,10 +175,33 @@ class ModelConfig:
         )
         if gemma:
             fields.update(_gemma_fields(model_type, cfg))
+        if model_type in ("qwen3_moe", "mixtral"):
+            fields.update(_moe_fields(model_type, cfg))
         return cls(**fields)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _moe_fields(model_type: str, cfg: dict[str, Any]) -> dict[str, Any]:
+    """The MoE fields as HF's configs define them. Mixtral: every layer sparse, experts of
+    intermediate_size, top-k always renormalized. Qwen3-MoE: layer i sparse unless listed in
+    mlp_only_layers, and only when (i + 1) % decoder_sparse_step == 0 (the others a dense MLP of
+    intermediate_size); experts of moe_intermediate_size; norm_topk_prob as configured."""
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts") or 0
+    layers = cfg["num_hidden_layers"]
+    if cfg.get("shared_expert_intermediate_size"):
+        raise ValueError(f"{model_type}: shared experts are not supported")
+    if model_type == "mixtral":
+        return dict(num_experts=experts, num_experts_per_tok=cfg.get("num_experts_per_tok", 2),
+                    moe_intermediate_size=cfg["intermediate_size"], norm_topk_prob=True,
+                    moe_layers=tuple(range(layers)) if experts else ())
+    step = cfg.get("decoder_sparse_step", 1) or 1
+    dense = set(cfg.get("mlp_only_layers") or ())
+    sparse = tuple(i for i in range(layers) if experts > 0 and i not in dense and (i + 1) % step == 0)
+    return dict(num_experts=experts, num_experts_per_tok=cfg.get("num_experts_per_tok", 8),
+                moe_intermediate_size=cfg.get("moe_intermediate_size", 768),
+                norm_topk_prob=bool(cfg.get("norm_topk_prob", False)), moe_layers=sparse)
 
 
 def _rope_theta(cfg: dict[str, Any]) -> float:

@@ -14,6 +14,10 @@ untied `lm_head/kernel` [D, V]). For the Llama family:
     layers_{i}/post_attention_layernorm/weight [D]
     layers_{i}/mlp/gate_up_proj/kernel   [D, 2F]             columns: gate | up
     layers_{i}/mlp/down_proj/kernel      [F, D]
+  a mixture-of-experts layer (registry.moe_layout) in place of the MLP's projections:
+    layers_{i}/mlp/gate/kernel           [D, E]   the router, float
+    layers_{i}/mlp/experts/gate_up/kernel [E, D, 2F']  columns gate | up, per expert
+    layers_{i}/mlp/experts/down/kernel   [E, F', D]
     norm/weight                          [D]
     lm_head/kernel                       [D, V]   (untied only)
 
@@ -36,7 +40,7 @@ import numpy as np
 from jaxserve.models import registry
 from jaxserve.models.config import ModelConfig
 from jaxserve.models.quantized_tensor import QuantizedTensor
-from jaxserve.models.tensor_layout import Projection, TensorLayout
+from jaxserve.models.tensor_layout import ExpertProjection, Projection, TensorLayout
 
 Params = dict  # pytree of jnp arrays, laid out as above
 
@@ -58,7 +62,9 @@ def abstract_params(config: ModelConfig, dtype: Any) -> Params:
 
     tree: dict[str, Any] = {}
     for path, spec in layout_of(config).modules.items():
-        if isinstance(spec, Projection):
+        if isinstance(spec, ExpertProjection):
+            leaves = {"kernel": leaf(spec.num_experts, spec.in_features, spec.out_features)}
+        elif isinstance(spec, Projection):
             leaves = {"kernel": leaf(spec.in_features, spec.out_features)}
             if spec.bias:
                 leaves["bias"] = leaf(spec.out_features)
@@ -99,7 +105,13 @@ def params_from_hf(config: ModelConfig, tensors: Mapping[str, np.ndarray], dtype
 
     params: dict[str, Any] = {}
     for path, spec in layout.modules.items():
-        if isinstance(spec, Projection):
+        if isinstance(spec, ExpertProjection):
+            # every expert's parts fused as a Projection's, the experts stacked first
+            per_expert = [projection_leaves([get(n, s) for n, s in spec.expert_weights(e).items()], dtype, on_host)
+                          for e in range(spec.num_experts)]
+            stack = np.stack if on_host else jnp.stack
+            leaves = {k: stack([leaves[k] for leaves in per_expert]) for k in per_expert[0]}
+        elif isinstance(spec, Projection):
             # HF [out, in] parts fused along out -> {"kernel": [in, sum(out)]}, or quantized leaves
             weights = [get(name, shape) for name, shape in spec.hf_weights().items()]
             if any(isinstance(w, QuantizedTensor) for w in weights):
@@ -124,6 +136,14 @@ def params_from_hf(config: ModelConfig, tensors: Mapping[str, np.ndarray], dtype
         more = f" and {len(leftover) - 5} more" if len(leftover) > 5 else ""
         raise ValueError(f"tensors the {config.model_type} config does not use: {shown}{more}")
     return params
+
+
+def projection_leaves(weights: list, dtype: Any, on_host: bool = False) -> dict:
+    """HF [out, in] parts of one fused projection (float or quantized) -> its leaves, no bias."""
+    if any(isinstance(w, QuantizedTensor) for w in weights):
+        return quantized_leaves(weights, dtype, on_host)
+    fused = np.concatenate([np.asarray(w).T for w in weights], axis=1)
+    return {"kernel": fused.astype(jnp.dtype(dtype), copy=False) if on_host else jnp.asarray(fused, dtype=dtype)}
 
 
 def quantized_leaves(weights: list, dtype: Any, on_host: bool = False) -> dict[str, jax.Array]:

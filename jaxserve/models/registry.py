@@ -27,7 +27,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from jaxserve.models.tensor_layout import (
-    COLUMN, ROW, VOCAB_COLUMNS, VOCAB_ROWS, Projection, TensorLayout, Weight,
+    COLUMN, ROW, VOCAB_COLUMNS, VOCAB_ROWS, ExpertProjection, Projection, TensorLayout, Weight,
 )
 
 if TYPE_CHECKING:
@@ -130,6 +130,45 @@ GEMMA = Architecture(
                           "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM")},
 )
 
+# -- mixtures of experts: Qwen3-MoE, Mixtral ------------------------------------------------------
+
+# HF names of a MoE block's router and experts, relative to its layer: (block, gate, up, down)
+_MOE_NAMES = {"qwen3_moe": ("mlp", "gate_proj", "up_proj", "down_proj"),
+              "mixtral": ("block_sparse_moe", "w1", "w3", "w2")}
+
+
+def moe_layout(config: "ModelConfig") -> TensorLayout:
+    """The Llama family's tensors (Qwen3's q/k norms for Qwen3-MoE), with each MoE layer's MLP
+    replaced by its router (`gate`, [E, D], float: it decides which weights run) and its
+    experts stacked: gate | up [E, D, 2F'] and down [E, F', D] (models/moe.py)."""
+    base = decoder_layout(config)
+    c = config
+    block, gate, up, down = _MOE_NAMES[c.model_type]
+    d, f, e = c.hidden_size, c.moe_intermediate_size, c.num_experts
+    modules = dict(base.modules)
+    for i in c.moe_layers:
+        layer, m = f"layers_{i}", f"model.layers.{i}.{block}."
+        del modules[(layer, "mlp", "gate_up_proj")], modules[(layer, "mlp", "down_proj")]
+        modules[(layer, "mlp", "gate")] = Weight(m + "gate.weight", (e, d), leaf="kernel", transpose=True,
+                                                 float_only=True)
+        modules[(layer, "mlp", "experts", "gate_up")] = ExpertProjection(
+            ((m + "experts.{e}." + gate, f), (m + "experts.{e}." + up, f)), d, e)
+        modules[(layer, "mlp", "experts", "down")] = ExpertProjection(((m + "experts.{e}." + down, d),), f, e)
+    return TensorLayout(modules, ignored_suffixes=base.ignored_suffixes, tied_lm_head=base.tied_lm_head)
+
+
+MOE = Architecture(
+    name="moe",
+    model_types=("qwen3_moe", "mixtral"),
+    layout=moe_layout,
+    forward_module="jaxserve.models.moe_decoder",
+    hf_classes={"qwen3_moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM"},
+    # Mixtral GGUFs say "llama" (with an expert count: checkpoints/gguf_loader.py tells them apart)
+    gguf_architectures={"qwen3moe": "qwen3_moe"},
+    transformers_classes={"qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+                          "mixtral": ("MixtralConfig", "MixtralForCausalLM")},
+)
+
 # A model defined outside jaxserve (models/custom.py): its forward is handed to the engine, not
 # looked up here, and it declares no checkpoint tensors (no loading, no quantization)
 CUSTOM_MODEL_TYPE = "custom"
@@ -142,7 +181,7 @@ def _no_layout(config: "ModelConfig") -> TensorLayout:
 
 CUSTOM = Architecture(name="custom", model_types=(CUSTOM_MODEL_TYPE,), layout=_no_layout, forward_module="")
 
-ARCHITECTURES: tuple[Architecture, ...] = (LLAMA, GEMMA, CUSTOM)
+ARCHITECTURES: tuple[Architecture, ...] = (LLAMA, GEMMA, MOE, CUSTOM)
 
 
 # -- lookups ----------------------------------------------------------------------------------

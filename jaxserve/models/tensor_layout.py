@@ -9,6 +9,8 @@ per params module, keyed by its path in the params tree (("layers_0", "self_attn
                  order), its input width, column- or row-parallel, its bias, whether it may be
                  quantized, and the shard-major reorder of its fused columns ("qkv": whole heads
                  per shard; "split": each part's columns cut evenly; parallel/layout.py)
+    ExpertProjection  a mixture-of-experts projection stacked over its experts ([E, in, out]),
+                 from per-expert HF weights (names with "{e}"); split by expert over a mesh
     Weight       any other tensor (a norm, the embedding, an untied LM head): its HF name and
                  shape, its leaf name, transposed or not, and its split (replicated or by
                  vocabulary rows / columns)
@@ -72,9 +74,42 @@ class Weight:
         return tuple(reversed(self.hf_shape)) if self.transpose else self.hf_shape
 
 
+EXPERTS = "experts"                       # an ExpertProjection's split: its leading expert axis
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertProjection:
+    """A mixture-of-experts layer's projection, stacked over its experts: expert e's HF weights
+    ([out, in] each, names with "{e}" for the expert) fused along out as a Projection's are, the
+    experts stacked first: params `kernel` [E, in, out] (models/moe.py reads it). Quantized, each
+    expert's leaves are a Projection's, stacked the same way. Never biased; its split over a mesh
+    is by expert (`EXPERTS`), the expert-parallel rules' to place."""
+
+    parts: tuple[tuple[str, int], ...]    # (HF name with "{e}", without ".weight", output features)
+    in_features: int
+    num_experts: int
+    quantize: bool = True
+    split: str = EXPERTS
+    bias: bool = False
+
+    @property
+    def out_features(self) -> int:
+        return sum(n for _, n in self.parts)
+
+    def expert_weights(self, e: int) -> dict[str, tuple[int, int]]:
+        """Expert e's HF weight names and shapes, in fused order."""
+        return {f"{name.format(e=e)}.weight": (n, self.in_features) for name, n in self.parts}
+
+    def hf_weights(self) -> dict[str, tuple[int, int]]:
+        return {name: shape for e in range(self.num_experts) for name, shape in self.expert_weights(e).items()}
+
+    def hf_biases(self) -> dict[str, tuple[int]]:
+        return {}
+
+
 @dataclass(frozen=True)
 class TensorLayout:
-    modules: Mapping[Path, Projection | Weight]
+    modules: Mapping[Path, Projection | ExpertProjection | Weight]
     # HF tensors a checkpoint may carry that the model never reads (recomputed buffers; the tied
     # LM head some exporters write twice), dropped at load
     ignored_suffixes: tuple[str, ...] = ()
@@ -83,6 +118,11 @@ class TensorLayout:
     def projections(self) -> Iterator[tuple[Path, Projection]]:
         for path, spec in self.modules.items():
             if isinstance(spec, Projection):
+                yield path, spec
+
+    def expert_projections(self) -> Iterator[tuple[Path, ExpertProjection]]:
+        for path, spec in self.modules.items():
+            if isinstance(spec, ExpertProjection):
                 yield path, spec
 
     def weights(self) -> Iterator[tuple[Path, Weight]]:
@@ -94,7 +134,7 @@ class TensorLayout:
         """HF name -> HF shape ([out, in] for linear weights) of every tensor the model reads."""
         shapes: dict[str, tuple[int, ...]] = {}
         for spec in self.modules.values():
-            if isinstance(spec, Projection):
+            if isinstance(spec, (Projection, ExpertProjection)):
                 shapes |= spec.hf_weights() | spec.hf_biases()
             else:
                 shapes[spec.hf_name] = spec.hf_shape
@@ -103,9 +143,10 @@ class TensorLayout:
     def quantizable(self) -> dict[str, Path]:
         """HF weight name -> the params module that reads it, for every weight quantization may
         replace (the calibration records each module's input under its path)."""
-        return {name: path for path, p in self.projections() if p.quantize for name in p.hf_weights()}
+        return {name: path for path, p in [*self.projections(), *self.expert_projections()] if p.quantize
+                for name in p.hf_weights()}
 
-    def spec_of(self, path: Path) -> Projection | Weight | None:
+    def spec_of(self, path: Path) -> Projection | ExpertProjection | Weight | None:
         """The declaration of the module holding the leaf at `path` (keys from the params root)."""
         return self.modules.get(tuple(path[:-1]))
 
