@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any, Iterable
@@ -44,6 +45,7 @@ from jaxserve.sched.sampling import SamplingOptions
 from jaxserve.sched.scheduler import Scheduler
 from jaxserve.sched.scheduler_output import SchedulerOutput
 
+log = logging.getLogger(__name__)
 
 GREEDY_BELOW = 1e-5  # a temperature this small samples as greedy (as vLLM's _SAMPLING_EPS)
 PAUSE_MODES = ("abort", "wait", "keep")
@@ -311,7 +313,12 @@ class Engine:
             if c is not None and u.new_token_ids:
                 c.consume(u.new_token_ids)
                 if c.finished and not u.finished:
-                    self.scheduler.finish_requests([u.request.request_id], "stop")
+                    error = c.error
+                    if error is not None:
+                        log.warning("request %s: structured output stopped by a grammar matcher error: %s",
+                                    u.request.request_id, error)
+                    self.scheduler.finish_requests([u.request.request_id], "stop",
+                                                   stop_reason=None if error is None else f"grammar error: {error}")
                     u = dataclasses.replace(u, finished=True)
             out.append(u)
         return out

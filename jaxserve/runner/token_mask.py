@@ -36,3 +36,10 @@ class TokenConstraint:
     def finished(self) -> bool:
         """The grammar reached its end (nothing may follow), or the matcher failed."""
         return self.matcher.is_stopped() or self.matcher.is_error()
+
+    @property
+    def error(self) -> str | None:
+        """Why the matcher failed (it refused a token it had allowed: an llguidance fault, e.g. a
+        grammar literal spelled like an added token), or None. Such a sample ends, but the reason
+        goes out with it instead of passing for a grammar that completed."""
+        return self.matcher.get_error() or "the grammar matcher failed" if self.matcher.is_error() else None

@@ -82,3 +82,36 @@ def test_a_request_without_a_grammar_keeps_its_tokens_beside_one_with_it(llm, as
 def test_a_bad_spec_is_refused_at_the_door(llm, spec, words):
     with pytest.raises(ValueError, match=words):
         llm.generate(PROMPT, SamplingParams(structured_outputs=spec), use_tqdm=False)
+
+
+def test_a_failing_grammar_matcher_ends_the_sample_with_its_error_as_the_stop_reason(llm, monkeypatch):
+    """llguidance can refuse a token its own mask allowed (a grammar literal spelled like an added
+    token); the sample then ends, but saying why, not as if its grammar had completed. The fault is
+    injected: after the first real token the matcher is fed a token its grammar cannot take."""
+    from jaxserve.runner.token_mask import TokenConstraint
+
+    grammars = llm.engine.input_processor.grammars
+    real = grammars.constraint
+
+    class FailingAfterOne(TokenConstraint):
+        __slots__ = ()
+
+        def consume(self, token_ids):
+            super().consume(token_ids)
+            if self.consumed >= 1 and not self.matcher.is_error():
+                bad = next(t for t in range(llm.engine.runner.model_config.vocab_size)
+                           if not self.matcher.validate_tokens([t]))
+                self.matcher.consume_token(bad)
+
+    monkeypatch.setattr(grammars, "constraint", lambda g: FailingAfterOne(real(g).matcher))
+    out = llm.generate(["Say it:"], SamplingParams(max_tokens=16, temperature=0,
+                                                   structured_outputs=StructuredOutputs(regex="[a-z]{12}")),
+                       use_tqdm=False)[0].outputs[0]
+    assert out.finish_reason == "stop"
+    assert isinstance(out.stop_reason, str) and out.stop_reason.startswith("grammar error: "), out.stop_reason
+    assert len(out.token_ids) == 1
+    monkeypatch.undo()
+    ok = llm.generate(["Say it:"], SamplingParams(max_tokens=16, temperature=0,
+                                                  structured_outputs=StructuredOutputs(regex="[a-z]{12}")),
+                      use_tqdm=False)[0].outputs[0]
+    assert ok.stop_reason is None and re.fullmatch("[a-z]{12}", ok.text)
