@@ -103,6 +103,16 @@ class EngineConfig:
         1, "devices the model is split over (tensor parallelism: heads and MLP columns per device, one "
            "all-reduce after attention and one after the MLP per layer); must divide the query heads and the "
            "intermediate size, and divide or be a multiple of the KV heads (the error names the sizes that work)")
+    expert_parallel_size: int = _f(
+        1, "mixture-of-experts models: device groups the experts are split over (expert parallelism; each group "
+           "of tensor_parallel_size devices holds num_experts / this many experts and computes attention as "
+           "tensor parallelism does, so the engine takes expert_parallel_size x tensor_parallel_size devices); "
+           "must divide the number of experts (the error names the sizes that work)")
+    expert_dispatch: str = _f(
+        "auto", "expert parallelism's token dispatch: all_gather (every device runs its experts over the "
+                "replicated tokens routed to them, one all-reduce combines), all_to_all (tokens sent to their "
+                "experts' devices and back), or auto (the one measured cheaper per step size: all_gather; "
+                "docs/benchmarks.md, Mixture of experts)", choices=("auto", "all_gather", "all_to_all"))
     num_hosts: int = _f(
         1, "processes (hosts) the mesh spans, joined by jax.distributed (or JAX_NUM_PROCESSES); rank 0 schedules and "
            "serves, the others run its steps; tensor_parallel_size must then count every host's devices")
@@ -155,7 +165,7 @@ class EngineConfig:
         if self.kv_cache_dtype not in ("auto", "fp8_e4m3", "int8"):
             raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} must be one of auto, fp8_e4m3, int8")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "prefill_tile", "starvation_steps",
-                     "tensor_parallel_size"):
+                     "tensor_parallel_size", "expert_parallel_size"):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 raise ValueError(f"{name}={v!r} must be a positive integer")
@@ -184,7 +194,8 @@ class EngineConfig:
                               ("kv_load_failure_policy", ("recompute", "fail")),
                               ("scheduling_policy", ("fcfs", "priority")),
                               ("preemption_mode", ("auto", "recompute", "swap")), ("warm_up", ("all", "none")),
-                              ("logprobs_mode", ("raw", "processed"))):
+                              ("logprobs_mode", ("raw", "processed")),
+                              ("expert_dispatch", ("auto", "all_gather", "all_to_all"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be one of {allowed}")
         if self.long_prefill_token_threshold is not None and (

@@ -41,7 +41,8 @@ from jaxserve.models.custom import CustomModel
 from jaxserve.models.params import layout_of, params_from_hf
 from jaxserve.parallel.distributed import HostConfig, join, lead
 from jaxserve.parallel.layout import HeadLayout
-from jaxserve.parallel.mesh import AXES, DATA_AXIS, MODEL_AXIS, make_mesh
+from jaxserve.parallel.experts import check_expert_sizes
+from jaxserve.parallel.mesh import AXES, DATA_AXIS, MODEL_AXIS, as_moe_mesh, make_mesh, make_moe_mesh
 from jaxserve.parallel.sharding import place_params, to_shard_major
 from jaxserve.quant.prepare import prepare as prepare_quantization
 from jaxserve.quant.prepare import quant_request
@@ -136,17 +137,23 @@ def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, 
         ckpt = checkpoint              # loaded before this build: its time is not this build's
     model_config = ModelConfig.from_hf_config(ckpt.config)
     dtype = resolve_dtype(config.dtype)
-    tp = config.tensor_parallel_size
+    tp, ep = config.tensor_parallel_size, config.expert_parallel_size
+    moe = bool(model_config.moe_layers)
+    check_expert_sizes(model_config.num_experts if moe else 0, model_config.moe_intermediate_size, ep, tp)
     # refuses sizes that do not divide; a caller's mesh of one device runs the mesh's program too
-    layout = HeadLayout.for_model(model_config, tp) if tp > 1 or mesh is not None else None
+    layout = HeadLayout.for_model(model_config, tp) if tp > 1 or ep > 1 or mesh is not None else None
     if layout is not None and config.speculative_config is not None and config.speculative_config.method == "draft_model":
         raise ValueError("speculative decoding with a draft model is not built for tensor_parallel_size > 1 "
                          "(n-gram speculation is)")
-    if hosts is not None and tp != jax.device_count():
-        raise ValueError(f"num_hosts={host_config.num_hosts}: tensor_parallel_size={tp} must count every host's "
-                         f"devices ({jax.device_count()})")
-    if mesh is None:
-        mesh = make_mesh(tp) if layout is not None else None
+    if hosts is not None and tp * ep != jax.device_count():
+        raise ValueError(f"num_hosts={host_config.num_hosts}: tensor_parallel_size={tp} (x expert_parallel_size="
+                         f"{ep}) must count every host's devices ({jax.device_count()})")
+    if mesh is None and layout is not None:
+        # a MoE model's mesh has an "expert" axis (size 1 without expert parallelism), which its
+        # expert layers split over (parallel/experts.py)
+        mesh = make_moe_mesh(ep, tp) if moe else make_mesh(tp)
+    elif mesh is not None and moe:
+        mesh = as_moe_mesh(mesh)
     with clock.phase("params"):
         params, quant = checkpoint_params(config, ckpt, model_config, dtype, layout, mesh, cache_dir)
         ckpt = quant.checkpoint
@@ -220,6 +227,9 @@ def build_custom_engine(config: EngineConfig, model: CustomModel, params, tokeni
                        f"`dtype`)")
     if config.num_hosts != 1:
         refused.append(f"num_hosts={config.num_hosts} (custom models run on one host)")
+    if config.expert_parallel_size != 1:
+        refused.append(f"expert_parallel_size={config.expert_parallel_size} (a custom model's experts, if any, "
+                       f"are placed by its own partition_specs)")
     if config.role != "both":
         refused.append(f"role={config.role!r} (disaggregated prefill/decode is not built for custom models)")
     if _uses_draft_model(config):
@@ -280,7 +290,8 @@ def _serve(config: EngineConfig, model_config: ModelConfig, params, *, dtype: st
                              num_host_blocks=0 if hosts is not None else config.swap_space // arena.bytes_per_block,
                              executable_cache=_cache(ExecutableCache, cache_dir, "executables"), mesh=mesh,
                              coupled_with_draft=_uses_draft_model(config), model=model,
-                             prompt_logprobs=config.enable_prompt_logprobs, pooling=config.enable_embeddings)
+                             prompt_logprobs=config.enable_prompt_logprobs, pooling=config.enable_embeddings,
+                             expert_dispatch=config.expert_dispatch)
         jax.block_until_ready(runner.kv_caches)
     with clock.phase("executables"):
         runner.warm_helpers()
@@ -408,6 +419,9 @@ def _check_caller_mesh(mesh: Mesh | None, config: EngineConfig) -> None:
                          f"has {mesh.shape[MODEL_AXIS]} devices")
     if config.num_hosts != 1:
         raise ValueError(f"num_hosts={config.num_hosts}: an engine on a caller's mesh runs on one host")
+    if config.expert_parallel_size != 1:
+        raise ValueError(f"expert_parallel_size={config.expert_parallel_size} is not built on a caller's mesh "
+                         f"(it takes a 1-D tensor-parallel mesh; leave mesh= out to split the experts)")
 
 
 def _uses_draft_model(config: EngineConfig) -> bool:

@@ -7,6 +7,10 @@ inserts the collectives. `jax.make_mesh` now defaults to Explicit axes, under wh
 einsum whose operands are sharded differently is a type error and a row-parallel matmul needs an
 `out_sharding=`: the model would have to spell a sharding on every op, where Auto lets one
 description per parameter (sharding.py) plus `shard_map` around attention do it.
+
+A mixture-of-experts engine with expert_parallel_size > 1 runs on ("data", "expert", "model")
+(`make_moe_mesh`): experts split over "expert", everything tensor parallelism splits over "model"
+(parallel/experts.py).
 """
 
 from __future__ import annotations
@@ -20,6 +24,10 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 DATA_AXIS = "data"
 MODEL_AXIS = "model"
 AXES = (DATA_AXIS, MODEL_AXIS)
+# a mixture-of-experts engine's mesh: experts split over "expert", attention heads (and each
+# expert's intermediate columns) over "model" (parallel/experts.py)
+EXPERT_AXIS = "expert"
+MOE_AXES = (DATA_AXIS, EXPERT_AXIS, MODEL_AXIS)
 
 
 def make_mesh(tensor_parallel_size: int, devices=None) -> Mesh:
@@ -33,6 +41,28 @@ def make_mesh(tensor_parallel_size: int, devices=None) -> Mesh:
                          f"{len(devices)} are visible ({devices[0].platform})")
     grid = np.array(devices[:tensor_parallel_size], dtype=object).reshape(1, tensor_parallel_size)
     return Mesh(grid, AXES, axis_types=(AxisType.Auto, AxisType.Auto))
+
+
+def make_moe_mesh(expert_parallel_size: int, tensor_parallel_size: int, devices=None) -> Mesh:
+    """A (1, expert_parallel_size, tensor_parallel_size) mesh over the first EP x TP devices: each
+    row of TP devices holds one expert shard and splits attention heads as tensor parallelism
+    does (the rows each compute the whole attention: it is replicated over "expert")."""
+    devices = list(jax.devices() if devices is None else devices)
+    for name, size in (("expert_parallel_size", expert_parallel_size), ("tensor_parallel_size", tensor_parallel_size)):
+        if size < 1:
+            raise ValueError(f"{name}={size} must be >= 1")
+    need = expert_parallel_size * tensor_parallel_size
+    if need > len(devices):
+        raise ValueError(f"expert_parallel_size={expert_parallel_size} x tensor_parallel_size={tensor_parallel_size} "
+                         f"needs {need} devices; {len(devices)} are visible ({devices[0].platform})")
+    grid = np.array(devices[:need], dtype=object).reshape(1, expert_parallel_size, tensor_parallel_size)
+    return Mesh(grid, MOE_AXES, axis_types=(AxisType.Auto,) * 3)
+
+
+def as_moe_mesh(mesh: Mesh) -> Mesh:
+    """An engine's ("data" 1, "model" N) mesh as a MoE engine's, over the same devices in the same
+    order, with an "expert" axis of size 1 (a caller's mesh: experts split only over "model")."""
+    return Mesh(mesh.devices.reshape(1, 1, -1), MOE_AXES, axis_types=(AxisType.Auto,) * 3)
 
 
 def engine_mesh(mesh: Mesh, axis: str | None = None) -> Mesh:
@@ -89,6 +119,10 @@ class MeshInfo:
     @property
     def tensor_parallel_size(self) -> int:
         return dict(self.axis_sizes).get(MODEL_AXIS, 1)
+
+    @property
+    def expert_parallel_size(self) -> int:
+        return dict(self.axis_sizes).get(EXPERT_AXIS, 1)
 
     def as_dict(self) -> dict:
         return {"num_devices": self.num_devices, "num_hosts": self.num_hosts,

@@ -9,6 +9,8 @@ after the MLP per layer, for the Llama family:
     embedding, LM head           split by vocabulary (VOCAB_ROWS / VOCAB_COLUMNS) when S divides V,
                                  else replicated
     norms, row-parallel biases   replicated (the bias is added once, after the sum)
+    stacked experts              [E, ...] split on "expert", their gate|up columns (shard-major) and
+                                 down rows on "model" (parallel/experts.py, expert_leaf_spec)
 
 The vocabulary split: the embedding and the tied or untied LM head are a large share of a small
 model (SmolLM2-135M: 28 M of 135 M parameters) and of an 8B one (1 B of 8 B), and a split
@@ -32,9 +34,12 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jaxserve.models.tensor_layout import COLUMN, VOCAB_COLUMNS, VOCAB_ROWS, Projection, TensorLayout, Weight
+from jaxserve.models.tensor_layout import (
+    COLUMN, VOCAB_COLUMNS, VOCAB_ROWS, ExpertProjection, Projection, TensorLayout, Weight,
+)
 from jaxserve.parallel.layout import HeadLayout, split_columns_order
-from jaxserve.parallel.mesh import MODEL_AXIS
+from jaxserve.parallel.experts import expert_leaf_spec
+from jaxserve.parallel.mesh import EXPERT_AXIS, MODEL_AXIS
 
 KV_ARENA_SPEC = P(None, None, MODEL_AXIS, None)      # [num_blocks, block_size, K', H]: heads split
 RUNNER_LEAVES = ("kv_scales",)                       # the runner's, not the checkpoint's: [L, K'] per KV head
@@ -69,6 +74,8 @@ def leaf_spec(tensors: TensorLayout, keys: tuple[str, ...], shape: tuple[int, ..
     spec = tensors.spec_of(keys)
     if spec is None:
         raise ValueError(f"params leaf {'/'.join(keys)} is not in the architecture's declared tensors")
+    if isinstance(spec, ExpertProjection):        # experts on "expert", their columns on "model"
+        return expert_leaf_spec(keys[-2], keys[-1], shape)
     return param_spec(spec, keys[-1], shape, vocab_split)
 
 
@@ -85,6 +92,9 @@ def param_shardings(params, mesh: Mesh, tensors: TensorLayout, vocab_size: int):
         keys = _keys(path)
         spec = leaf_spec(tensors, keys, tuple(leaf.shape), split)
         for axis, name in enumerate(spec):
+            if name == EXPERT_AXIS and leaf.shape[axis] % mesh.shape[EXPERT_AXIS]:
+                raise ValueError(f"{'/'.join(keys)} stacks {leaf.shape[axis]} experts, which "
+                                 f"expert_parallel_size={mesh.shape[EXPERT_AXIS]} does not divide")
             if name == MODEL_AXIS and leaf.shape[axis] % shards:
                 # a group-wise quantized row-parallel projection: its groups along the input must split evenly
                 raise ValueError(f"{'/'.join(keys)} has {leaf.shape[axis]} rows (quantization groups along the "
@@ -108,6 +118,17 @@ def to_shard_major(params: dict, heads: HeadLayout, tensors: TensorLayout) -> di
         *parents, name = path
         tree = out
         for key in parents:                 # copy the path down to the projection, never the source
+            tree[key] = dict(tree[key])
+            tree = tree[key]
+        tree[name] = _take_columns(tree[name], columns)
+    for path, spec in tensors.expert_projections():
+        if len(spec.parts) == 1:             # down: split by rows, no reorder
+            continue
+        # gate | up of every expert: each shard's slice of both parts together, as gate_up_proj's
+        columns = split_columns_order(tuple(n for _, n in spec.parts), heads.shards)
+        *parents, name = path
+        tree = out
+        for key in parents:
             tree[key] = dict(tree[key])
             tree = tree[key]
         tree[name] = _take_columns(tree[name], columns)

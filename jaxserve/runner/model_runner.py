@@ -93,7 +93,8 @@ class ModelRunner:
                  attention_impl: str = "auto", xla_optimization_level: int | None = None,
                  num_host_blocks: int = 0, executable_cache: ExecutableCache | None = None,
                  sampler_probs: bool = False, coupled_with_draft: bool = False, mesh=None, model=None,
-                 prompt_logprobs: bool = False, logprobs_mode: str = "raw", pooling: bool = False):
+                 prompt_logprobs: bool = False, logprobs_mode: str = "raw", pooling: bool = False,
+                 expert_dispatch: str = "auto"):
         """sampler_probs: the sampler also returns each row's distribution (a draft model's runner).
         coupled_with_draft: sampled rows are coupled with a draft model's rows of the same step
         (runner/sampler.py), which dispatch(draft_sample=...) hands over. model: what has the
@@ -102,8 +103,11 @@ class ModelRunner:
         function per step row count computes prompt logprobs from them (runner/prompt_logprobs.py).
         logprobs_mode: what sampled tokens' logprobs describe, "raw" or "processed" (runner/sampler.py).
         pooling: the steps also return their hidden states (the same programs as for prompt
-        logprobs), and one more function per step row count sums them for embeddings (runner/pooling.py)."""
+        logprobs), and one more function per step row count sums them for embeddings (runner/pooling.py).
+        expert_dispatch: a mixture-of-experts model on a mesh with an "expert" axis: how its tokens
+        reach their experts' devices (parallel/experts.py: auto, all_gather or all_to_all)."""
         self.model_config = model_config
+        self.expert_dispatch = expert_dispatch
         self.model = model
         self.params = params
         self.arena_spec = arena
@@ -151,7 +155,7 @@ class ModelRunner:
         D, P = bucket
         fn = make_step(self.model_config, self._attention, decode_rows=D, prefill_tiles=P,
                        tile=self.shapes.prefill_tile, mesh=self.mesh, model=self.model,
-                       return_hidden=self.returns_hidden)
+                       return_hidden=self.returns_hidden, expert_dispatch=self.expert_dispatch)
         specs = {k: self._input(s, d) for k, (s, d) in
                  batch_shapes(D, P, tile=self.shapes.prefill_tile, table_width=self.shapes.table_width).items()}
         prev = self._input((self.max_sample_rows,), jnp.int32)
@@ -298,6 +302,7 @@ class ModelRunner:
                        [[list(x.shape), str(x.dtype), repr(getattr(x.sharding, "spec", None))]
                         for x in jax.tree.leaves(self.params)]),
             "attention_impl": self.attention_impl, "compiler_options": self.compiler_options,
+            "expert_dispatch": self.expert_dispatch,
             # a 2-way executable must never serve a 4-way engine, nor one compiled for other devices
             "mesh": None if self.mesh is None else {**self.mesh_info.as_dict(),
                                                     "device_ids": self.mesh.device_ids.tolist()},

@@ -25,7 +25,8 @@ from jax.sharding import Mesh
 from jaxserve.models import registry
 from jaxserve.models.config import LayerAttention, ModelConfig
 from jaxserve.parallel.attention import per_shard
-from jaxserve.parallel.mesh import MODEL_AXIS
+from jaxserve.parallel.experts import ExpertParallel, dispatch_for
+from jaxserve.parallel.mesh import EXPERT_AXIS, MODEL_AXIS
 from jaxserve.runner.kv_write import kv_scales, scaled_attention, write_kv
 
 
@@ -44,13 +45,15 @@ ATTENTION_ARRAYS = ("slot_mapping", "dec_kv_lens", "dec_tables", "dec_num", "pre
 
 
 def make_step(config: ModelConfig, attention_impl: Callable, *, decode_rows: int, prefill_tiles: int,
-              tile: int, mesh: Mesh | None = None, model=None, return_hidden: bool = False) -> Callable:
+              tile: int, mesh: Mesh | None = None, model=None, return_hidden: bool = False,
+              expert_dispatch: str = "auto") -> Callable:
     """attention_impl has the signature of pallas_kernels' ragged paged attention, plus
     `uniform_q_len` (the number of query rows of every slot). `mesh`: run tensor-parallel over
     its model axis (params and arena sharded as jaxserve/parallel/sharding.py says). `model`: what
     has `forward` and `compute_logits` (default: the config's architecture in the registry).
     `return_hidden`: also return every row's final hidden state [T, D] (prompt logprobs read
-    them: runner/prompt_logprobs.py)."""
+    them: runner/prompt_logprobs.py). `expert_dispatch`: with a mesh that has an "expert" axis (a
+    mixture-of-experts model, parallel/experts.py), the dispatch form this step's row count uses."""
     D, P = decode_rows, prefill_tiles
 
     def make_layer_attention(spec: LayerAttention):
@@ -78,6 +81,9 @@ def make_step(config: ModelConfig, attention_impl: Callable, *, decode_rows: int
         return layer_attention
 
     shards = 1 if mesh is None else mesh.shape[MODEL_AXIS]
+    # a MoE model on a mesh: its expert layers run split over the mesh (else the model's own layer)
+    experts = ({} if mesh is None or EXPERT_AXIS not in mesh.axis_names else
+               {"expert_layer": ExpertParallel(mesh, dispatch_for(D + P * tile, expert_dispatch))})
     if model is None:
         model = registry.for_config(config).model()   # the architecture's forward and compute_logits
 
@@ -99,7 +105,7 @@ def make_step(config: ModelConfig, attention_impl: Callable, *, decode_rows: int
             return out, (k_cache, v_cache)
 
         hidden, kv_caches = model.forward(params, config, input_ids, b["positions"], kv_caches, attention,
-                                          shards=shards)
+                                          shards=shards, **experts)
         logits = model.compute_logits(params, config, hidden[b["logits_rows"]])   # [R, V] float32
         if return_hidden:
             return kv_caches, logits, hidden
