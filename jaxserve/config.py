@@ -139,6 +139,9 @@ class EngineConfig:
         False, "serve embeddings (LLM.embed, /v1/embeddings, the Embed RPC): the steps also return their hidden "
                "states (as for prompt logprobs) and one more small function per step row count is compiled at "
                "start-up (the pooled sums); off, an embedding request is refused and nothing more is compiled")
+    chat_template: str | None = _f(
+        None, "a Jinja chat template (a file, or the template text) used instead of the model's own: e.g. one "
+              "that renders tools for a model whose template does not")
     warm_up: str = _f(
         "all", "first runs before requests: all (every step is loaded and run once before the engine takes a "
                "request, so none pays a step's slow first run) or none (steps load at first use; for callers that "
@@ -156,6 +159,10 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "speculative_config", SpeculativeConfig.parse(self.speculative_config))
+        if self.chat_template:   # checked before anything loads: a bad one fails the start in a moment
+            from jaxserve.engine.chat_template import load_chat_template
+
+            load_chat_template(self.chat_template)
         if self.dtype not in ("auto", "float32", "bfloat16"):
             raise ValueError(f"dtype={self.dtype!r} must be one of auto, float32, bfloat16")
         if self.quantization not in QUANTIZATION_MODES:

@@ -33,6 +33,7 @@ from jaxserve.config import EngineConfig
 from jaxserve.engine.chunk_policy import DECODE_CONTEXT, ChunkPolicy, resolve_chunk_policy
 from jaxserve.engine.draft_model import build_draft_runner
 from jaxserve.engine.draft_proposer import DraftModelProposer
+from jaxserve.engine.chat_template import apply_chat_template_override
 from jaxserve.engine.engine import Engine
 from jaxserve.engine.startup_timings import PhaseClock, StartupTimings
 from jaxserve.models import custom
@@ -315,7 +316,7 @@ def _serve(config: EngineConfig, model_config: ModelConfig, params, *, dtype: st
             draft = build_draft_runner(config, runner, cache_dir, dtype, progress=progress)
     engine = Engine(
         scheduler=_scheduler(config, runner, max_model_len, chunking, draft), runner=runner,
-        tokenizer=tokenizer,
+        tokenizer=apply_chat_template_override(tokenizer, config.chat_template),
         vocab_size=model_config.vocab_size, max_model_len=max_model_len, eos_token_ids=eos_token_ids,
         seed=config.seed, checkpoint_identity=identity, model_name=model_name,
         chunk_policy=chunking, async_scheduling=config.async_scheduling, draft_runner=draft,
