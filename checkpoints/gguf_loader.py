@@ -42,6 +42,12 @@ _BLOCK_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# a MoE layer's router and stacked experts, per model type ("{e}": the expert, split at load)
+_MOE_BLOCK_NAMES = {
+    model_type: {"ffn_gate_inp": f"{block}.gate", "ffn_gate_exps": f"{block}.experts.{{e}}.{gate}",
+                 "ffn_up_exps": f"{block}.experts.{{e}}.{up}", "ffn_down_exps": f"{block}.experts.{{e}}.{down}"}
+    for model_type, (block, gate, up, down) in {"qwen3_moe": ("mlp", "gate_proj", "up_proj", "down_proj"),
+                                                 "mixtral": ("block_sparse_moe", "w1", "w3", "w2")}.items()}
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _ROPE_FREQS = "rope_freqs.weight"
 _BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
@@ -73,25 +79,27 @@ def load_gguf(path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = 
     names = {}
     weights = [t for t in reader.tensors if t.name != _ROPE_FREQS]  # folded into the config above
     for t in weights:
-        if (name := hf_name(t.name)) is None:
+        if (name := hf_name(t.name, config["model_type"])) is None:
             raise UnsupportedArchitectureError(
                 f"GGUF tensor {t.name!r} has no counterpart in a {config['model_type']} model"
             )
         names[t.name] = name
 
-    def load(t) -> tuple[str, np.ndarray]:
+    def load(t) -> list[tuple[str, np.ndarray]]:
         name = names[t.name]
         values = _native(t, name, native_quantization) if native_quantization else None
         if values is None:
             values = _dequantize(t)
-        if config["model_type"] == "llama" and (".q_proj." in name or ".k_proj." in name):
+        if config["model_type"] in ("llama", "mixtral") and (".q_proj." in name or ".k_proj." in name):
             heads = config["num_attention_heads"] if ".q_proj." in name else config["num_key_value_heads"]
             values = _unpermute(values, heads)
-        return name, values
+        if "{e}" in name:     # a MoE layer's experts stacked [E, out, in]: HF names one tensor per expert
+            return [(name.format(e=e), np.ascontiguousarray(values[e])) for e in range(values.shape[0])]
+        return [(name, values)]
 
     # numpy releases the GIL in the dequantization arithmetic, so tensors decode in parallel
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-        tensors = dict(pool.map(load, weights))
+        tensors = dict(pair for pairs in pool.map(load, weights) for pair in pairs)
     t2 = time.perf_counter()
     if native_quantization and any(isinstance(v, QuantizedTensor) for v in tensors.values()):
         identity = native_identity(identity, native_quantization)
@@ -116,6 +124,8 @@ def gguf_config(metadata: dict[str, Any], tensor_names: list[str],
         family, model_type = registry.for_gguf(arch)      # Mistral GGUFs say "llama"
     except ValueError as e:
         raise UnsupportedArchitectureError(str(e)) from None
+    if model_type == "llama" and metadata.get(f"{arch}.expert_count"):
+        family, model_type = registry.MOE, "mixtral"       # and so do Mixtral's, with experts
     hf_class = family.hf_classes[model_type]
 
     def key(name: str, default: Any = None) -> Any:
@@ -157,7 +167,23 @@ def gguf_config(metadata: dict[str, Any], tensor_names: list[str],
             raise UnsupportedArchitectureError(f"unsupported rope scaling: {e}") from None
     if model_type != "qwen2":
         config["attention_bias"] = "blk.0.attn_q.bias" in tensor_names
+    if key("expert_count"):
+        config.update(_moe_config(model_type, key, tensor_names))
     return config
+
+
+def _moe_config(model_type: str, key, tensor_names: list[str]) -> dict[str, Any]:
+    """The HF MoE keys of a GGUF's `<arch>.expert_*` metadata. A layer without a router
+    (`ffn_gate_inp`) has a dense MLP: Qwen3-MoE's mlp_only_layers. llama.cpp renormalizes
+    Qwen3-MoE's top-k unless `expert_weights_norm` says otherwise (every released Qwen3-MoE sets
+    norm_topk_prob); Mixtral always renormalizes."""
+    moe: dict[str, Any] = {"num_experts_per_tok": key("expert_used_count")}
+    if model_type == "mixtral":
+        return moe | {"num_local_experts": key("expert_count")}
+    dense = [i for i in range(key("block_count")) if f"blk.{i}.ffn_gate_inp.weight" not in tensor_names]
+    return moe | {"num_experts": key("expert_count"), "mlp_only_layers": dense, "decoder_sparse_step": 1,
+                  "moe_intermediate_size": key("expert_feed_forward_length"),
+                  "norm_topk_prob": bool(key("expert_weights_norm", True))}
 
 
 def _rope_scaling(key) -> dict[str, Any] | None:
@@ -170,10 +196,13 @@ def _rope_scaling(key) -> dict[str, Any] | None:
     return scaling
 
 
-def hf_name(gguf_name: str) -> str | None:
-    """HF name of a llama.cpp tensor name, or None if it is not one of a Llama-family model's."""
+def hf_name(gguf_name: str, model_type: str | None = None) -> str | None:
+    """HF name of a llama.cpp tensor name, or None if it is not one of a Llama-family model's. A
+    MoE layer's stacked experts (`ffn_*_exps`) name every expert's tensor, "{e}" in the name."""
     if m := _BLOCK.match(gguf_name):
         layer, part, kind = m.groups()
+        if model_type in _MOE_BLOCK_NAMES and part in _MOE_BLOCK_NAMES[model_type]:
+            return f"model.layers.{layer}.{_MOE_BLOCK_NAMES[model_type][part]}.{kind}"
         if part in _BLOCK_NAMES:
             return f"model.layers.{layer}.{_BLOCK_NAMES[part]}.{kind}"
         return None

@@ -45,7 +45,7 @@ import numpy as np
 
 from jaxserve.models import custom
 from jaxserve.models.params import layout_of
-from jaxserve.models.tensor_layout import Projection, TensorLayout
+from jaxserve.models.tensor_layout import ExpertProjection, Projection, TensorLayout
 from jaxserve.parallel.layout import HeadLayout
 from jaxserve.parallel.mesh import MODEL_AXIS
 from jaxserve.parallel.sharding import RUNNER_LEAVES, to_shard_major
@@ -181,7 +181,7 @@ def from_named(runner, current: dict, pairs: Iterable) -> dict:
     host: dict[str, Any] = {}
     modules: dict = {}
     for path, spec in layout.modules.items():
-        first = "kernel" if isinstance(spec, Projection) else spec.leaf
+        first = "kernel" if isinstance(spec, (Projection, ExpertProjection)) else spec.leaf
         leaves = _module_leaves(spec, tensors, np.dtype(_leaf(current, path + (first,)).dtype))
         if leaves:
             _nest(host, path, leaves)
@@ -238,6 +238,13 @@ def _module_leaves(spec, tensors: Mapping[str, Any], dtype: np.dtype) -> dict[st
                              f"so an update names all of them or none")
         return [get(n, s) for n, s in names.items()]
 
+    if isinstance(spec, ExpertProjection):      # every expert's weights or none: one stacked leaf
+        weights = group(spec.hf_weights())
+        if weights is None:
+            return {}
+        per = len(spec.parts)
+        return {"kernel": np.stack([np.concatenate([w.T for w in weights[e * per:(e + 1) * per]], axis=1)
+                                    for e in range(spec.num_experts)]).astype(dtype, copy=False)}
     if isinstance(spec, Projection):
         leaves = {}
         weights = group(spec.hf_weights())

@@ -72,6 +72,8 @@ def quantize_checkpoint(ckpt: Checkpoint, spec: QuantSpec, *,
     if kinds - {spec.mode}:
         raise ValueError(f"{ckpt.source!r} is already quantized ({sorted(kinds)}); quantize its float source "
                          f"instead of serving it as {spec.mode}")
+    if spec.mode in ("w8a8", "fp8"):
+        _refuse_calibrated_experts(ckpt, spec.mode)
     linear = quantizable_weights(ckpt)
     if not any(n in linear and not isinstance(t, QuantizedTensor) for n, t in ckpt.tensors.items()):
         return ckpt                  # every projection already in this form (a converted checkpoint)
@@ -93,6 +95,18 @@ def quantize_checkpoint(ckpt: Checkpoint, spec: QuantSpec, *,
         tensors[name] = quantize_tensor(np.asarray(w), spec, act)
     identity = quantized_identity(ckpt.identity, spec, calibration_id if spec.uses_calibration else None)
     return dataclasses.replace(ckpt, tensors=tensors, identity=identity)
+
+
+def _refuse_calibrated_experts(ckpt: Checkpoint, mode: str) -> None:
+    """w8a8 and fp8 scale activations by a calibrated range per projection input; an expert's
+    input is only the tokens routed to it, which the calibration pass (one range per module
+    path, over every token) does not separate. int8 and int4 need no calibration."""
+    from jaxserve.checkpoints.layout import tensor_layout
+
+    if any(True for _ in tensor_layout(ckpt.config).expert_projections()):
+        raise ValueError(f"quantization={mode!r} is not supported for a mixture-of-experts model "
+                         f"({ckpt.config.get('model_type')}): its experts would need activation ranges calibrated per "
+                         "expert; use int8 or int4")
 
 
 def _smoothing(tensors: Mapping[str, object], linear: Mapping[str, str],

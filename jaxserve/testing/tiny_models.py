@@ -10,7 +10,7 @@ import os
 
 from jaxserve.models import registry
 
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3")
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "qwen3_moe", "mixtral")
 MODEL_TYPES = {"gemma3": "gemma3_text"}          # an arch here -> its HF model_type, where they differ
 
 _TRAINING_TEXT = [
@@ -60,6 +60,8 @@ def make_tiny_model(path: str | os.PathLike, arch: str = "llama", *, seed: int =
         common["head_dim"] = hidden_size // num_heads
     elif arch in ("gemma2", "gemma3"):
         common = _gemma_config(arch, common, num_layers, hidden_size // num_heads, sliding_window or 8)
+    elif arch in ("qwen3_moe", "mixtral"):
+        common = _moe_config(arch, common, num_layers, hidden_size // num_heads)
     config = config_cls(**common)
     torch.manual_seed(seed)
     model = cls(config).eval()
@@ -92,6 +94,16 @@ def _gemma_config(arch: str, common: dict, num_layers: int, head_dim: int, slidi
     rope = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
             "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0}}
     return dict(gemma, layer_types=layer_types, rope_parameters=rope)
+
+
+def _moe_config(arch: str, common: dict, num_layers: int, head_dim: int) -> dict:
+    """8 experts, top 2. Qwen3-MoE: experts of 32 columns, the last layer a dense MLP
+    (mlp_only_layers) and top-k weights not renormalized (its config's default); Mixtral: every
+    layer sparse, experts of intermediate_size, renormalized (always)."""
+    if arch == "mixtral":
+        return dict(common, num_local_experts=8, num_experts_per_tok=2)
+    return dict(common, head_dim=head_dim, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                mlp_only_layers=[num_layers - 1] if num_layers > 1 else [], norm_topk_prob=False)
 
 
 def make_tiny_repeating_model(path: str | os.PathLike, *, seed: int = 0, residual_scale: float = 0.3,
