@@ -16,9 +16,15 @@
 # too). Every step has a hard timeout inside a total budget (GPU_BENCH_BUDGET_S, default 540 s):
 # a step that fails or times out prints the tail of its stderr and the script goes on; a step
 # that no longer fits the budget is skipped. Exit status: 0 only if every step succeeded.
-# Usage: scripts/gpu_bench.sh [--tensor-parallel-size 1,2,4] [python]
+# Usage: scripts/gpu_bench.sh [--moe] [--tensor-parallel-size 1,2,4] [python]
 #   --tensor-parallel-size LIST: instead of c/d per backend, jaxserve alone at each tensor-parallel
 #   size of LIST (batch-1 decode and saturation per size, results gpu-{latency,throughput}-jaxserve-tpN);
+#   --moe: instead of b-f, the mixture-of-experts benchmark (scripts/bench_moe.py): a random
+#   Qwen3-30B-A3B-shaped MoE (30.5 B parameters, 3.3 B active; 61 GB in bfloat16, drawn on the GPU,
+#   no checkpoint written) against a dense model of its active parameters and against itself
+#   computed densely (every expert for every token), decode and prefill row counts, tokens/s and
+#   ratios; its output is stdout and $LOGS/moe-bench.out. GPU_BENCH_MOE_SHAPE=small runs the CPU
+#   shape (a dry run: GPU_BENCH_MOE_SHAPE=small GPU_BENCH_DTYPE=float32 scripts/gpu_bench.sh --moe).
 #   needs that many GPUs (the mesh takes the first N devices); results and plots in $RESULTS/tp. Give it a budget that fits
 #   (GPU_BENCH_BUDGET_S, e.g. 1500 for 1,2,4). On a CPU, GPU_BENCH_DEVICE=cpu fakes as many CPU
 #   devices as the largest size.
@@ -38,6 +44,11 @@ set -u
 cd "$(dirname "$0")/.."
 REPO="$PWD"
 TP_SIZES=""
+MOE=0
+if [ "${1:-}" = "--moe" ]; then
+  MOE=1
+  shift
+fi
 if [ "${1:-}" = "--tensor-parallel-size" ]; then
   TP_SIZES="${2:?--tensor-parallel-size needs a comma-separated list, e.g. 1,2,4}"
   shift 2
@@ -186,6 +197,16 @@ for p in ('transformers', 'tokenizers', 'flax', 'vllm', 'matplotlib'):
     except md.PackageNotFoundError:
         print(p, 'not installed')
 "
+
+if [ "$MOE" = 1 ]; then
+  # the MoE benchmark draws its weights on the device: no model directory, no backends
+  step moe-bench "$(( BUDGET - RESERVE ))" "$PY" scripts/bench_moe.py --shape "${GPU_BENCH_MOE_SHAPE:-qwen3-30b-a3b}" \
+    --dtype "$DTYPE" --sizes "${GPU_BENCH_MOE_SIZES:-1,8,64,512,2048}" --repeats "${GPU_BENCH_MOE_REPEATS:-10}"
+  echo "gpu_bench: finished in $(( SECONDS - START )) s"
+  [ ${#FAILED[@]} -gt 0 ] && { echo "gpu_bench: FAILED steps: ${FAILED[*]} (logs in $LOGS)"; exit 1; }
+  echo "gpu_bench: all steps ok"
+  exit 0
+fi
 
 # -- b. the model -----------------------------------------------------------------------------
 step build-model "$CAP_BUILD" "$PY" -m jaxserve.bench.random_model --shape "$SHAPE" --dtype "$DTYPE" \

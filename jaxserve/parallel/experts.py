@@ -178,5 +178,6 @@ def _all_to_all(x, routing: Routing, experts: ExpertWeights, *, activation, impl
     results = jnp.zeros((slots, d), y.dtype).at[order].set(returned[dest_sorted, place])   # [A, D], slot order
     combined = jnp.einsum("tkd,tk->td", results.reshape(per_shard, k, d).astype(jnp.float32), my_weights,
                           precision=jax.lax.Precision.HIGHEST).astype(x.dtype)   # [Tl, D]
-    combined = jax.lax.psum(combined, MODEL_AXIS)
+    if jax.lax.axis_size(MODEL_AXIS) > 1:       # XLA keeps even a one-device all-reduce
+        combined = jax.lax.psum(combined, MODEL_AXIS)
     return jax.lax.all_gather(combined, EXPERT_AXIS, tiled=True)[:t]
