@@ -23,7 +23,9 @@
 #   Qwen3-30B-A3B-shaped MoE (30.5 B parameters, 3.3 B active; 61 GB in bfloat16, drawn on the GPU,
 #   no checkpoint written) against a dense model of its active parameters and against itself
 #   computed densely (every expert for every token), decode and prefill row counts, tokens/s and
-#   ratios; its output is stdout and $LOGS/moe-bench.out. GPU_BENCH_MOE_SHAPE=small runs the CPU
+#   ratios; its output is stdout and $LOGS/moe-bench.out. Give it GPU_BENCH_BUDGET_S=1500 (drawing
+#   61 GB and compiling three 48-layer forwards per row count; GPU_BENCH_MOE_SIZES, default
+#   1,8,64,512,2048, and GPU_BENCH_MOE_REPEATS, default 10, trim it). GPU_BENCH_MOE_SHAPE=small runs the CPU
 #   shape (a dry run: GPU_BENCH_MOE_SHAPE=small GPU_BENCH_DTYPE=float32 scripts/gpu_bench.sh --moe).
 #   needs that many GPUs (the mesh takes the first N devices); results and plots in $RESULTS/tp. Give it a budget that fits
 #   (GPU_BENCH_BUDGET_S, e.g. 1500 for 1,2,4). On a CPU, GPU_BENCH_DEVICE=cpu fakes as many CPU
