@@ -28,16 +28,25 @@ def _scatter_blocks(kv_caches, ids, blocks):
     return [(k.at[ids].set(bk), v.at[ids].set(bv)) for (k, v), (bk, bv) in zip(kv_caches, blocks)]
 
 
-_gather = jax.jit(_gather_blocks)
-_scatter = jax.jit(_scatter_blocks, donate_argnums=(0,))
-
-
 class HostSwapPool:
     def __init__(self, spec: ArenaSpec, num_host_blocks: int):
         shape = (num_host_blocks,) + spec.layer_shape[1:]
         dtype = np.dtype(jnp.dtype(spec.dtype))
         self.num_blocks = num_host_blocks
         self.layers = [(np.zeros(shape, dtype), np.zeros(shape, dtype)) for _ in range(spec.num_layers)]
+        self._gather = self._scatter = None   # compiled for the arena at the first swap (start-up)
+
+    def _programs(self, kv_caches):
+        """The gather and scatter, compiled ahead of time for this arena and held here: a jitted
+        function's own cache is bounded and shared by every engine in the process, so another
+        engine's shapes could push these out and a swap would compile while serving."""
+        if self._gather is None:
+            ids = np.zeros(SWAP_BATCH, np.int32)
+            block = np.zeros((SWAP_BATCH,) + self.layers[0][0].shape[1:], self.layers[0][0].dtype)
+            blocks = [(block, block) for _ in self.layers]
+            self._gather = jax.jit(_gather_blocks).lower(kv_caches, ids).compile()
+            self._scatter = jax.jit(_scatter_blocks, donate_argnums=(0,)).lower(kv_caches, ids, blocks).compile()
+        return self._gather, self._scatter
 
     def swap_out(self, kv_caches, pairs) -> None:
         """pairs: (device block, host block); copies device -> host."""
@@ -46,7 +55,7 @@ class HostSwapPool:
             ids = np.zeros(SWAP_BATCH, np.int32)
             ids[:len(chunk)] = [d for d, _ in chunk]
             host_ids = [h for _, h in chunk]
-            blocks = jax.device_get(_gather(kv_caches, ids))
+            blocks = jax.device_get(self._programs(kv_caches)[0](kv_caches, ids))
             for (hk, hv), (bk, bv) in zip(self.layers, blocks):
                 hk[host_ids] = bk[:len(chunk)]
                 hv[host_ids] = bv[:len(chunk)]
@@ -59,7 +68,7 @@ class HostSwapPool:
             ids[:len(chunk)] = [d for _, d in chunk]
             host_ids = [h for h, _ in chunk] + [0] * (SWAP_BATCH - len(chunk))
             blocks = [(hk[host_ids], hv[host_ids]) for hk, hv in self.layers]
-            kv_caches = _scatter(kv_caches, ids, blocks)
+            kv_caches = self._programs(kv_caches)[1](kv_caches, ids, blocks)
         return kv_caches
 
 

@@ -119,6 +119,7 @@ class ModelRunner:
         # set between sleep and wake_up (runner/sleep.py): kv_caches is None, params maybe abstract
         self.sleep_state = None
         self.host_pool = HostSwapPool(arena, num_host_blocks) if num_host_blocks else None
+        self._copy_blocks = None   # compiled at the first copy (warm_helpers, at start-up)
         self.swap_cost: SwapCostModel | None = None
         self.calibration: dict[str, object] | None = None  # start-up timings (runner/calibration.py)
         # (decode-only bucket, seconds): what speculation's extra rows cost, measured when it is on
@@ -176,8 +177,11 @@ class ModelRunner:
         return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
 
     def _on_device(self, array):
-        """A host array put where the compiled functions read it (replicated over a mesh)."""
-        return jnp.asarray(array) if self.mesh is None else jax.device_put(array, replicated(self.mesh))
+        """A host array put where the compiled functions read it (replicated over a mesh). A
+        transfer, never a program: jnp.asarray of a host array runs jit(stage), compiled per shape
+        and held in a bounded cache, so a shape whose entry an earlier engine's shapes pushed out
+        compiled again while serving."""
+        return jax.device_put(array, None if self.mesh is None else replicated(self.mesh))
 
     def _no_prev_tokens(self):
         return self._on_device(np.zeros((self.max_sample_rows,), np.int32))
@@ -426,7 +430,10 @@ class ModelRunner:
             chunk += [(0, 0)] * (COPY_BATCH - len(chunk))
             src = np.array([p[0] for p in chunk], np.int32)
             dst = np.array([p[1] for p in chunk], np.int32)
-            self.kv_caches = _copy_blocks(self.kv_caches, src, dst)
+            if self._copy_blocks is None:   # compiled ahead and held, as the swap's (host_swap.py says why)
+                self._copy_blocks = jax.jit(_copy_blocks_impl, donate_argnums=(0,)).lower(
+                    self.kv_caches, src, dst).compile()
+            self.kv_caches = self._copy_blocks(self.kv_caches, src, dst)
 
 
 COPY_BATCH = 16
@@ -441,5 +448,3 @@ def progress_bar(enabled: bool, total: int, desc: str):
 def _copy_blocks_impl(kv_caches, src, dst):
     return [(k.at[dst].set(k[src]), v.at[dst].set(v[src])) for k, v in kv_caches]
 
-
-_copy_blocks = jax.jit(_copy_blocks_impl, donate_argnums=(0,))
