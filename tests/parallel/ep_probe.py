@@ -6,7 +6,8 @@ nothing here decides pass or fail.
                                           one-device layer (models/moe.py) on routings chosen to
                                           be hard: random, experts with no token, one expert
                                           taking every token, every token on one shard
-    ep_probe.py engine DIR EP:TP:FORM ... per setting an engine's greedy outputs (three prompts)
+    ep_probe.py engine DIR EP:TP:FORM ... per setting an engine's greedy outputs (three prompts, one
+                                          of them chunked, then one reading its cached prefix)
                                           and its compiled steps' collectives
 """
 
@@ -86,6 +87,8 @@ def engine(model_dir: str, *settings: str) -> dict:
         llm = LLM(model_dir, **TINY_SHAPES, tensor_parallel_size=int(tp), expert_parallel_size=int(ep),
                   expert_dispatch=form)
         outputs = [o.outputs[0].token_ids for o in llm.generate(TINY_PROMPTS, greedy)]
+        # the long prompt again with a tail: its cached blocks are read back (a prefix hit)
+        outputs += [o.outputs[0].token_ids for o in llm.generate([TINY_PROMPTS[2] + " once more"], greedy)]
         runner = llm.engine.runner
         steps = {}
         for bucket in ((4, 0), (4, 4)):
@@ -94,7 +97,8 @@ def engine(model_dir: str, *settings: str) -> dict:
                                   collectives(runner._compiled[bucket].as_text())]
         report[setting] = {"outputs": outputs, "collectives": steps,
                            "mesh": {k: int(v) for k, v in runner.mesh.shape.items()} if runner.mesh else None,
-                           "compilations_after_warmup": llm.engine.stats().num_compilations_after_warmup}
+                           "compilations_after_warmup": llm.engine.stats().num_compilations_after_warmup,
+                           "prefix_cache_hits": llm.engine.stats().prefix_cache_hits}
         del llm, runner
     return {"devices": jax.device_count(), "engines": report}
 

@@ -81,12 +81,14 @@ def test_engines_at_expert_parallel_sizes_1_2_4_give_one_devices_greedy_outputs(
     report = run_ep_probe(4, "engine", model, *settings)["engines"]
     base = report["1:1:auto"]
     assert base["mesh"] is None and all(len(o) == 12 for o in base["outputs"])
+    assert base["prefix_cache_hits"] > 0
     for setting in settings[1:]:
         got = report[setting]
         ep, tp, form = setting.split(":")
         assert got["mesh"] == {"data": 1, "expert": int(ep), "model": int(tp)}
         assert got["outputs"] == base["outputs"], setting
         assert got["compilations_after_warmup"] == 0, setting
+        assert got["prefix_cache_hits"] == base["prefix_cache_hits"], setting
         for bucket, ops in got["collectives"].items():
             kinds = [op[0] for op in ops]
             # all_gather's combine is an all-reduce, never an all-to-all; all_to_all's sends are
@@ -96,3 +98,15 @@ def test_engines_at_expert_parallel_sizes_1_2_4_give_one_devices_greedy_outputs(
                 assert "all-to-all" not in kinds, (setting, bucket)
             # no weight is ever gathered: every all-gather is of activations or logits ([T, D] or [R, V])
             assert all(len(op[2]) <= 2 for op in ops if op[0] == "all-gather"), (setting, bucket, ops)
+
+
+def test_an_engine_refuses_expert_parallel_sizes_before_it_loads_anything(tmp_path, tiny_llama_dir):
+    from jaxserve import LLM
+    from jaxserve.testing.tiny_models import make_tiny_model
+
+    moe = make_tiny_model(tmp_path / "moe", "mixtral", num_layers=1)      # 8 experts
+    with pytest.raises(ValueError, match="expert_parallel_size=3 does not divide the model's 8 experts: "
+                                         "sizes that work are 1, 2, 4, 8"):
+        LLM(moe, expert_parallel_size=3, progress=False)
+    with pytest.raises(ValueError, match="expert_parallel_size=2 needs a mixture-of-experts model"):
+        LLM(tiny_llama_dir, expert_parallel_size=2, progress=False)
