@@ -87,6 +87,7 @@ def param_shardings(params, mesh: Mesh, tensors: TensorLayout, vocab_size: int):
     """A pytree of NamedShardings matching `params` (host arrays or ShapeDtypeStructs)."""
     shards = mesh.shape[MODEL_AXIS]
     split = vocab_is_split(vocab_size, shards)
+    _check_packed_expert_rows(params, tensors, shards)
 
     def one(path, leaf):
         keys = _keys(path)
@@ -102,6 +103,27 @@ def param_shardings(params, mesh: Mesh, tensors: TensorLayout, vocab_size: int):
                                  f"divides it, or a smaller quantization group")
         return NamedSharding(mesh, spec)
     return jax.tree_util.tree_map_with_path(one, params)
+
+
+def _check_packed_expert_rows(params, tensors: TensorLayout, shards: int) -> None:
+    """An int4 expert down projection splits its rows over "model" inside shard_map, where each
+    device unpacks its own slice: int4 packs the two halves of a quantization group into one byte
+    row (quant/int4.py), so a shard must hold whole groups. (GSPMD's dense projections unpack the
+    global array and need no such rule.)"""
+    if shards == 1:
+        return
+    for path, spec in tensors.expert_projections():
+        if len(spec.parts) != 1:              # gate_up: split by columns, every group whole
+            continue
+        leaves = params
+        for key in path:
+            leaves = leaves[key]
+        if "qweight" in leaves and np.dtype(leaves["qweight"].dtype) == np.uint8 and leaves["scale"].shape[1] % shards:
+            groups = leaves["scale"].shape[1]
+            raise ValueError(f"{'/'.join(path)}: int4 experts of {spec.in_features} intermediate columns hold "
+                             f"{groups} quantization group(s) along them, which tensor_parallel_size={shards} does "
+                             f"not divide (a device must unpack whole groups); use a smaller "
+                             f"quantization_group_size, int8, or a tensor-parallel size that divides {groups}")
 
 
 def to_shard_major(params: dict, heads: HeadLayout, tensors: TensorLayout) -> dict:

@@ -9,6 +9,8 @@ nothing here decides pass or fail.
     ep_probe.py engine DIR EP:TP:FORM ... per setting an engine's greedy outputs (three prompts, one
                                           of them chunked, then one reading its cached prefix)
                                           and its compiled steps' collectives
+    ep_probe.py quantized DIR ONE_GROUP_DIR   int8 / int4 experts split, and int4 refused where a
+                                          device would hold half a quantization group
 """
 
 from __future__ import annotations
@@ -103,7 +105,30 @@ def engine(model_dir: str, *settings: str) -> dict:
     return {"devices": jax.device_count(), "engines": report}
 
 
+def quantized(model_dir: str, one_group_dir: str) -> dict:
+    """int8 and int4 (group 32) experts at EP 1 and at EP 2 x TP 2 on `model_dir`; int4 on
+    `one_group_dir`, whose experts' 32 columns are one group, at TP 2 (refused: a device would
+    unpack half a group)."""
+    from jaxserve import LLM, SamplingParams
+    from tests.parallel.tp_probe import TINY_PROMPTS, TINY_SHAPES
+
+    greedy = SamplingParams(max_tokens=12, min_tokens=12, temperature=0.0)
+    report = {}
+    for mode in ("int8", "int4"):
+        for ep, tp in ((1, 1), (2, 2)):
+            llm = LLM(model_dir, **TINY_SHAPES, tensor_parallel_size=tp, expert_parallel_size=ep, quantization=mode,
+                      quantization_group_size=32)
+            report[f"{mode}:{ep}:{tp}"] = [o.outputs[0].token_ids for o in llm.generate(TINY_PROMPTS, greedy)]
+            del llm
+    try:
+        LLM(one_group_dir, **TINY_SHAPES, tensor_parallel_size=2, quantization="int4", quantization_group_size=32)
+        report["refused"] = None
+    except ValueError as e:
+        report["refused"] = str(e)
+    return report
+
+
 if __name__ == "__main__":
     mode, *args = sys.argv[1:]
-    result = {"layer": layer, "engine": engine}[mode](*args)
+    result = {"layer": layer, "engine": engine, "quantized": quantized}[mode](*args)
     print(json.dumps(result))

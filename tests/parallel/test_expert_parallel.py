@@ -110,3 +110,16 @@ def test_an_engine_refuses_expert_parallel_sizes_before_it_loads_anything(tmp_pa
         LLM(moe, expert_parallel_size=3, progress=False)
     with pytest.raises(ValueError, match="expert_parallel_size=2 needs a mixture-of-experts model"):
         LLM(tiny_llama_dir, expert_parallel_size=2, progress=False)
+
+
+@pytest.mark.slow
+def test_quantized_experts_split_and_int4_groups_that_would_be_cut_are_refused(tmp_path):
+    from jaxserve.testing.tiny_models import make_tiny_model
+
+    mixtral = make_tiny_model(tmp_path / "mixtral", "mixtral")          # experts of 128 columns: 4 groups of 32
+    qwen = make_tiny_model(tmp_path / "qwen3_moe", "qwen3_moe")          # experts of 32 columns: one group
+    report = run_ep_probe(4, "quantized", mixtral, qwen)
+    for mode in ("int8", "int4"):
+        assert report[f"{mode}:2:2"] == report[f"{mode}:1:1"], mode
+    assert report["refused"] is not None and "hold 1 quantization group(s)" in report["refused"]
+    assert "tensor_parallel_size=2 does not divide" in report["refused"]
