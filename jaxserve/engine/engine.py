@@ -27,6 +27,7 @@ import numpy as np
 from jaxserve.engine.detokenizer import IncrementalDetokenizer
 from jaxserve.engine import weight_update
 from jaxserve.engine.draft_proposer import draft_sampling
+from jaxserve.engine.expert_load import ExpertLoad
 from jaxserve.engine.input_processor import EngineRequest, InputProcessor
 from jaxserve.engine.output_processor import OutputProcessor
 from jaxserve.engine.pooled_embedding import PooledEmbedding
@@ -79,6 +80,7 @@ class Engine:
         # and without lookahead (a placeholder would name a token its own sampler never saw)
         self.draft_runner = draft_runner
         self.chunk_policy = chunk_policy      # how the prefill chunk size was chosen (engine/chunk_policy.py)
+        self.expert_load = ExpertLoad()       # a mixture-of-experts model's tokens per expert
         self.runner = runner
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
@@ -293,6 +295,8 @@ class Engine:
             self.scheduler.observe_step_time(step.sched_out.predicted_s,
                                              done - max(step.dispatched_at, self._last_done))
         self._last_done = done
+        if result.routed_tokens is not None:
+            self.expert_load.add(result.routed_tokens)
         sampled_ids = {rid: [s.token_id for s in toks] for rid, toks in result.sampled.items()}
         updates = self.scheduler.update(step.sched_out, sampled_ids)
         if self._constrained:
@@ -503,6 +507,9 @@ class Engine:
             num_requests_held=len(self._held),
             asleep=self.asleep,
             sleep_level=self.runner.sleep_state.level if self.asleep else -1,
+            expert_tokens_window=self.expert_load.window_per_expert,
+            expert_tokens_total=self.expert_load.total_per_expert,
+            expert_load_imbalance=self.expert_load.imbalance,
             **_mesh_stats(self.runner),
         )
 

@@ -44,6 +44,11 @@ class EngineStats:
     num_requests_held: int = 0         # requests added while paused, queued at resume()
     asleep: bool = False               # sleep() in effect: the KV arena (and weights, level >= 1) given back
     sleep_level: int = -1              # the level of that sleep (runner/sleep.py); -1: awake
+    # a mixture-of-experts model (engine/expert_load.py): tokens routed to each expert, summed
+    # over its MoE layers, over the last steps and since start; the worst layer's max/mean load
+    expert_tokens_window: tuple[int, ...] = ()
+    expert_tokens_total: tuple[int, ...] = ()
+    expert_load_imbalance: float = 0.0
     mesh_num_devices: int = 1
     mesh_num_hosts: int = 1
     mesh_axis_sizes: tuple[tuple[str, int], ...] = (("data", 1), ("model", 1))

@@ -61,6 +61,8 @@ class ModelRunnerOutput:
     prompt_logprobs: dict = field(default_factory=dict)
     # request id -> the summed hidden states of its rows in the step (pooling.PooledChunk)
     pooled: dict = field(default_factory=dict)
+    # a mixture-of-experts model: the step's routed tokens per (MoE layer, expert), [L_moe, E]
+    routed_tokens: np.ndarray | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +75,7 @@ class StepHandle:
     drafts: dict[str, tuple[int, ...]] | None = None  # request id -> guesses it verifies (batch.PackedStep)
     prompt: tuple | None = None                      # prompt logprobs dispatched (PromptLogprobs.run)
     pooled: tuple | None = None                      # pooling dispatched (Pooling.run)
+    routed: object = None                            # [L_moe, E] routed tokens (a MoE model's step)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +159,8 @@ class ModelRunner:
         D, P = bucket
         fn = make_step(self.model_config, self._attention, decode_rows=D, prefill_tiles=P,
                        tile=self.shapes.prefill_tile, mesh=self.mesh, model=self.model,
-                       return_hidden=self.returns_hidden, expert_dispatch=self.expert_dispatch)
+                       return_hidden=self.returns_hidden, expert_dispatch=self.expert_dispatch,
+                       block_size=self.arena_spec.block_size)
         specs = {k: self._input(s, d) for k, (s, d) in
                  batch_shapes(D, P, tile=self.shapes.prefill_tile, table_width=self.shapes.table_width).items()}
         prev = self._input((self.max_sample_rows,), jnp.int32)
@@ -169,6 +173,8 @@ class ModelRunner:
         out_shardings = ([(split, split)] * self.arena_spec.num_layers, replicated(self.mesh))
         if self.returns_hidden:
             out_shardings += (replicated(self.mesh),)     # the hidden states, for prompt logprobs or pooling
+        if self.counts_experts:
+            out_shardings += (replicated(self.mesh),)     # the routed tokens per (MoE layer, expert)
         return jax.jit(fn, donate_argnums=(1,), out_shardings=out_shardings).lower(self.params, kv, specs, prev)
 
     def _input(self, shape, dtype) -> jax.ShapeDtypeStruct:
@@ -241,6 +247,11 @@ class ModelRunner:
         # a step that returns its hidden states is another program (an engine without prompt
         # logprobs or embeddings keeps the keys it always had)
         return {"kind": "step", "bucket": bucket, **({"hidden": True} if self.returns_hidden else {})}
+
+    @property
+    def counts_experts(self) -> bool:
+        """A mixture-of-experts model's steps also return their routed tokens per (layer, expert)."""
+        return bool(getattr(self.model_config, "moe_layers", ()))
 
     @property
     def returns_hidden(self) -> bool:
@@ -365,7 +376,11 @@ class ModelRunner:
         step = self._compiled.get(packed.bucket)
         if step is None:
             raise RuntimeError(f"bucket {packed.bucket} was not compiled at start-up")
-        self.kv_caches, logits, *hidden = step(self.params, self.kv_caches, packed.arrays, self._prev_tokens)
+        self.kv_caches, logits, *extra = step(self.params, self.kv_caches, packed.arrays, self._prev_tokens)
+        hidden = extra[:1] if self.returns_hidden else []
+        routed = extra[-1] if self.counts_experts else None
+        if routed is not None:
+            routed.copy_to_host_async()
         # prompt logprobs only in a step that carries rows asking for them (hidden: with the option on)
         prompt = self.prompt_logprobs.run(hidden[0], inputs.prompt_rows) if inputs.prompt_rows is not None else None
         pooled = self.pooling.run(hidden[0], inputs.pooling_rows) if inputs.pooling_rows is not None else None
@@ -373,7 +388,7 @@ class ModelRunner:
         # placeholder (the scheduler schedules after its update), so it has no row here
         self._prev_rows = {rid: row for rid, row in packed.sample_rows if rid not in packed.drafts}
         if not packed.sample_rows:
-            return StepHandle(prompt=prompt, pooled=pooled)
+            return StepHandle(prompt=prompt, pooled=pooled, routed=routed)
         sampling = packed.sampling
         if not (sampling["adjust"].any() or sampling["masked"].any()):
             sampling = {**sampling, **self._neutral_adjustments(logits.shape[0])}
@@ -386,7 +401,7 @@ class ModelRunner:
         # start the copies to the host now; collect() reads them a step later
         for key in ("tokens", "logprob", "top_ids", "top_logprobs") if wants.any() else ("tokens",):
             out[key].copy_to_host_async()
-        return StepHandle(packed.sample_rows, out, wants, packed.drafts, prompt, pooled)
+        return StepHandle(packed.sample_rows, out, wants, packed.drafts, prompt, pooled, routed)
 
     def is_ready(self, handle: StepHandle) -> bool:
         """Whether a dispatched step's sampled tokens are computed (collect would not wait)."""
@@ -396,8 +411,9 @@ class ModelRunner:
         """Wait for a dispatched step's sampled tokens (and logprobs, where asked) on the host."""
         prompt = PromptLogprobs.read(handle.prompt) if handle.prompt is not None else {}
         pooled = Pooling.read(handle.pooled) if handle.pooled is not None else {}
+        routed = np.asarray(handle.routed) if handle.routed is not None else None
         if not handle.sample_rows:
-            return ModelRunnerOutput(prompt_logprobs=prompt, pooled=pooled)
+            return ModelRunnerOutput(prompt_logprobs=prompt, pooled=pooled, routed_tokens=routed)
         out, wants = handle.sampler_out, handle.want_logprobs
         tokens = np.asarray(out["tokens"])
         lp = top_ids = top_lp = None
@@ -419,7 +435,7 @@ class ModelRunner:
             while kept < len(guesses) and int(tokens[row + kept]) == guesses[kept]:
                 kept += 1
             sampled[request_id] = [token(row + j) for j in range(kept + 1)]
-        return ModelRunnerOutput(sampled, prompt, pooled)
+        return ModelRunnerOutput(sampled, prompt, pooled, routed)
 
     def copy_blocks(self, pairs) -> None:
         """Copy whole blocks (src -> dst) in every layer, COPY_BATCH pairs per compiled call;

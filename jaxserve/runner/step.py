@@ -46,14 +46,17 @@ ATTENTION_ARRAYS = ("slot_mapping", "dec_kv_lens", "dec_tables", "dec_num", "pre
 
 def make_step(config: ModelConfig, attention_impl: Callable, *, decode_rows: int, prefill_tiles: int,
               tile: int, mesh: Mesh | None = None, model=None, return_hidden: bool = False,
-              expert_dispatch: str = "auto") -> Callable:
+              expert_dispatch: str = "auto", block_size: int | None = None) -> Callable:
     """attention_impl has the signature of pallas_kernels' ragged paged attention, plus
     `uniform_q_len` (the number of query rows of every slot). `mesh`: run tensor-parallel over
     its model axis (params and arena sharded as jaxserve/parallel/sharding.py says). `model`: what
     has `forward` and `compute_logits` (default: the config's architecture in the registry).
     `return_hidden`: also return every row's final hidden state [T, D] (prompt logprobs read
     them: runner/prompt_logprobs.py). `expert_dispatch`: with a mesh that has an "expert" axis (a
-    mixture-of-experts model, parallel/experts.py), the dispatch form this step's row count uses."""
+    mixture-of-experts model, parallel/experts.py), the dispatch form this step's row count uses.
+    A mixture-of-experts model's step also returns, last, its routed tokens per (MoE layer,
+    expert) [L_moe, E] int32 over the step's real rows (padding rows write the null block, slots
+    below `block_size`): the load an operator watches, one small bincount per layer."""
     D, P = decode_rows, prefill_tiles
 
     def make_layer_attention(spec: LayerAttention):
@@ -86,6 +89,9 @@ def make_step(config: ModelConfig, attention_impl: Callable, *, decode_rows: int
                {"expert_layer": ExpertParallel(mesh, dispatch_for(D + P * tile, expert_dispatch))})
     if model is None:
         model = registry.for_config(config).model()   # the architecture's forward and compute_logits
+    counts_experts = bool(config.moe_layers)
+    if counts_experts and block_size is None:
+        raise ValueError("a mixture-of-experts step needs the arena's block_size (to tell padding rows)")
 
     def step(params, kv_caches, b, prev_tokens):
         # placeholders: the token the previous step sampled for that row's request, read here on
@@ -104,11 +110,24 @@ def make_step(config: ModelConfig, attention_impl: Callable, *, decode_rows: int
             out, k_cache, v_cache = runs[spec](q, k, v, cache[0], cache[1], kv_scales(params, layer), arrays)
             return out, (k_cache, v_cache)
 
-        hidden, kv_caches = model.forward(params, config, input_ids, b["positions"], kv_caches, attention,
-                                          shards=shards, **experts)
+        if counts_experts:
+            hidden, kv_caches, routed = model.forward(params, config, input_ids, b["positions"], kv_caches,
+                                                      attention, shards=shards, return_routing=True, **experts)
+        else:
+            hidden, kv_caches = model.forward(params, config, input_ids, b["positions"], kv_caches, attention,
+                                              shards=shards, **experts)
         logits = model.compute_logits(params, config, hidden[b["logits_rows"]])   # [R, V] float32
-        if return_hidden:
-            return kv_caches, logits, hidden
-        return kv_caches, logits
+        out = (kv_caches, logits) + ((hidden,) if return_hidden else ())
+        if counts_experts:
+            out += (routed_counts(routed, b["slot_mapping"] >= block_size, config.num_experts),)
+        return out
 
     return step
+
+
+def routed_counts(routed: jnp.ndarray, real: jnp.ndarray, num_experts: int) -> jnp.ndarray:
+    """routed [L_moe, T, K] expert ids, real [T] -> [L_moe, E] int32: per layer, how many real
+    rows chose each expert (a token counts once for each of its k experts)."""
+    hits = jnp.broadcast_to(real[None, :, None], routed.shape).astype(jnp.int32)
+    layer = jnp.broadcast_to(jnp.arange(routed.shape[0])[:, None, None], routed.shape)
+    return jnp.zeros((routed.shape[0], num_experts), jnp.int32).at[layer, routed].add(hits)

@@ -59,6 +59,14 @@ class _EngineCollector:
         for reason, count in sorted(snap.finished_by_reason.items()):
             finished.add_metric([reason], count)
         yield finished
+        if s.expert_tokens_total:   # a mixture-of-experts model: one series per expert (layers summed)
+            routed = CounterMetricFamily("jaxserve_expert_routed_tokens", "tokens routed to each expert, summed "
+                                         "over the MoE layers", labels=["expert"])
+            for e, count in enumerate(s.expert_tokens_total):
+                routed.add_metric([str(e)], count)
+            yield routed
+            yield GaugeMetricFamily("jaxserve_expert_load_imbalance", "over the last steps, the worst MoE layer's "
+                                    "busiest expert over its mean (1 = even)", value=s.expert_load_imbalance)
 
 
 class ServerMetrics:

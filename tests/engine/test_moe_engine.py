@@ -64,3 +64,30 @@ def test_ngram_speculation_and_the_synchronous_loop_keep_the_greedy_tokens(moe_l
     sync = LLM.sharing_runner(llm, async_scheduling=False)
     assert tokens(sync.generate(prompts, GREEDY, use_tqdm=False)) == plain
     assert llm.stats().num_compilations_after_warmup == 0
+
+
+def test_tokens_per_expert_are_the_routers_choices_on_the_real_rows(moe_llm):
+    """stats() counts each prompt token once per expert its router chose, in every MoE layer, and
+    nothing for padding rows: equal to the top-k of HF's own router logits over the same prompt."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path, llm = moe_llm
+    llm.engine.reset_prefix_cache()             # a cached prefix would not run through the steps
+    before = np.array(llm.engine.stats().expert_tokens_total or (0,) * 1)
+    prompt = "the experts of a tiny model route every token"
+    ids = llm.generate([prompt], SamplingParams(max_tokens=1, temperature=0), use_tqdm=False)[0].prompt_token_ids
+    stats = llm.engine.stats()
+    got = np.array(stats.expert_tokens_total) - (before if before.size == len(stats.expert_tokens_total) else 0)
+    hf = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        router = hf(torch.tensor([list(ids)]), output_router_logits=True).router_logits
+    k = hf.config.num_experts_per_tok
+    want = np.zeros(hf.config.num_local_experts if hasattr(hf.config, "num_local_experts") else hf.config.num_experts,
+                    np.int64)
+    for layer in router:            # [T, E] per MoE layer
+        np.add.at(want, torch.topk(layer.reshape(len(ids), -1), k, dim=-1).indices.reshape(-1).numpy(), 1)
+    assert got.tolist() == want.tolist()
+    assert stats.expert_load_imbalance >= 1.0
+    assert len(stats.expert_tokens_window) == len(want)
