@@ -95,13 +95,13 @@ def blocks_all_free(stats) -> bool:
     return stats.num_kv_blocks_free + stats.num_kv_blocks_cached == stats.num_kv_blocks_total
 
 
-def serving(**engine_kwargs):
+def serving(llm: str = "tiny_llm", **engine_kwargs):
     """A test module's `server` and `client` fixtures (module scope): an HTTPServer over the shared
-    tiny engine (engine_kwargs for its own scheduler) and an `openai` client for it. Use as
-    `server, client = serving()`."""
+    engine of the fixture named `llm` (engine_kwargs: HTTPServer's options and its own scheduler's)
+    and an `openai` client for it. Use as `server, client = serving()`."""
     @pytest.fixture(scope="module")
-    def server(tiny_llm):
-        s = HTTPServer(tiny_llm, **engine_kwargs)
+    def server(request):
+        s = HTTPServer(request.getfixturevalue(llm), **engine_kwargs)
         yield s
         s.close()
 

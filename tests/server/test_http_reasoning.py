@@ -8,24 +8,14 @@ import json
 
 import pytest
 
-from tests.server.http_harness import HTTPServer
+from tests.server.http_harness import HTTPServer, serving
 
 MESSAGES = [{"role": "user", "content": "Why are there tides?"}]
 TOOLS = [{"type": "function", "function": {"name": "moon", "parameters": {
     "type": "object", "properties": {"phase": {"enum": ["new", "full"]}}, "required": ["phase"]}}}]
 
 
-@pytest.fixture(scope="module")
-def server(tiny_chat_llm):
-    s = HTTPServer(tiny_chat_llm, reasoning_parser="qwen3", tool_call_parser="hermes")
-    yield s
-    s.close()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with server.client() as c:
-        yield c
+server, client = serving("tiny_chat_llm", reasoning_parser="qwen3", tool_call_parser="hermes")
 
 
 @pytest.fixture(scope="module")

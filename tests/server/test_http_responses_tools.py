@@ -11,7 +11,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.server.http_harness import HTTPServer
+from tests.server.http_harness import serving
 
 PARAMS = {"type": "object", "properties": {"place": {"enum": ["north", "south"]},
                                            "hour": {"type": "integer", "minimum": 0, "maximum": 23}},
@@ -21,17 +21,7 @@ TOOLS = [{"type": "function", "name": "get_tide", "description": "The tide at a 
 QUESTION = "When is high tide?"
 
 
-@pytest.fixture(scope="module")
-def server(tiny_chat_llm):
-    s = HTTPServer(tiny_chat_llm, tool_call_parser="hermes", reasoning_parser="qwen3")
-    yield s
-    s.close()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with server.client() as c:
-        yield c
+server, client = serving("tiny_chat_llm", reasoning_parser="qwen3", tool_call_parser="hermes")
 
 
 def _comparable(response) -> dict:
