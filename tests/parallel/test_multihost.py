@@ -9,6 +9,7 @@ on a busy machine; the bound on the exit is more generous still)."""
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -64,8 +65,13 @@ def test_two_hosts_generate_like_one_and_a_dead_host_ends_the_other(model_dir, t
         ranks[1].send_signal(signal.SIGKILL)
         killed = time.monotonic()
         ranks[0].wait(timeout=EXIT_BOUND_S)
-        assert ranks[0].returncode == 1, output(0)
-        assert "host rank 1 stopped answering" in output(0)
+        out = output(0)
+        # whichever notices first ends rank 0 naming rank 1: our watchdog (exit 1), or on a loaded
+        # machine JAX's coordination service, whose heartbeat check aborts the process itself
+        by_watchdog = ranks[0].returncode == 1 and "host rank 1 stopped answering" in out
+        by_jax = (ranks[0].returncode != 0
+                  and re.search(r"tasks are unhealthy \(stopped sending heartbeats\):\s*1\b", out) is not None)
+        assert by_watchdog or by_jax, (ranks[0].returncode, out)
         assert time.monotonic() - killed < EXIT_BOUND_S
     finally:
         for p in ranks:
