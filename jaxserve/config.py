@@ -85,6 +85,9 @@ class EngineConfig:
     preemption_mode: str = _f("auto", "recompute, swap (to host memory), or auto (by a cost model measured at start-up)",
                               choices=("auto", "recompute", "swap"))
     swap_space: int = _f(256 << 20, "bytes of host memory for swapped-out KV blocks")
+    kv_offload_gib: float = _f(0.0, "GiB of host memory for a second prefix-cache tier: blocks the device "
+                                    "evicts move there (least recently used go first) and a later hit loads them "
+                                    "back instead of recomputing; one host pool with swap_space (0: off)")
     async_scheduling: bool = _f(
         True, "schedule and dispatch step N+1 while the device runs step N (sampled tokens feed the next step on "
               "the device); --no-async-scheduling waits for each step's tokens before scheduling the next")
@@ -189,6 +192,14 @@ class EngineConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name}={v!r} must be an integer >= 0")
+        if not (isinstance(self.kv_offload_gib, (int, float)) and not isinstance(self.kv_offload_gib, bool)
+                and math.isfinite(self.kv_offload_gib) and self.kv_offload_gib >= 0):
+            raise ValueError(f"kv_offload_gib={self.kv_offload_gib!r} must be a finite number >= 0")
+        if self.kv_offload_gib and not self.enable_prefix_caching:
+            raise ValueError("kv_offload_gib is a tier of the prefix cache: it needs enable_prefix_caching")
+        if self.kv_offload_gib and self.num_hosts > 1:
+            raise ValueError("kv_offload_gib is not supported with num_hosts > 1 (the host pool's copies run "
+                             "outside the steps the other hosts mirror)")
         if not 0 <= self.kv_watermark < 1:
             raise ValueError(f"kv_watermark={self.kv_watermark} must be in [0, 1)")
         if self.priority_weight_base < 1:

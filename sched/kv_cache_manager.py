@@ -12,7 +12,10 @@ Rules that keep the K/V correct:
   - a block enters the prefix cache in `cache_computed_blocks`, at the update of a step that
     (or whose successor) fills it, so a request admitted in the same step that fills it can never
     hit K/V no step computes before it: steps run in order on the device;
-  - a hit never covers the last known token: something must be computed to get logits.
+  - a hit never covers the last known token: something must be computed to get logits;
+  - with the host tier (`host_pool`), a hit may run on into blocks the device evicted to host
+    memory: the request gets fresh device blocks for them and the step loads them first
+    (prefix_cache.py: `loads`, `saves`, and the pins that keep one step's copies apart).
 """
 
 from __future__ import annotations
@@ -32,20 +35,27 @@ def cdiv(a: int, b: int) -> int:
 class SharedPrefix:
     """Blocks a request starts with instead of computing them: a prefix-cache hit or a fork."""
 
-    block_ids: list[int] = field(default_factory=list)
+    block_ids: list[int] = field(default_factory=list)  # on the device: shared as they are
     nodes: list[Node] = field(default_factory=list)  # tree nodes of the leading full blocks
-    num_tokens: int = 0  # tokens whose K/V those blocks hold
+    num_tokens: int = 0  # tokens whose K/V the prefix holds (device and host blocks)
     forked: bool = False  # shared from a live parent, not found in the prefix cache
+    host_nodes: list[Node] = field(default_factory=list)  # then these, loaded from the host tier
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 host_pool: BlockPool | None = None, host_tier: bool = False) -> None:
+        """host_pool: the engine's host-memory blocks, which swap preemption takes (`take_host`)
+        and, with host_tier, the prefix cache's second tier too (device evictions move there)."""
         self.pool = BlockPool(num_blocks, block_size)
         self.block_size = block_size
-        self.cache = PrefixCache(self.pool) if enable_prefix_caching else None
+        self.host_pool = host_pool
+        self.cache = (PrefixCache(self.pool, host_pool if host_tier else None)
+                      if enable_prefix_caching else None)
         self._nodes: dict[str, list[Node]] = {}  # request id -> nodes of its leading cached blocks
         self.prefix_cache_queries = 0  # prompt tokens looked up at first admission
-        self.prefix_cache_hits = 0  # of those, tokens served from the cache
+        self.prefix_cache_hits = 0  # of those, tokens served from the cache (either tier)
+        self.prefix_cache_host_hits = 0  # of those, tokens loaded from the host tier
         self._pinned: list[int] = []  # copy-on-write sources of the step being scheduled
 
     # ---- capacity -----------------------------------------------------------------------------
@@ -84,7 +94,9 @@ class KVCacheManager:
         tokens = req.all_token_ids
         max_blocks = (len(tokens) - 1) // self.block_size
         nodes = self.cache.match(req.cache_salt, tokens, max_blocks)
-        return SharedPrefix([n.block_id for n in nodes], nodes, len(nodes) * self.block_size)
+        on_device = [n for n in nodes if n.on_device]   # device nodes come first (prefix_cache.py)
+        return SharedPrefix([n.block_id for n in on_device], on_device, len(nodes) * self.block_size,
+                            host_nodes=nodes[len(on_device):])
 
     def fork_prefix(self, parent: Request, child: Request, parent_computed: int | None = None) -> SharedPrefix:
         """The parent's computed blocks that the child can share: the common computed prefix of
@@ -105,7 +117,9 @@ class KVCacheManager:
 
     def record_lookup(self, req: Request, prefix: SharedPrefix) -> None:
         self.prefix_cache_queries += req.num_prompt_tokens
-        self.prefix_cache_hits += min(prefix.num_tokens, req.num_prompt_tokens)
+        hit = min(prefix.num_tokens, req.num_prompt_tokens)
+        self.prefix_cache_hits += hit
+        self.prefix_cache_host_hits += max(0, hit - len(prefix.nodes) * self.block_size) if prefix.host_nodes else 0
 
     # ---- allocation ---------------------------------------------------------------------------
     def allocate_slots(
@@ -132,9 +146,16 @@ class KVCacheManager:
             self.pool.incref(prefix.block_ids)
             req.block_ids = list(prefix.block_ids)
             req.num_computed_tokens = prefix.num_tokens
-            self._nodes[req.request_id] = list(prefix.nodes)
+            self._nodes[req.request_id] = list(prefix.nodes) + list(prefix.host_nodes)
+            if prefix.host_nodes:
+                # pinned first (held until release_pins): taking device blocks for them may push
+                # other blocks to the host, which may evict host leaves
+                self.cache.pin_host(prefix.host_nodes)
+                dst = self._take(len(prefix.host_nodes))
+                self.cache.load(prefix.host_nodes, dst)
+                req.block_ids.extend(dst)
             if self.cache is not None:
-                self.cache.touch(prefix.nodes)
+                self.cache.touch(self._nodes[req.request_id])
         i = req.num_computed_tokens // bs
         if num_new_tokens > 0 and i < len(req.block_ids) and self.pool.refcount(req.block_ids[i]) > 1:
             (dst,) = self._take(1)
@@ -151,10 +172,35 @@ class KVCacheManager:
         return True
 
     def release_pins(self) -> None:
-        """End of schedule(): drop the references copy-on-write sources kept during the step."""
+        """End of schedule(): drop the references copy-on-write sources and host-tier loads kept
+        during the step."""
         if self._pinned:
             self.pool.free(self._pinned)
             self._pinned = []
+        if self.cache is not None:
+            self.cache.release_pins()
+
+    def begin_step(self, saves: list[tuple[int, int]], loads: list[tuple[int, int]]) -> None:
+        """The step's swap lists: host-tier saves and loads go in them, in the order decided,
+        beside swap preemption's (the runner performs every save before any load)."""
+        if self.cache is not None:
+            self.cache.saves = saves
+            self.cache.loads = loads
+
+    # ---- the host pool ------------------------------------------------------------------------
+    @property
+    def num_host_available(self) -> int:
+        """Host blocks a swap preemption can have: free ones and the host tier's cached ones."""
+        if self.host_pool is None:
+            return 0
+        return self.host_pool.num_free + self.host_pool.num_cached
+
+    def take_host(self, n: int) -> list[int]:
+        """n host blocks for a swap preemption, evicting the host tier's oldest leaves if needed."""
+        short = n - self.host_pool.num_free
+        if short > 0 and self.cache is not None:
+            self.cache.evict_host(short)
+        return self.host_pool.allocate(n)
 
     def _take(self, n: int) -> list[int]:
         short = n - self.pool.num_free

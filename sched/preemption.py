@@ -48,8 +48,8 @@ class Preemption:
         pending = pending_copy or rid in st.admitted
         if not pending and self._should_swap(victim):
             k = cdiv(victim.num_computed_tokens, self.config.block_size)
-            host = self.host_pool.allocate(k)
-            st.swap_out.extend((d, h - 1) for d, h in zip(victim.block_ids[:k], host))
+            host = self.kv.take_host(k)
+            st.swap_out.extend(zip(victim.block_ids[:k], host))
             victim.host_block_ids = host
             self.kv.free(victim)
             victim.status = RequestStatus.SWAPPED
@@ -68,8 +68,8 @@ class Preemption:
         mode = self.config.preemption_mode
         if mode == "recompute" or req.num_computed_tokens == 0:
             return False
-        if cdiv(req.num_computed_tokens, self.config.block_size) > self.host_pool.num_free:
-            return False  # the host pool is full: recompute instead
+        if cdiv(req.num_computed_tokens, self.config.block_size) > self.kv.num_host_available:
+            return False  # the host pool is full (swapped requests): recompute instead
         if mode == "swap":
             return True
         # auto: recompute is cheaper below the crossover length the engine measured; blocks still

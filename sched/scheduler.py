@@ -53,7 +53,7 @@ from jaxserve.sched.request import FINISH_REASONS, Request, RequestStatus
 from jaxserve.sched.request_queue import WaitingQueue
 from jaxserve.sched.scheduler_config import SchedulerConfig
 from jaxserve.sched.scheduler_output import PLACEHOLDER_TOKEN, RequestUpdate, ScheduledRequest, SchedulerOutput
-from jaxserve.sched.scheduler_stats import SchedulerStats
+from jaxserve.sched.scheduler_stats import SchedulerStats, snapshot
 from jaxserve.sched.speculation import DraftPlanner
 from jaxserve.sched.speculative_scheduling import SpeculativeScheduling
 from jaxserve.sched.step_budget import StepTimeScale, chunk_within, step_allowance
@@ -75,6 +75,8 @@ class _Step:
         self.scheduled: dict[str, ScheduledRequest] = {}
         self.copies: list[tuple[int, int]] = []
         self.preempted: list[str] = []
+        # (device block, host-pool id) and (host-pool id, device block), in the order decided:
+        # swap preemption's and the host tier's (kv_cache_manager.begin_step)
         self.swap_out: list[tuple[int, int]] = []
         self.swap_in: list[tuple[int, int]] = []
         self.partial: set[str] = set()  # requests left mid-prefill after this step
@@ -92,7 +94,7 @@ class _Step:
         self.prefill_items = 0
 
 
-class Scheduler(SpeculativeScheduling, KVConnectorScheduling, Preemption, SchedulerStats):
+class Scheduler(SpeculativeScheduling, KVConnectorScheduling, Preemption):
     def __init__(self, config: SchedulerConfig, clock=time.perf_counter, draft_proposer=None) -> None:
         """draft_proposer (speculation method draft_model): called within schedule() with
         [(request, k)] once their blocks for k guesses are allocated; returns request id -> its
@@ -101,10 +103,12 @@ class Scheduler(SpeculativeScheduling, KVConnectorScheduling, Preemption, Schedu
         self._draft_proposer = draft_proposer
         # the time requests' arrival_time and first_token_time are on (read only with objectives)
         self._clock = clock
-        self.kv = KVCacheManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
-        # Host-pool accounting reuses BlockPool, whose id 0 is reserved; the runner's host arrays
-        # have no null block, so pool id h is host block h - 1 in SchedulerOutput.
+        # One host pool: swap preemption's blocks and the prefix cache's host tier (kv offload).
+        # Its accounting reuses BlockPool, whose id 0 is reserved; the runner's host arrays have
+        # no null block, so pool id h is host block h - 1 in SchedulerOutput.
         self.host_pool = BlockPool(config.num_host_blocks + 1, config.block_size) if config.num_host_blocks else None
+        self.kv = KVCacheManager(config.num_blocks, config.block_size, config.enable_prefix_caching,
+                                 host_pool=self.host_pool, host_tier=config.enable_kv_offload)
         self.limits = RequestLimits(config.max_model_len, config.block_size, self.kv.pool.num_total)
         self._requests: dict[str, Request] = {}  # live: waiting or running; the only per-request map
         self._seq = itertools.count()
@@ -195,6 +199,7 @@ class Scheduler(SpeculativeScheduling, KVConnectorScheduling, Preemption, Schedu
         update(): how many tokens a verification yields is known only then."""
         self._step += 1
         st = _Step(self.config.max_num_batched_tokens)
+        self.kv.begin_step(st.swap_out, st.swap_in)
         self._kv_connector_step()
         self._schedule_running(st, drafts and self._planner is not None)
         # Admitting right after a preemption would only evict someone again next step.
@@ -210,8 +215,8 @@ class Scheduler(SpeculativeScheduling, KVConnectorScheduling, Preemption, Schedu
             num_batched_tokens=sum(len(r.token_ids) for r in reqs),
             block_copies=tuple(st.copies),
             preempted_ids=tuple(st.preempted),
-            swap_out=tuple(st.swap_out),
-            swap_in=tuple(st.swap_in),
+            swap_out=tuple((d, h - 1) for d, h in st.swap_out),
+            swap_in=tuple((h - 1, d) for h, d in st.swap_in),
             predicted_s=self._predicted_seconds(st),
         )
 
@@ -328,7 +333,7 @@ class Scheduler(SpeculativeScheduling, KVConnectorScheduling, Preemption, Schedu
             dev = self.kv.swap_in(req, host, n, reserve)
             if dev is None:
                 return False
-            st.swap_in.extend((h - 1, d) for h, d in zip(host, dev))
+            st.swap_in.extend(zip(host, dev))
             st.host_freed.extend(host)
             req.host_block_ids = []
             return True
@@ -548,6 +553,10 @@ class Scheduler(SpeculativeScheduling, KVConnectorScheduling, Preemption, Schedu
         del self._requests[rid]
 
     # ---- state and statistics -----------------------------------------------------------------
+    def stats(self) -> SchedulerStats:
+        """One snapshot of the state and counters (scheduler_stats.py)."""
+        return snapshot(self)
+
     def get_request(self, request_id: str) -> Request | None:
         return self._requests.get(request_id)
 
@@ -558,7 +567,7 @@ class Scheduler(SpeculativeScheduling, KVConnectorScheduling, Preemption, Schedu
         if self.kv.pool.num_in_use:
             return False
         if self.kv.cache is not None:
-            self.kv.cache.evict(self.kv.pool.num_total)
+            self.kv.cache.clear()   # both tiers: nothing is saved to the host on the way out
         return self.kv.pool.num_cached == 0
 
     def has_unfinished_requests(self) -> bool:

@@ -54,7 +54,10 @@ class SchedulerConfig:
     kv_watermark: float = 0.01  # share of the pool admissions leave free for running requests' growth
     admission_output_share: float = 0.5  # share of a request's remaining max_tokens counted as projected KV use
     preemption_mode: str = "recompute"  # "recompute" | "swap" | "auto"
-    num_host_blocks: int = 0  # host-memory pool for swapped-out blocks (swap and auto modes)
+    num_host_blocks: int = 0  # host-memory pool: swapped-out blocks (swap and auto modes), and the host tier
+    # the prefix cache's host tier: blocks it evicts from the device move to the host pool and stay
+    # findable (prefix_cache.py); needs prefix caching and a host pool
+    enable_kv_offload: bool = False
     swap_crossover_tokens: int = 256  # auto: swap when recompute would redo at least this many tokens
 
     # ---- speculative decoding (speculation.py) ----
@@ -104,6 +107,9 @@ class SchedulerConfig:
                 f"preemption_mode={self.preemption_mode!r} needs a host pool: num_host_blocks must be >= 1, "
                 f"got {self.num_host_blocks}"
             )
+        if self.enable_kv_offload and (self.num_host_blocks < 1 or not self.enable_prefix_caching):
+            raise ValueError(f"enable_kv_offload needs prefix caching and a host pool (num_host_blocks >= 1), got "
+                             f"enable_prefix_caching={self.enable_prefix_caching}, num_host_blocks={self.num_host_blocks}")
         if not (isinstance(self.priority_weight_base, (int, float)) and self.priority_weight_base >= 1):
             raise ValueError(f"priority_weight_base must be a number >= 1, got {self.priority_weight_base!r}")
         for name in ("kv_watermark", "admission_output_share"):

@@ -1,51 +1,80 @@
-"""The scheduler's counters, read by the engine's stats(): seats, queues, preemptions, KV blocks,
-prefix-cache hits. A mixin of `Scheduler` (scheduler.py); every one is a view of its state."""
+"""One snapshot of the scheduler's state and counters (`Scheduler.stats()`), read by the engine's
+stats(): seats, queues, preemptions, KV blocks in both tiers, prefix-cache hits, speculation.
+A value, taken at once: nothing in it changes as the scheduler goes on."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 
+
+@dataclass(frozen=True, slots=True)
 class SchedulerStats:
-    @property
-    def num_running(self) -> int:
-        return len(self.running)
-
-    @property
-    def num_waiting(self) -> int:
-        return len(self.waiting)
+    num_running: int
+    num_waiting: int
+    num_kv_loading: int                 # requests whose KV is on its way from elsewhere (kv_connector.py)
+    num_preemptions_recompute: int
+    num_preemptions_swap: int
+    num_swapped_blocks: int             # blocks copied out by swap preemption, in total
+    # the device pool: free + cached (evictable) + in use == total
+    num_kv_blocks_total: int
+    num_kv_blocks_free: int
+    num_kv_blocks_cached: int
+    num_kv_blocks_in_use: int
+    num_kv_blocks_in_use_peak: int
+    # the host pool: free + cached (the prefix cache's host tier) + in use (swapped requests) == total
+    num_host_blocks_total: int
+    num_host_blocks_free: int
+    num_host_blocks_cached: int
+    num_host_blocks_in_use: int
+    prefix_cache_queries: int           # prompt tokens looked up at first admission
+    prefix_cache_hits: int              # of those, found in either tier
+    prefix_cache_host_hits: int         # of those, loaded from the host tier
+    prefix_cache_nodes: int             # nodes in the tree (both tiers)
+    kv_blocks_saved: int                # device blocks the host tier took on eviction
+    kv_blocks_loaded: int               # host-tier blocks loaded back for a hit
+    kv_host_evictions: int              # host-tier blocks forgotten for room
+    spec_num_draft_tokens: int
+    spec_num_accepted_tokens: int
+    spec_num_verifications: int
+    step_time_scale: float
 
     @property
     def num_preemptions(self) -> int:
         return self.num_preemptions_recompute + self.num_preemptions_swap
 
     @property
-    def num_kv_blocks_total(self) -> int:
-        return self.kv.pool.num_total
+    def prefix_cache_device_hits(self) -> int:
+        return self.prefix_cache_hits - self.prefix_cache_host_hits
 
-    @property
-    def num_kv_blocks_free(self) -> int:
-        return self.kv.pool.num_free
 
-    @property
-    def num_kv_blocks_cached(self) -> int:
-        """Blocks the prefix cache holds that no request uses (evictable)."""
-        return self.kv.pool.num_cached
-
-    @property
-    def num_kv_blocks_in_use(self) -> int:
-        return self.kv.pool.num_in_use
-
-    @property
-    def num_host_blocks_in_use(self) -> int:
-        return self.host_pool.num_in_use if self.host_pool is not None else 0
-
-    @property
-    def prefix_cache_queries(self) -> int:
-        return self.kv.prefix_cache_queries
-
-    @property
-    def prefix_cache_hits(self) -> int:
-        return self.kv.prefix_cache_hits
-
-    @property
-    def prefix_cache_nodes(self) -> int:
-        return self.kv.num_prefix_cache_nodes
+def snapshot(sched) -> SchedulerStats:
+    """The snapshot of a Scheduler (scheduler.py calls this from stats())."""
+    pool, host, kv, cache = sched.kv.pool, sched.host_pool, sched.kv, sched.kv.cache
+    return SchedulerStats(
+        num_running=len(sched.running),
+        num_waiting=len(sched.waiting),
+        num_kv_loading=sched.num_kv_loading,
+        num_preemptions_recompute=sched.num_preemptions_recompute,
+        num_preemptions_swap=sched.num_preemptions_swap,
+        num_swapped_blocks=sched.num_swapped_blocks,
+        num_kv_blocks_total=pool.num_total,
+        num_kv_blocks_free=pool.num_free,
+        num_kv_blocks_cached=pool.num_cached,
+        num_kv_blocks_in_use=pool.num_in_use,
+        num_kv_blocks_in_use_peak=sched.num_kv_blocks_in_use_peak,
+        num_host_blocks_total=host.num_total if host is not None else 0,
+        num_host_blocks_free=host.num_free if host is not None else 0,
+        num_host_blocks_cached=host.num_cached if host is not None else 0,
+        num_host_blocks_in_use=host.num_in_use if host is not None else 0,
+        prefix_cache_queries=kv.prefix_cache_queries,
+        prefix_cache_hits=kv.prefix_cache_hits,
+        prefix_cache_host_hits=kv.prefix_cache_host_hits,
+        prefix_cache_nodes=kv.num_prefix_cache_nodes,
+        kv_blocks_saved=cache.num_saved_blocks if cache is not None else 0,
+        kv_blocks_loaded=cache.num_loaded_blocks if cache is not None else 0,
+        kv_host_evictions=cache.num_host_evictions if cache is not None else 0,
+        spec_num_draft_tokens=sched.spec_num_draft_tokens,
+        spec_num_accepted_tokens=sched.spec_num_accepted_tokens,
+        spec_num_verifications=sched.spec_num_verifications,
+        step_time_scale=sched.step_time_scale,
+    )

@@ -288,7 +288,7 @@ def _serve(config: EngineConfig, model_config: ModelConfig, params, *, dtype: st
                              logprobs_mode=config.logprobs_mode,
                              # several hosts: no swap (its start-up measurement runs outside the steps
                              # the followers mirror); preemption recomputes
-                             num_host_blocks=0 if hosts is not None else config.swap_space // arena.bytes_per_block,
+                             num_host_blocks=0 if hosts is not None else host_pool_blocks(config, arena.bytes_per_block),
                              executable_cache=_cache(ExecutableCache, cache_dir, "executables"), mesh=mesh,
                              coupled_with_draft=_uses_draft_model(config), model=model,
                              prompt_logprobs=config.enable_prompt_logprobs, pooling=config.enable_embeddings,
@@ -369,12 +369,19 @@ def _cache(kind, cache_dir: str | None, name: str):
     return kind(os.path.join(cache_dir, name)) if cache_dir else None
 
 
+def host_pool_blocks(config: EngineConfig, bytes_per_block: int) -> int:
+    """Blocks of the engine's one host pool: swap space and the prefix cache's host tier share it
+    (a swap preemption evicts host-tier blocks when it needs their room)."""
+    return int(config.swap_space + config.kv_offload_gib * (1 << 30)) // bytes_per_block
+
+
 def _scheduler(config: EngineConfig, runner: ModelRunner, max_model_len: int, chunking: ChunkPolicy,
                draft: ModelRunner | None = None) -> Scheduler:
     arena_blocks = runner.arena_spec.num_blocks
     usable = arena_blocks if config.usable_kv_blocks is None else min(arena_blocks, config.usable_kv_blocks + 1)
     host_blocks = runner.host_pool.num_blocks if runner.host_pool is not None else 0
-    mode = config.preemption_mode if host_blocks else "recompute"
+    swap_blocks = min(host_blocks, config.swap_space // runner.arena_spec.bytes_per_block)
+    mode = config.preemption_mode if swap_blocks else "recompute"
     crossover = runner.swap_cost.crossover_tokens() if runner.swap_cost is not None else 1 << 30
     return Scheduler(SchedulerConfig(
         num_blocks=usable,
@@ -398,6 +405,7 @@ def _scheduler(config: EngineConfig, runner: ModelRunner, max_model_len: int, ch
         kv_watermark=config.kv_watermark,
         preemption_mode=mode,
         num_host_blocks=host_blocks,
+        enable_kv_offload=bool(config.kv_offload_gib) and host_blocks > 0,
         swap_crossover_tokens=min(crossover, 1 << 30),
         speculation=config.speculative_config,
         max_decode_rows=(runner.shapes.decode_only_buckets or runner.shapes.decode_buckets)[-1],

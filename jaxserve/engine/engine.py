@@ -359,7 +359,7 @@ class Engine:
         new = weight_update.new_params(self.runner, update, requantize=self.requantize)
         self._drain()
         recomputed = self.scheduler.recompute_all()
-        flushed = self.scheduler.num_kv_blocks_cached
+        flushed = self.scheduler.stats().num_kv_blocks_cached
         if not self.scheduler.reset_prefix_cache():
             raise RuntimeError("the prefix cache could not be flushed: blocks are still held")  # a bug
         self.runner.params = new
@@ -470,8 +470,10 @@ class Engine:
         return dict(self.outputs.counters.finished_by_reason)
 
     def stats(self) -> EngineStats:
-        s = self.scheduler
+        s = self.scheduler.stats()
+        config = self.scheduler.config
         c = self.outputs.counters
+        bytes_per_block = getattr(getattr(self.runner, "arena_spec", None), "bytes_per_block", 0)
         timing = self._timer.stats()
         return EngineStats(
             num_kv_blocks_total=s.num_kv_blocks_total,
@@ -490,14 +492,20 @@ class Engine:
             num_preemptions_recompute=s.num_preemptions_recompute,
             num_preemptions_swap=s.num_preemptions_swap,
             num_swapped_blocks=s.num_swapped_blocks,
-            prefill_chunk_tokens=s.config.long_prefill_token_threshold or s.config.decode_step_prefill_cap,
+            prefill_chunk_tokens=config.long_prefill_token_threshold or config.decode_step_prefill_cap,
             prefix_cache_nodes=s.prefix_cache_nodes,
+            prefix_cache_host_hits=s.prefix_cache_host_hits,
+            num_host_blocks_total=s.num_host_blocks_total,
+            num_host_blocks_cached=s.num_host_blocks_cached,
+            num_host_blocks_in_use=s.num_host_blocks_in_use,
+            kv_offload_bytes_saved=s.kv_blocks_saved * bytes_per_block,
+            kv_offload_bytes_loaded=s.kv_blocks_loaded * bytes_per_block,
             prefill_policy=self.chunk_policy.describe() if self.chunk_policy is not None else "",
             step_time_scale=s.step_time_scale,
             host_ms_per_step=timing.host_ms_per_step,
             device_idle_fraction=timing.device_idle_fraction,
             kv_cache_dtype=str(getattr(getattr(self.runner, "arena_spec", None), "dtype", "")),
-            kv_cache_bytes_per_block=getattr(getattr(self.runner, "arena_spec", None), "bytes_per_block", 0),
+            kv_cache_bytes_per_block=bytes_per_block,
             spec_num_draft_tokens=s.spec_num_draft_tokens,
             spec_num_accepted_tokens=s.spec_num_accepted_tokens,
             spec_num_verifications=s.spec_num_verifications,

@@ -26,7 +26,14 @@ class EngineStats:
     num_swapped_blocks: int = 0
     prefill_chunk_tokens: int = 0      # one request's most prompt tokens per step (0: no cap; a derived
                                        # chunk applies only to steps that carry decodes)
-    prefix_cache_nodes: int = 0        # nodes in the prefix-cache tree, one per cached block
+    prefix_cache_nodes: int = 0        # nodes in the prefix-cache tree, one per cached block (both tiers)
+    # the host pool (one: swap preemption's blocks and the prefix cache's host tier, kv_offload_gib)
+    prefix_cache_host_hits: int = 0    # of prefix_cache_hits, tokens loaded from the host tier
+    num_host_blocks_total: int = 0
+    num_host_blocks_cached: int = 0    # the host tier's blocks (evictable)
+    num_host_blocks_in_use: int = 0    # swapped-out requests' blocks
+    kv_offload_bytes_saved: int = 0    # device blocks' bytes the host tier took on eviction
+    kv_offload_bytes_loaded: int = 0   # host-tier bytes loaded back for hits
     prefill_policy: str = ""           # how prompt chunks are sized (engine/chunk_policy.py), in words
     step_time_scale: float = 1.0       # measured / predicted time of steps with decodes and prompts (slo policy)
     host_ms_per_step: float = 0.0      # host time per step call outside waiting for the device
@@ -62,6 +69,10 @@ class EngineStats:
     @property
     def prefix_hit_rate(self) -> float:
         return 0.0 if not self.prefix_cache_queries else self.prefix_cache_hits / self.prefix_cache_queries
+
+    @property
+    def prefix_cache_device_hits(self) -> int:
+        return self.prefix_cache_hits - self.prefix_cache_host_hits
 
     @property
     def spec_mean_accepted(self) -> float:

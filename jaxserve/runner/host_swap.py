@@ -1,8 +1,15 @@
-"""Swapping KV blocks between the device arena and a host-memory pool (preemption by swap).
+"""Copying KV blocks between the device arena and the host-memory pool: preemption by swap, and
+the prefix cache's host tier (its saves of evicted blocks and its loads of host hits).
 
 Blocks move in fixed batches of SWAP_BATCH (padding entries read and write the null block), so
 the two transfer functions compile once, at start-up. The host pool is numpy, one (k, v) pair of
 [num_host_blocks, block_size, K, H] arrays per layer.
+
+A save does not wait for its bytes: the gather is dispatched in step order (before the step
+whose blocks it frees) and its device-to-host copy started, and the host arrays are written
+when the bytes are needed (a load, which must read them) or at the next step's block operations,
+by when the gather has long run. So the step loop never blocks on a save's transfer, and the
+device runs the step while the copy drains.
 """
 
 from __future__ import annotations
@@ -34,7 +41,11 @@ class HostSwapPool:
         dtype = np.dtype(jnp.dtype(spec.dtype))
         self.num_blocks = num_host_blocks
         self.layers = [(np.zeros(shape, dtype), np.zeros(shape, dtype)) for _ in range(spec.num_layers)]
+        self.bytes_per_block = 2 * spec.num_layers * int(np.prod(shape[1:])) * dtype.itemsize
         self._gather = self._scatter = None   # compiled for the arena at the first swap (start-up)
+        self._in_flight: list[tuple[list[int], list]] = []   # saves whose bytes are on their way
+        self.blocks_saved = 0
+        self.blocks_loaded = 0
 
     def _programs(self, kv_caches):
         """The gather and scatter, compiled ahead of time for this arena and held here: a jitted
@@ -49,19 +60,32 @@ class HostSwapPool:
         return self._gather, self._scatter
 
     def swap_out(self, kv_caches, pairs) -> None:
-        """pairs: (device block, host block); copies device -> host."""
+        """pairs: (device block, host block); copies device -> host (its host arrays are written
+        by `flush`, which every reader calls first)."""
         for i in range(0, len(pairs), SWAP_BATCH):
             chunk = list(pairs[i:i + SWAP_BATCH])
             ids = np.zeros(SWAP_BATCH, np.int32)
             ids[:len(chunk)] = [d for d, _ in chunk]
-            host_ids = [h for _, h in chunk]
-            blocks = jax.device_get(self._programs(kv_caches)[0](kv_caches, ids))
-            for (hk, hv), (bk, bv) in zip(self.layers, blocks):
-                hk[host_ids] = bk[:len(chunk)]
-                hv[host_ids] = bv[:len(chunk)]
+            blocks = self._programs(kv_caches)[0](kv_caches, ids)
+            for arr in jax.tree_util.tree_leaves(blocks):
+                arr.copy_to_host_async()
+            self._in_flight.append(([h for _, h in chunk], blocks))
+            self.blocks_saved += len(chunk)
+
+    def flush(self) -> None:
+        """Write the saves in flight into the host arrays, in the order they were made (a later
+        save to the same host block wins, as it must)."""
+        for host_ids, blocks in self._in_flight:
+            n = len(host_ids)
+            for (hk, hv), (bk, bv) in zip(self.layers, jax.device_get(blocks)):
+                hk[host_ids] = bk[:n]
+                hv[host_ids] = bv[:n]
+        self._in_flight = []
 
     def swap_in(self, kv_caches, pairs):
         """pairs: (host block, device block); copies host -> device, returns the new caches."""
+        self.flush()
+        self.blocks_loaded += len(pairs)
         for i in range(0, len(pairs), SWAP_BATCH):
             chunk = list(pairs[i:i + SWAP_BATCH])
             ids = np.zeros(SWAP_BATCH, np.int32)          # padding rows land in the null block

@@ -364,6 +364,8 @@ class ModelRunner:
         its packed inputs (what a multi-host follower receives and runs)."""
         # Block operations first, in the scheduler's order: swap-outs may free blocks that
         # swap-ins and copies of the same step reuse.
+        if self.host_pool is not None:
+            self.host_pool.flush()     # the last step's saves: their gathers ran before it
         if inputs.swap_out:
             self.host_pool.swap_out(self.kv_caches, inputs.swap_out)
         if inputs.swap_in:

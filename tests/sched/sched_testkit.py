@@ -74,7 +74,7 @@ class FakeRunner:
         self.model = model
         self.block_size = block_size
         self.kv = np.full((num_blocks, block_size), -1, dtype=np.int64)  # [block, offset] -> token
-        self.host: dict[int, np.ndarray] = {}  # host pool for swapped blocks
+        self.host: dict[int, np.ndarray] = {}  # host pool: swapped blocks and the prefix cache's host tier
         self.num_copies = 0
         self.num_swapped_out = 0
 
@@ -88,7 +88,8 @@ class FakeRunner:
             self.host[host] = self.kv[dev].copy()
             self.num_swapped_out += 1
         for host, dev in out.swap_in:
-            self.kv[dev] = self.host.pop(host)
+            assert host in self.host, f"host block {host} is read but holds nothing"
+            self.kv[dev] = self.host[host]
         for src, dst in out.block_copies:
             assert src != dst and 0 not in (src, dst)
             self.kv[dst] = self.kv[src]
@@ -127,6 +128,9 @@ class FakeRunner:
         pool = sched.kv.pool
         for b in pool.free_block_ids():
             self.kv[b] = -1
+        if sched.host_pool is not None:   # the same for host blocks (pool id h is host block h - 1)
+            for h in sched.host_pool.free_block_ids():
+                self.host.pop(h - 1, None)
         return sampled
 
 
@@ -151,19 +155,35 @@ def check_invariants(sched: Scheduler) -> None:
     assert pool.num_in_use == len(held)
     assert len(sched.running) <= sched.config.max_num_seqs
     cache = sched.kv.cache
+    host = sched.host_pool
+    host_nodes = []
     if cache is not None:
         nodes = cache.all_nodes()
-        assert len({n.block_id for n in nodes}) == len(nodes), "a block appears twice in the tree"
-        assert sum(1 for n in nodes if pool.refcount(n.block_id) == 0) == pool.num_cached
+        on_device = [n for n in nodes if n.on_device]
+        host_nodes = [n for n in nodes if not n.on_device]
+        assert len({n.block_id for n in on_device}) == len(on_device), "a block appears twice in the tree"
+        assert sum(1 for n in on_device if pool.refcount(n.block_id) == 0) == pool.num_cached
+        assert all(n.host_id == 0 for n in on_device) and all(n.host_id > 0 for n in host_nodes)
+        assert len({n.host_id for n in host_nodes}) == len(host_nodes), "a host block appears twice in the tree"
+        for n in host_nodes:   # the device part of the tree is closed under ancestors
+            assert not any(c.on_device for c in n.children.values()), f"{n!r} has a child on the device"
+            assert host.is_cached(n.host_id) and host.refcount(n.host_id) == 0
+        for n in on_device:
+            assert n.device_children == sum(1 for c in n.children.values() if c.on_device)
         for req in sched.running:  # each request's cached nodes are exactly its leading blocks
             for j, n in enumerate(sched.kv._nodes.get(req.request_id, [])):
                 assert n.attached and n.block_id == req.block_ids[j]
+    if host is not None:   # host: free + cached (the host tier) + in use (swapped requests) == total
+        swapped = [b for r in sched.waiting if r.status is RequestStatus.SWAPPED for b in r.host_block_ids]
+        assert host.num_free + host.num_cached + host.num_in_use == host.num_total
+        assert host.num_cached == len(host_nodes)
+        assert host.num_in_use == len(swapped) == len(set(swapped))
 
 
 def check_drained(sched: Scheduler) -> None:
     """After a workload: no request left, and free + cached == total."""
     assert not sched.has_unfinished_requests()
-    assert sched.num_running == 0 and sched.num_waiting == 0
+    assert sched.stats().num_running == 0 and sched.stats().num_waiting == 0
     pool = sched.kv.pool
     assert pool.num_in_use == 0
     assert pool.num_free + pool.num_cached == pool.num_total

@@ -13,11 +13,11 @@ def test_abort_frees_a_running_requests_blocks_and_a_waiting_one_leaves_the_queu
     sched.add_request(b)
     out = sched.schedule()
     sched.update(out, runner.execute(out, sched))
-    assert sched.num_kv_blocks_in_use == 3 and sched.num_waiting == 1
+    assert sched.stats().num_kv_blocks_in_use == 3 and sched.stats().num_waiting == 1
     assert sched.abort_requests(["a", "b", "nobody"]) == [a, b]
     assert a.status is b.status is RequestStatus.FINISHED_ABORTED and a.finish_reason == "abort"
     check_drained(sched)
-    assert sched.num_kv_blocks_free == sched.num_kv_blocks_total
+    assert sched.stats().num_kv_blocks_free == sched.stats().num_kv_blocks_total
 
 
 def test_a_request_aborted_during_a_step_is_skipped_by_update():

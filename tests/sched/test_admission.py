@@ -42,7 +42,7 @@ def test_a_duplicate_request_id_is_rejected(sched):
 def test_rejected_requests_leave_no_trace(sched):
     with pytest.raises(ValueError):
         sched.add_request(make_request("a", 101))
-    assert not sched.has_unfinished_requests() and sched.num_kv_blocks_free == 8
+    assert not sched.has_unfinished_requests() and sched.stats().num_kv_blocks_free == 8
 
 
 @pytest.mark.parametrize(

@@ -63,7 +63,7 @@ def test_a_child_waits_for_its_parents_prefill_then_computes_only_the_last_token
     # block 7, so the child writes into a copy
     assert runner.num_copies == 1 and len(copies) == 1 and copies[0][0] == parent.block_ids[7]
     assert child.num_cached_tokens == 29
-    assert sched.prefix_cache_hits == 0  # sharing with a fork parent is not a prefix-cache hit
+    assert sched.stats().prefix_cache_hits == 0  # sharing with a fork parent is not a prefix-cache hit
     drive(sched, runner=runner)
     assert_outputs_match_reference([parent, child], sched.config.max_model_len)
 

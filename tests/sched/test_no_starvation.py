@@ -22,7 +22,7 @@ def run_stream(cfg, arrivals):
         for u in sched.update(out, runner.execute(out, sched)):
             if u.finished:
                 finished_at[u.request.request_id] = step
-    assert sched.num_waiting > 0  # the stream really kept the scheduler saturated
+    assert sched.stats().num_waiting > 0  # the stream really kept the scheduler saturated
     sched.abort_requests([r.request_id for r in list(sched.running) + list(sched.waiting)])
     check_drained(sched)
     return finished_at

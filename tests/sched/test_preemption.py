@@ -26,8 +26,8 @@ def test_preempted_requests_resume_with_unchanged_outputs(caching, chunked):
     sched = Scheduler(cfg)
     reqs = [make_request(f"r{i}", 6 + i, max_tokens=20, ignore_eos=True) for i in range(5)]
     drive(sched, reqs)
-    assert sched.num_preemptions > 0  # the test really exercised preemption
-    assert sum(r.num_preemptions for r in reqs) == sched.num_preemptions
+    assert sched.stats().num_preemptions > 0  # the test really exercised preemption
+    assert sum(r.num_preemptions for r in reqs) == sched.stats().num_preemptions
     assert_outputs_match_reference(reqs, cfg.max_model_len)
 
 
@@ -79,7 +79,7 @@ def test_a_preempted_request_goes_back_in_front_of_newer_waiting_ones():
         sched.add_request(r)
     late = make_request("late", 4, max_tokens=2)
     sched.add_request(late)
-    while sched.num_preemptions == 0:
+    while sched.stats().num_preemptions == 0:
         out = sched.schedule()
         sched.update(out, runner.execute(out, sched))
     assert [r.request_id for r in sched.waiting] == ["r1", "late"]
@@ -90,5 +90,5 @@ def test_preemption_with_many_requests_and_a_tiny_pool_leaks_nothing():
     sched = Scheduler(cfg)
     reqs = [make_request(f"r{i}", 3 + i % 5, max_tokens=20 - i, ignore_eos=i % 2 == 0) for i in range(10)]
     drive(sched, reqs)
-    assert sched.num_preemptions > 0
+    assert sched.stats().num_preemptions > 0
     assert_outputs_match_reference(reqs, cfg.max_model_len)

@@ -87,15 +87,15 @@ def test_ten_thousand_one_off_salts_leave_the_node_count_where_it_started():
 def test_the_scheduler_reports_the_tree_size():
     cfg = SchedulerConfig(num_blocks=24, block_size=BS, max_model_len=64, max_num_batched_tokens=64)
     sched = Scheduler(cfg)
-    assert sched.prefix_cache_nodes == 0
+    assert sched.stats().prefix_cache_nodes == 0
     prompt = list(range(3, 3 + 2 * BS + 1))
     reqs = [make_request(f"r{i}", prompt, max_tokens=2, ignore_eos=True, cache_salt=f"s{i}") for i in range(3)]
     drive(sched, reqs)
-    assert sched.prefix_cache_nodes == len(sched.kv.cache.all_nodes()) == 3 * 2  # no salt shares
+    assert sched.stats().prefix_cache_nodes == len(sched.kv.cache.all_nodes()) == 3 * 2  # no salt shares
     assert sched.reset_prefix_cache()
-    assert sched.prefix_cache_nodes == 0
+    assert sched.stats().prefix_cache_nodes == 0
     assert Scheduler(SchedulerConfig(num_blocks=24, block_size=BS, max_model_len=64, max_num_batched_tokens=64,
-                                     enable_prefix_caching=False)).prefix_cache_nodes == 0
+                                     enable_prefix_caching=False)).stats().prefix_cache_nodes == 0
 
 
 salts = st.one_of(st.none(), st.text(max_size=3))

@@ -31,7 +31,7 @@ def test_a_second_request_with_the_same_prompt_computes_only_the_uncached_tail()
     sr = first_step_of(sched, runner, b)
     assert sr.num_computed_tokens == 20 and sr.token_ids == tuple(prompt[20:])
     assert b.num_cached_tokens == 20
-    assert (sched.prefix_cache_queries, sched.prefix_cache_hits) == (44, 20)
+    assert (sched.stats().prefix_cache_queries, sched.stats().prefix_cache_hits) == (44, 20)
     drive(sched, runner=runner)
     assert_outputs_match_reference([a, b], 128)
 
@@ -55,7 +55,7 @@ def test_a_preempted_request_resumes_from_its_own_cached_blocks():
         sched_steps.append(out)
 
     drive(sched, reqs, on_step=on_step)
-    assert sched.num_preemptions > 0
+    assert sched.stats().num_preemptions > 0
     for out in sched_steps:
         for s in out.requests:
             r = next(r for r in reqs if r.request_id == s.request_id)
@@ -77,7 +77,7 @@ def test_requests_admitted_in_the_same_step_cannot_hit_each_other():
     drive(sched, runner=runner)
     assert a.num_cached_tokens == b.num_cached_tokens == 0
     # both computed the same 6 full blocks; the tree keeps one copy of each
-    assert sched.num_kv_blocks_cached == 6
+    assert sched.stats().num_kv_blocks_cached == 6
     assert_outputs_match_reference([a, b], 128)
 
 
@@ -85,11 +85,11 @@ def test_requests_with_different_salts_never_share_a_block():
     sched, runner = Scheduler(config()), FakeRunner(64, 4)
     prompt = make_request("x", 30).prompt_token_ids
     drive(sched, [make_request("a", prompt, cache_salt="alice")], runner=runner)
-    hits = sched.prefix_cache_hits
+    hits = sched.stats().prefix_cache_hits
     for rid, salt in (("b", "bob"), ("c", None)):
         sr = first_step_of(sched, runner, make_request(rid, prompt, cache_salt=salt))
         assert sr.num_computed_tokens == 0
-    assert sched.prefix_cache_hits == hits == 0
+    assert sched.stats().prefix_cache_hits == hits == 0
     sr = first_step_of(sched, runner, make_request("d", prompt, cache_salt="alice"))
     assert sr.num_computed_tokens == 28
     drive(sched, runner=runner)
@@ -102,7 +102,7 @@ def test_a_shared_system_prompt_outlives_the_conversations_hanging_off_it():
     chats = [make_request(f"c{i}", system + make_request(f"q{i}", 8).prompt_token_ids, max_tokens=4) for i in range(3)]
     for c in chats:
         drive(sched, [c], runner=runner)
-    assert sched.num_kv_blocks_cached == 2 + 3 * 2  # the system prompt once, 2 own blocks per chat
+    assert sched.stats().num_kv_blocks_cached == 2 + 3 * 2  # the system prompt once, 2 own blocks per chat
     # a stranger needs most of the pool: conversations' leaves go, the system prompt stays
     stranger = make_request("s", 40, max_tokens=8)
     drive(sched, [stranger], runner=runner)
@@ -118,7 +118,7 @@ def test_the_least_recently_used_conversation_is_evicted_first():
     old, new = make_request("old", 16, max_tokens=1), make_request("new", 16, max_tokens=1)
     drive(sched, [old], runner=runner)
     drive(sched, [new], runner=runner)
-    assert sched.num_kv_blocks_cached == 8
+    assert sched.stats().num_kv_blocks_cached == 8
     # 79 computed tokens take 20 blocks: 16 free, so 4 cached blocks must go
     drive(sched, [make_request("filler", 78, max_tokens=2)], runner=runner)
     check_invariants(sched)
@@ -159,9 +159,9 @@ def test_outputs_are_identical_with_the_cache_on_or_off_under_eviction_pressure(
     drive(sched, arrivals=arrivals)
     assert_outputs_match_reference(reqs, cfg.max_model_len)
     if caching:
-        assert sched.prefix_cache_hits > 0 and sched.kv.cache.num_evictions > 0
+        assert sched.stats().prefix_cache_hits > 0 and sched.kv.cache.num_evictions > 0
     else:
-        assert sched.prefix_cache_hits == 0 and sched.num_kv_blocks_cached == 0
+        assert sched.stats().prefix_cache_hits == 0 and sched.stats().num_kv_blocks_cached == 0
 
 
 def test_reset_prefix_cache_empties_the_tree_only_between_workloads():
@@ -178,6 +178,7 @@ def test_reset_prefix_cache_empties_the_tree_only_between_workloads():
     while s.has_unfinished_requests():
         out = s.schedule()
         s.update(out, {r.request_id: [5] for r in out.requests if r.sample})
-    assert s.num_kv_blocks_cached > 0
+    assert s.stats().num_kv_blocks_cached > 0
     assert s.reset_prefix_cache()
-    assert s.num_kv_blocks_cached == 0 and s.num_kv_blocks_free == s.num_kv_blocks_total
+    st = s.stats()
+    assert st.num_kv_blocks_cached == 0 and st.num_kv_blocks_free == st.num_kv_blocks_total

@@ -55,6 +55,8 @@ def workloads(draw):
     need_blocks = -(-max_model_len // block_size)
     mode = draw(st.sampled_from(["recompute", "swap", "auto"]))
     max_num_seqs = draw(st.integers(1, 6))
+    caching = draw(st.booleans())
+    offload = caching and draw(st.booleans())   # the prefix cache's host tier
     cfg = SchedulerConfig(
         scheduling_policy=draw(st.sampled_from(["fcfs", "priority"])),
         max_num_partial_prefills=draw(st.integers(0, 2)),
@@ -62,7 +64,8 @@ def workloads(draw):
         kv_watermark=draw(st.sampled_from([0.0, 0.1])),
         admission_output_share=draw(st.sampled_from([0.0, 0.5, 1.0])),
         preemption_mode=mode,
-        num_host_blocks=0 if mode == "recompute" else draw(st.integers(1, 2 * need_blocks)),
+        num_host_blocks=0 if mode == "recompute" and not offload else draw(st.integers(1, 2 * need_blocks)),
+        enable_kv_offload=offload,
         swap_crossover_tokens=draw(st.integers(0, 16)),
         num_blocks=1 + draw(st.integers(need_blocks, 2 * need_blocks)),
         block_size=block_size,
@@ -72,7 +75,7 @@ def workloads(draw):
         enable_chunked_prefill=chunked,
         long_prefill_token_threshold=draw(st.integers(0, 8)) if chunked else 0,
         chunk_granularity=granularity,
-        enable_prefix_caching=draw(st.booleans()),
+        enable_prefix_caching=caching,
         **(dict(zip(("objectives", "step_cost"), draw(slo_policies(granularity))))
            if chunked and draw(st.booleans()) else {}),
         **(draw(speculation(max_num_seqs)) if draw(st.booleans()) else {}),

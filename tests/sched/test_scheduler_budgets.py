@@ -34,7 +34,7 @@ def test_no_more_requests_run_at_once_than_there_are_seats():
     sched = Scheduler(config(max_num_seqs=3))
     reqs = [make_request(f"r{i}", 5, max_tokens=6) for i in range(7)]
     counts = []
-    drive(sched, reqs, on_step=lambda i, out: counts.append((len(out.requests), sched.num_running)))
+    drive(sched, reqs, on_step=lambda i, out: counts.append((len(out.requests), sched.stats().num_running)))
     assert max(n for n, _ in counts) == 3 and max(r for _, r in counts) <= 3
 
 
@@ -139,7 +139,7 @@ def test_decode_step_prefill_cap_applies_only_while_someone_decodes():
     out = step(sched, runner)               # "first" decodes, so "second" gets only the ITL chunk
     assert [(s.request_id, len(s.token_ids)) for s in out.requests] == [("first", 1), ("second", 8)]
     drive(sched, runner=runner)
-    assert sched.num_running == sched.num_waiting == 0
+    assert sched.stats().num_running == sched.stats().num_waiting == 0
 
 
 def test_decode_step_prefill_cap_is_validated():
@@ -158,7 +158,7 @@ def test_fewer_decodes_get_the_finer_cap():
     out = step(sched, runner)               # one decode beside: the 1-decode cap
     assert [(s.request_id, len(s.token_ids)) for s in out.requests] == [("first", 1), ("second", 4)]
     drive(sched, runner=runner)
-    assert sched.num_running == sched.num_waiting == 0
+    assert sched.stats().num_running == sched.stats().num_waiting == 0
 
 
 @pytest.mark.parametrize("caps", [((4, 8), (2, 4)), ((0, 8),), ((2, 0),)])

@@ -84,8 +84,8 @@ def test_admission_leaves_room_for_running_requests_to_grow():
         reqs = [make_request(f"r{i}", 8, max_tokens=40, ignore_eos=True) for i in range(4)]
         drive(sched, reqs)
         assert_outputs_match_reference(reqs, 64)
-    assert eager.num_preemptions > 0
-    assert careful.num_preemptions == 0  # admitted only what could grow to completion
+    assert eager.stats().num_preemptions > 0
+    assert careful.stats().num_preemptions == 0  # admitted only what could grow to completion
 
 
 def test_the_watermark_keeps_blocks_free_at_admission_but_never_blocks_a_lone_request():
@@ -127,7 +127,7 @@ def test_a_burst_at_an_idle_engine_fills_every_free_seat_before_the_queue_bound_
             pass
     assert len(taken) == 36
     out = sched.schedule()
-    assert len(out.requests) == 32 and sched.num_waiting == 4
+    assert len(out.requests) == 32 and sched.stats().num_waiting == 4
     # with every seat taken, the bound is the plain queue length again
     with pytest.raises(Overloaded):
         sched.add_request(make_request("late", 4))

@@ -13,7 +13,7 @@ def run(req, max_model_len=64):
     while sched.has_unfinished_requests():
         out = sched.schedule()
         sched.update(out, runner.execute(out, sched))
-    assert sched.num_kv_blocks_free + sched.num_kv_blocks_cached == sched.num_kv_blocks_total
+    assert sched.stats().num_kv_blocks_free + sched.stats().num_kv_blocks_cached == sched.stats().num_kv_blocks_total
     return req
 
 
@@ -84,7 +84,7 @@ def test_a_stop_string_found_by_the_engine_ends_the_request_and_frees_its_blocks
         sched.update(out, runner.execute(out, sched))
     ended = sched.finish_requests(["a", "unknown"], "stop", stop_reason="\n\n")
     assert ended == [req] and req.finish_reason == "stop" and req.stop_reason == "\n\n"
-    assert not sched.has_unfinished_requests() and sched.num_kv_blocks_in_use == 0
+    assert not sched.has_unfinished_requests() and sched.stats().num_kv_blocks_in_use == 0
 
 
 def test_update_reports_new_tokens_and_finishing():

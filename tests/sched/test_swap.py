@@ -30,7 +30,7 @@ def test_swapped_requests_resume_with_unchanged_outputs_and_no_recompute(caching
 
     drive(sched, reqs, on_step=on_step)
     assert sched.num_preemptions_swap > 0 and sched.num_preemptions_recompute == 0
-    assert sched.num_swapped_blocks > 0 and sched.num_host_blocks_in_use == 0
+    assert sched.num_swapped_blocks > 0 and sched.stats().num_host_blocks_in_use == 0
     assert resumed and all(s.num_computed_tokens > 0 for s in resumed)  # nothing recomputed
     assert_outputs_match_reference(reqs, cfg.max_model_len)
 
@@ -84,9 +84,9 @@ def test_aborting_a_swapped_request_frees_its_host_blocks():
     sched.add_request(make_request("urgent", 30, max_tokens=4, ignore_eos=True, priority=0))
     out = sched.schedule()
     sched.update(out, runner.execute(out, sched))
-    assert sched.get_request("bg").status is RequestStatus.SWAPPED and sched.num_host_blocks_in_use == 8
+    assert sched.get_request("bg").status is RequestStatus.SWAPPED and sched.stats().num_host_blocks_in_use == 8
     sched.abort_requests(["bg"])
-    assert sched.num_host_blocks_in_use == 0
+    assert sched.stats().num_host_blocks_in_use == 0
     drive(sched, runner=runner)
 
 
