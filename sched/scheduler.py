@@ -94,7 +94,7 @@ class _Step:
         self.prefill_items = 0
 
 
-class Scheduler(SpeculativeScheduling, KVConnectorScheduling, Preemption):
+class Scheduler(SpeculativeScheduling, KVConnectorScheduling):
     def __init__(self, config: SchedulerConfig, clock=time.perf_counter, draft_proposer=None) -> None:
         """draft_proposer (speculation method draft_model): called within schedule() with
         [(request, k)] once their blocks for k guesses are allocated; returns request id -> its
@@ -116,9 +116,7 @@ class Scheduler(SpeculativeScheduling, KVConnectorScheduling, Preemption):
         self._step = 0
         self.waiting = WaitingQueue()
         self.running: list[Request] = []  # admission order
-        self.num_preemptions_recompute = 0
-        self.num_preemptions_swap = 0
-        self.num_swapped_blocks = 0  # blocks copied out to the host pool, in total
+        self.preemption = Preemption(config, self.kv)   # victims, swap or recompute, and their counts
         self.num_kv_blocks_in_use_peak = 0  # most blocks in use after any schedule()
         self._step_time = StepTimeScale()  # measured / predicted step time, learned (observe_step_time)
         self._planner = None
@@ -301,7 +299,7 @@ class Scheduler(SpeculativeScheduling, KVConnectorScheduling, Preemption):
             if n == 0:
                 break  # chunking off and the prompt does not fit what is left of the budget
             if not self._admit(req, prefix, n, st):
-                victim = self._less_urgent_victim(req, st)
+                victim = self.preemption.less_urgent_victim(req, self.running, st.admitted)
                 if victim is None:
                     break  # first come, first served: nobody overtakes the head
                 self._preempt(victim, st)  # priority policy: make room, then look again
@@ -459,6 +457,51 @@ class Scheduler(SpeculativeScheduling, KVConnectorScheduling, Preemption):
             req.num_pending_output_tokens += 1
 
     # ---- preemption ---------------------------------------------------------------------------
+    def _preempt(self, victim: Request, st: _Step) -> None:
+        """Evict a running request (possibly one already scheduled this step: it is taken out of
+        the step again) by swap or recompute (preemption.py decides), and put it back in the
+        waiting queue under its own key."""
+        rid = victim.request_id
+        pending_copy = False
+        sr = st.scheduled.pop(rid, None)
+        if sr is not None:  # undo what _add_scheduled advanced
+            st.budget += len(sr.token_ids) if sr.num_draft_tokens else self._charge(len(sr.token_ids))
+            st.partial.discard(rid)
+            victim.num_computed_tokens = sr.num_computed_tokens
+            if sr.sample:
+                victim.num_pending_output_tokens -= 1
+            mine = set(victim.block_ids)
+            kept = [(s, d) for s, d in st.copies if d not in mine]
+            pending_copy = len(kept) != len(st.copies)
+            st.copies[:] = kept
+        self.running.remove(victim)
+        # swap-outs run before the step's copies and swap-ins: a block still waiting for its
+        # content cannot be saved, so such a victim is recomputed
+        eviction = self.preemption.evict(victim, may_swap=not (pending_copy or rid in st.admitted))
+        st.swap_out.extend(eviction.swap_out)
+        st.preempted.append(rid)
+        self.waiting.push(victim, victim.queue_key)
+
+    def recompute_all(self) -> int:
+        """Every request holding KV (running, or swapped out to the host pool) goes back to the
+        waiting queue holding none, under its own queue key, as a preemption by recompute leaves
+        it: it keeps its outputs and prefills prompt + outputs again when admitted. What a weight
+        update does (engine/weight_update.py): K/V computed under the old weights must not be
+        read under the new ones. Only between steps, with no step in flight. Returns how many."""
+        moved = 0
+        for req in list(self.running):
+            if req.num_pending_output_tokens:
+                raise RuntimeError(f"request {req.request_id!r} has a token in flight; collect the step first")
+            self.running.remove(req)
+            self.preemption.evict(req, may_swap=False)
+            self.waiting.push(req, req.queue_key)
+            moved += 1
+        for req in list(self.waiting):
+            if req.status is RequestStatus.SWAPPED:   # its host blocks hold K/V of the old weights
+                self.preemption.drop_swapped(req)
+                moved += 1
+        return moved
+
     # ---- after a step -------------------------------------------------------------------------
     def update(self, sched_out: SchedulerOutput, sampled: Mapping[str, Sequence[int]]) -> list[RequestUpdate]:
         """Record that the step ran: append each request's sampled tokens (`sampled[id]`, in order),

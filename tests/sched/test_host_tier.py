@@ -111,7 +111,7 @@ def test_swap_preemption_takes_its_blocks_from_the_host_tier_when_the_pool_is_fu
     long = [make_request(f"long{i}", 10, max_tokens=20, ignore_eos=True) for i in range(4)]
     drive(sched, arrivals={**{2 * i: [r] for i, r in enumerate(fill)}, 40: long})
     assert_outputs_match_reference(fill + long, cfg.max_model_len)
-    assert sched.num_preemptions_swap > 0
+    assert sched.stats().num_preemptions_swap > 0
     assert sched.kv.cache.num_host_evictions > 0   # swapped requests pushed cached host blocks out
 
 

@@ -29,8 +29,8 @@ def test_swapped_requests_resume_with_unchanged_outputs_and_no_recompute(caching
         resumed.extend(s for s in out.requests if swapped_in & set(s.block_ids))
 
     drive(sched, reqs, on_step=on_step)
-    assert sched.num_preemptions_swap > 0 and sched.num_preemptions_recompute == 0
-    assert sched.num_swapped_blocks > 0 and sched.stats().num_host_blocks_in_use == 0
+    assert sched.stats().num_preemptions_swap > 0 and sched.stats().num_preemptions_recompute == 0
+    assert sched.stats().num_swapped_blocks > 0 and sched.stats().num_host_blocks_in_use == 0
     assert resumed and all(s.num_computed_tokens > 0 for s in resumed)  # nothing recomputed
     assert_outputs_match_reference(reqs, cfg.max_model_len)
 
@@ -50,7 +50,7 @@ def test_auto_mode_swaps_long_contexts_and_recomputes_short_ones():
     assert len(out.swap_out) == 6  # its 24 computed tokens, in 6 blocks
     sched.update(out, runner.execute(out, sched))
     drive(sched, runner=runner)
-    assert (sched.num_preemptions_swap, sched.num_preemptions_recompute) == (1, 0)
+    assert (sched.stats().num_preemptions_swap, sched.stats().num_preemptions_recompute) == (1, 0)
 
     sched, runner = Scheduler(cfg), FakeRunner(13, 4)
     short_bg = make_request("short", 8, max_tokens=30, ignore_eos=True, priority=1)
@@ -63,7 +63,7 @@ def test_auto_mode_swaps_long_contexts_and_recomputes_short_ones():
     assert short_bg.status is RequestStatus.PREEMPTED  # 9 tokens: cheaper to recompute
     sched.update(out, runner.execute(out, sched))
     drive(sched, runner=runner)
-    assert (sched.num_preemptions_swap, sched.num_preemptions_recompute) == (0, 1)
+    assert (sched.stats().num_preemptions_swap, sched.stats().num_preemptions_recompute) == (0, 1)
 
 
 def test_a_full_host_pool_falls_back_to_recompute():
@@ -71,7 +71,7 @@ def test_a_full_host_pool_falls_back_to_recompute():
     sched = Scheduler(cfg)
     reqs = [make_request(f"r{i}", 10, max_tokens=20, ignore_eos=True) for i in range(4)]
     drive(sched, reqs)
-    assert sched.num_preemptions_recompute > 0
+    assert sched.stats().num_preemptions_recompute > 0
     assert_outputs_match_reference(reqs, cfg.max_model_len)
 
 
@@ -101,5 +101,5 @@ def test_host_block_ids_cover_exactly_zero_to_num_host_blocks_minus_one():
 
     reqs = [make_request(f"r{i}", 10, max_tokens=20, ignore_eos=True) for i in range(4)]
     drive(sched, reqs, on_step=on_step)
-    assert sched.num_preemptions_swap > 0
+    assert sched.stats().num_preemptions_swap > 0
     assert used and used <= set(range(6)) and 0 in used
