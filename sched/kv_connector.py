@@ -209,12 +209,11 @@ class KVConnectorScheduling:
             req.remote_kv = None
             self.kv_connector.release_remote(remote)
             return True
-        busy = bool(self.running)
-        if busy and not self._fits_projection(req, prefix):
+        if not self.admission.admits(req, prefix, self.running):
             return False
         copies: list[tuple[int, int]] = []
         if not self.kv.allocate_slots(req, want - prefix.num_tokens, copies,
-                                      prefix, self.config.watermark_blocks if busy else 0):
+                                      prefix, self.admission.reserve(self.running)):
             return False
         assert not copies, "a load starts at a block boundary: nothing to copy"
         self.waiting.remove(req)

@@ -38,7 +38,6 @@ its last step sampled.
 from __future__ import annotations
 
 import itertools
-import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -47,6 +46,7 @@ from jaxserve.sched.errors import Overloaded
 from jaxserve.sched.kv_cache_manager import KVCacheManager, SharedPrefix, cdiv
 from jaxserve.sched.kv_connector import KVConnectorScheduling
 from jaxserve.sched.limits import RequestLimits
+from jaxserve.sched.admission import Admission
 from jaxserve.sched.preemption import Preemption
 from jaxserve.sched.policy import FairShare, pick_victim
 from jaxserve.sched.request import FINISH_REASONS, Request, RequestStatus
@@ -117,6 +117,7 @@ class Scheduler(SpeculativeScheduling, KVConnectorScheduling):
         self.waiting = WaitingQueue()
         self.running: list[Request] = []  # admission order
         self.preemption = Preemption(config, self.kv)   # victims, swap or recompute, and their counts
+        self.admission = Admission(config, self.kv)     # projected KV use and the watermark
         self.num_kv_blocks_in_use_peak = 0  # most blocks in use after any schedule()
         self._step_time = StepTimeScale()  # measured / predicted step time, learned (observe_step_time)
         self._planner = None
@@ -322,10 +323,9 @@ class Scheduler(SpeculativeScheduling, KVConnectorScheduling):
 
     def _admit(self, req: Request, prefix: SharedPrefix, n: int, st: _Step) -> bool:
         """Allocate blocks for a waiting request if projected KV use allows (False: nothing changed)."""
-        busy = bool(self.running)  # alone, a request always fits (checked at the door)
-        if busy and not self._fits_projection(req, prefix):
+        if not self.admission.admits(req, prefix, self.running):
             return False
-        reserve = self.config.watermark_blocks if busy else 0
+        reserve = self.admission.reserve(self.running)
         if req.status is RequestStatus.SWAPPED:
             host = req.host_block_ids
             dev = self.kv.swap_in(req, host, n, reserve)
@@ -336,19 +336,6 @@ class Scheduler(SpeculativeScheduling, KVConnectorScheduling):
             req.host_block_ids = []
             return True
         return self.kv.allocate_slots(req, n, st.copies, prefix, reserve)
-
-    def _projected_blocks(self, req: Request) -> int:
-        remaining = req.max_tokens - req.num_outputs_with_pending
-        share = math.ceil(self.config.admission_output_share * remaining)
-        return cdiv(min(req.num_tokens + share, req.num_prompt_tokens + req.max_tokens - 1), self.config.block_size)
-
-    def _fits_projection(self, req: Request, prefix: SharedPrefix) -> bool:
-        """Blocks in use + running requests' projected growth + the newcomer's projected need
-        (less blocks it shares that are already in use) must fit the pool less the watermark."""
-        growth = sum(max(0, self._projected_blocks(r) - len(r.block_ids)) for r in self.running)
-        need = self._projected_blocks(req) - self.kv.num_prefix_blocks_in_use(prefix)
-        limit = self.kv.pool.num_total - self.config.watermark_blocks
-        return self.kv.pool.num_in_use + growth + need <= limit
 
     def _charge(self, n: int) -> int:
         """Budget a chunk of n tokens costs: the runner computes a multi-token chunk in tiles of

@@ -1,0 +1,41 @@
+"""Admission against projected KV use: the scheduler's component that says whether a waiting
+request may take blocks now, and how many it must leave free.
+
+Blocks in use, plus the growth each running request is expected to need (its prompt and a share
+`admission_output_share` of its remaining max_tokens), plus the newcomer's, must fit the pool less
+a watermark, so a burst of admissions cannot force preemptions on the next token. A request alone
+always fits (the door checked that it can ever run). Stateless: it reads the KV manager's pool.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from jaxserve.sched.kv_cache_manager import KVCacheManager, SharedPrefix, cdiv
+from jaxserve.sched.request import Request
+from jaxserve.sched.scheduler_config import SchedulerConfig
+
+
+class Admission:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+        self.config = config
+        self.kv = kv
+
+    def admits(self, req: Request, prefix: SharedPrefix, running: Sequence[Request]) -> bool:
+        """Whether req (sharing `prefix`) fits the projection beside the running requests."""
+        if not running:
+            return True
+        growth = sum(max(0, self.projected_blocks(r) - len(r.block_ids)) for r in running)
+        need = self.projected_blocks(req) - self.kv.num_prefix_blocks_in_use(prefix)
+        limit = self.kv.pool.num_total - self.config.watermark_blocks
+        return self.kv.pool.num_in_use + growth + need <= limit
+
+    def reserve(self, running: Sequence[Request]) -> int:
+        """Blocks an admission must leave free beyond its own (the watermark; none when alone)."""
+        return self.config.watermark_blocks if running else 0
+
+    def projected_blocks(self, req: Request) -> int:
+        remaining = req.max_tokens - req.num_outputs_with_pending
+        share = math.ceil(self.config.admission_output_share * remaining)
+        return cdiv(min(req.num_tokens + share, req.num_prompt_tokens + req.max_tokens - 1), self.config.block_size)
