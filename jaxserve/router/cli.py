@@ -11,6 +11,7 @@ import argparse
 import os
 
 from jaxserve.router.policy import POLICIES, CacheAwareConfig
+from jaxserve.router.prefill_deadline import FAILURE_POLICIES, PrefillHopConfig
 
 API_KEY_ENV = "JAXSERVE_API_KEY"
 
@@ -39,6 +40,17 @@ def add_router_parser(subparsers) -> None:
                    help="a running `jaxserve serve --role decode` (repeatable; a replica that loads prompts' KV)")
     r.add_argument("--prefill-threshold-tokens", type=int, default=0, metavar="N",
                    help="with --prefill: prompts shorter than N tokens skip the prefill engines (decode-side prefill)")
+    h = PrefillHopConfig()
+    r.add_argument("--prefill-timeout-s", type=float, default=h.timeout_s, metavar="S",
+                   help="with --prefill: a prefill hop's deadline; 0 derives it per engine from the prompt's "
+                        f"length and the engine's measured prefill rate ({h.floor_s:g} s + {h.slack:g} x the "
+                        "expected time); never past the client's deadline. Then the decode engine prefills it")
+    r.add_argument("--prefill-suspect-s", type=float, default=h.suspect_s, metavar="S",
+                   help="with --prefill: a prefill engine that missed a hop's deadline is skipped at least this "
+                        "long, then until it answers a health check")
+    r.add_argument("--prefill-failure-policy", choices=FAILURE_POLICIES, default=h.failure_policy,
+                   help="with --prefill: a failed prefill hop (no engine, refused, deadline) is prefilled by the "
+                        "decode engine (recompute) or ends the request UNAVAILABLE (fail)")
     r.add_argument("--replica-api-key", default=None, help="bearer token the replicas want (default: --api-key)")
     r.add_argument("--replica-tls-root-cert", default=None, help="PEM root certificate to trust for the replicas")
     r.add_argument("--model", default=None,
@@ -81,6 +93,8 @@ def config_from_args(args: argparse.Namespace, extra_replicas=()):
         replicas=tuple(ReplicaAddress.parse(t) for t in args.replica + args.decode) + tuple(extra_replicas),
         prefill=tuple(ReplicaAddress.parse(t) for t in args.prefill),
         prefill_threshold_tokens=args.prefill_threshold_tokens,
+        prefill_hop=PrefillHopConfig(timeout_s=args.prefill_timeout_s, suspect_s=args.prefill_suspect_s,
+                                     failure_policy=args.prefill_failure_policy),
         host=args.host, port=args.port, policy=args.policy,
         cache_aware=CacheAwareConfig(args.balance_abs_tokens, args.balance_rel, args.min_match_ratio,
                                      args.request_cost_tokens),

@@ -10,22 +10,43 @@ first token, and every one after, is sampled there exactly as a colocated engine
 streams the answer, which is all the client sees.
 
 Shorter prompts, n > 1, and prompts the router could not tokenize skip the prefill side: the
-decode engine prefills them itself. So does a request whose prefill engine is unavailable (no
-serving prefill engine, or UNAVAILABLE / RESOURCE_EXHAUSTED from it): a prefill engine down costs
-latency, never an answer.
+decode engine prefills them itself. So does a request whose prefill hop fails (no serving prefill
+engine, UNAVAILABLE / RESOURCE_EXHAUSTED from it, or no answer within the hop's deadline): a
+prefill engine down or stopped costs latency, never an answer, unless --prefill-failure-policy is
+`fail` (as a decode engine's --kv-load-failure-policy), when the client gets UNAVAILABLE instead.
+
+The hop's deadline (prefill_deadline.py) comes from the prompt's length and the engine's measured
+prefill rate, or --prefill-timeout-s, never past the client's own. An engine that misses it is
+SUSPECT (replica.py): later requests skip it at once, until it answers a health check again. The
+abandoned hop is cancelled on the wire; when the engine resumes it aborts the request, and a lease
+it granted before it read the cancel expires after its --kv-lease-s.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from dataclasses import dataclass
+from typing import Callable
 
 import grpc
 from grpc import aio
 
 from jaxserve.server.proto import generation_pb2 as pb
+from jaxserve.router.prefill_deadline import PrefillRate
 
 log = logging.getLogger("jaxserve.router")
-SKIP_PREFILL_ON = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED)
+FALL_BACK_ON = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
+KV_HANDED_OVER, PREFILL_UNAVAILABLE, PREFILL_TIMEOUT = "kv_handed_over", "prefill_unavailable", "prefill_timeout"
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillHop:
+    """How a prefill hop ended: the lease (outcome kv_handed_over), or why there is none."""
+
+    remote: pb.RemoteKV | None
+    outcome: str      # KV_HANDED_OVER, PREFILL_UNAVAILABLE or PREFILL_TIMEOUT: the metric's label
+    detail: str = ""
 
 
 def wants_prefill_hop(fwd: pb.GenerateRequest, ids: list[int], threshold: int) -> bool:
@@ -49,27 +70,43 @@ def prefill_request(fwd: pb.GenerateRequest) -> pb.GenerateRequest:
     return req
 
 
-async def run_prefill(servicer, replica, fwd: pb.GenerateRequest, context) -> pb.RemoteKV | None:
-    """Send the prefill hop to `replica`; the lease as a RemoteKV, or None when the prefill side
-    is unavailable (the decode engine prefills instead). Other errors reach the client."""
-    call = replica.stub.Generate(prefill_request(fwd), timeout=context.time_remaining(), metadata=replica.metadata)
+async def run_prefill(replica, rate: PrefillRate, fwd: pb.GenerateRequest, num_tokens: int, matched: int,
+                      context, *, clock: Callable[[], float] = time.monotonic) -> PrefillHop:
+    """Send the prefill hop to `replica` under its deadline. UNAVAILABLE, RESOURCE_EXHAUSTED and the
+    hop's own deadline give a PrefillHop without a lease; the client's deadline and other errors
+    reach the client."""
+    uncached = max(0, num_tokens - matched)
+    ahead = replica.pending_prefill_tokens
+    remaining = context.time_remaining()
+    deadline = rate.deadline_s(num_tokens, ahead, remaining)
+    ours = remaining is None or deadline < remaining      # else the client's deadline bounds it
+    call = replica.stub.Generate(prefill_request(fwd), timeout=deadline, metadata=replica.metadata)
     lease = None
     replica.in_flight += 1
+    replica.pending_prefill_tokens += uncached
     replica.routed_requests += 1
+    started = clock()
     try:
         async for msg in call:
             if msg.HasField("complete") and msg.complete.HasField("kv_lease"):
                 lease = msg.complete.kv_lease
     except aio.AioRpcError as e:
-        if e.code() in SKIP_PREFILL_ON:
-            log.info("request %s: prefill engine %s said %s; the decode engine prefills it",
-                     fwd.request_id, replica.target, e.code().name)
-            return None
+        if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and ours:
+            why = f"no answer to a prefill hop of {num_tokens} tokens within its {deadline:.3g} s deadline"
+            if replica.mark_suspect(why, rate.config.suspect_s):
+                rate.timed_out()     # once an episode: the other hops in flight there time out too
+            return PrefillHop(None, PREFILL_TIMEOUT, f"prefill engine {replica.target}: {why}")
+        if e.code() in FALL_BACK_ON:
+            log.info("request %s: prefill engine %s said %s", fwd.request_id, replica.target, e.code().name)
+            return PrefillHop(None, PREFILL_UNAVAILABLE, f"prefill engine {replica.target}: {e.code().name} "
+                                                         f"{e.details() or ''}".rstrip())
         await context.abort(e.code(), e.details() or "")
     finally:
-        call.cancel()
+        call.cancel()    # an abandoned hop: the engine aborts the request when it reads this
         replica.in_flight -= 1
+        replica.pending_prefill_tokens -= uncached
     if lease is None:
-        return None
-    return pb.RemoteKV(peer=replica.target, transfer_id=lease.transfer_id, generation=lease.generation,
-                       num_tokens=lease.num_tokens)
+        return PrefillHop(None, PREFILL_UNAVAILABLE, f"prefill engine {replica.target} ended the hop without a lease")
+    rate.observe(uncached + ahead, clock() - started)
+    return PrefillHop(pb.RemoteKV(peer=replica.target, transfer_id=lease.transfer_id, generation=lease.generation,
+                                  num_tokens=lease.num_tokens), KV_HANDED_OVER)

@@ -60,8 +60,10 @@ class RouterMetrics:
         self.retries = Counter("jaxserve_router_retries", "requests sent to another replica",
                                labelnames=["reason"], registry=r)
         self.prefill_hops = Counter("jaxserve_router_prefill_hops",
-                                    "requests sent to a prefill engine first (--prefill), by outcome: kv_handed_over, "
-                                    "or prefill_unavailable (the decode engine prefilled it)",
+                                    "long prompts' prefill hops (--prefill), by outcome: kv_handed_over, or (the "
+                                    "decode engine prefilled it, or by --prefill-failure-policy fail the client got "
+                                    "UNAVAILABLE) prefill_unavailable (no serving prefill engine, or it refused), "
+                                    "prefill_timeout (no answer within the hop's deadline)",
                                     labelnames=["outcome"], registry=r)
         self.ttft = Histogram("jaxserve_time_to_first_token_seconds", "arrival at the router to first token",
                               buckets=_LATENCY_BUCKETS, registry=r)

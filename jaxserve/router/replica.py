@@ -6,6 +6,13 @@ it now (in-flight requests, their uncached prompt tokens before their first toke
 PrefixIndex. A replica that leaves SERVING (dies, drains, restarts) loses its index: when it comes
 back its prefix cache may be empty, and an index that claims otherwise would pull requests to it
 for nothing.
+
+SUSPECT: a replica that stopped answering while its health watch stayed silent (a stopped or
+partitioned host keeps its sockets and sends nothing; router/disagg.py marks a prefill engine
+whose hop ran past its deadline). It is not serving, so requests skip it at once; after
+`suspect_s` it is probed with a health Check every `retry_s` (each bounded by `probe_timeout_s`),
+and the first answer, or any message of its health watch, ends it. Its index is kept: a stopped
+process resumes with its prefix cache.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ log = logging.getLogger("jaxserve.router")
 SERVING = "SERVING"
 NOT_SERVING = "NOT_SERVING"
 UNREACHABLE = "UNREACHABLE"
+SUSPECT = "SUSPECT"
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +65,7 @@ class ReplicaClientConfig:
     tls_root_cert: bytes | None = None     # PEM; None: plaintext
     max_message_bytes: int = 64 << 20
     retry_s: float = 0.5                   # between health-watch attempts of an unreachable replica
+    probe_timeout_s: float = 1.0           # a SUSPECT replica's health Check
 
 
 class Replica:
@@ -82,6 +91,7 @@ class Replica:
         self.stub = pb_grpc.GenerationStub(self.channel)
         self._health_stub = health_pb2_grpc.HealthStub(self.channel)
         self._watch: asyncio.Task | None = None
+        self._probe: asyncio.Task | None = None
 
     @property
     def metadata(self) -> tuple:
@@ -99,18 +109,43 @@ class Replica:
         self._watch = asyncio.ensure_future(self._watch_health())
 
     async def close(self) -> None:
-        if self._watch is not None:
-            self._watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watch
+        for task in (self._watch, self._probe):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.channel.close()
+
+    def mark_suspect(self, why: str, suspect_s: float) -> bool:
+        """Not serving until it answers a health Check (probed after `suspect_s`) or its watch speaks.
+        False when it was not serving anyway (already suspect: another hop that was in flight)."""
+        if self.health != SERVING:
+            return False   # already out of the pool, and something else decides when it is back
+        log.warning("replica %s: %s; skipped until it answers again", self.target, why)
+        self.set_health(SUSPECT)
+        if self._probe is not None:
+            self._probe.cancel()      # one that saw its answer come by the watch instead
+        self._probe = asyncio.ensure_future(self._probe_until_answered(suspect_s))
+        return True
+
+    async def _probe_until_answered(self, suspect_s: float) -> None:
+        await asyncio.sleep(suspect_s)
+        while self.health == SUSPECT:
+            try:
+                msg = await self._health_stub.Check(health_pb2.HealthCheckRequest(service=""),
+                                                    timeout=self.config.probe_timeout_s)
+            except grpc.RpcError:
+                await asyncio.sleep(self.config.retry_s)
+                continue
+            if self.health == SUSPECT:
+                self.set_health(SERVING if msg.status == health_pb2.HealthCheckResponse.SERVING else NOT_SERVING)
 
     def set_health(self, status: str) -> None:
         if status == self.health:
             return
         was = self.health
         self.health = status
-        if status != SERVING:
+        if status not in (SERVING, SUSPECT):
             self.index.clear()
         log.info("replica %s: %s -> %s", self.target, was, status)
         self._on_health(self)

@@ -22,6 +22,7 @@ from grpc_health.v1.health import aio as health_aio
 
 from jaxserve.router.metrics import RouterMetrics
 from jaxserve.router.policy import POLICIES, CacheAwareConfig, make_policy
+from jaxserve.router.prefill_deadline import PrefillHopConfig
 from jaxserve.router.prefix_index import PrefixIndex
 from jaxserve.router.replica import Replica, ReplicaAddress, ReplicaClientConfig
 from jaxserve.router.servicer import RouterServicer, RouterState
@@ -54,6 +55,7 @@ class RouterConfig:
     # disaggregated serving (router/disagg.py): the prefill engines; `replicas` are then the decode ones
     prefill: tuple[ReplicaAddress, ...] = ()
     prefill_threshold_tokens: int = 0     # shorter prompts skip the prefill engines
+    prefill_hop: PrefillHopConfig = PrefillHopConfig()   # the hop's deadline, suspicion, failure policy
 
     def __post_init__(self) -> None:
         if not self.replicas:
@@ -94,7 +96,8 @@ class Router:
         self.tokenizer = PromptTokenizer(tokenizer) if tokenizer is not None else None
         self.servicer = RouterServicer(self.state, make_policy(config.policy, config.cache_aware), self.tokenizer,
                                        max_concurrent_streams=config.max_concurrent_streams, metrics=self.metrics,
-                                       prefill_threshold_tokens=config.prefill_threshold_tokens)
+                                       prefill_threshold_tokens=config.prefill_threshold_tokens,
+                                       prefill_hop=config.prefill_hop)
         self.server: aio.Server | None = None
         self.port = 0
         self._serving: bool | None = None

@@ -32,7 +32,8 @@ from grpc import aio
 from jaxserve.router import disagg
 from jaxserve.router.metrics import RouterMetrics
 from jaxserve.router.policy import Policy
-from jaxserve.router.replica import Replica
+from jaxserve.router.prefill_deadline import PrefillHopConfig, PrefillRate
+from jaxserve.router.replica import SUSPECT, UNREACHABLE, Replica
 from jaxserve.router.tokenize import PromptTokenizer
 from jaxserve.server.proto import generation_pb2 as pb
 from jaxserve.server.proto import generation_pb2_grpc as pb_grpc
@@ -66,7 +67,8 @@ class RouterState:
 class RouterServicer(pb_grpc.GenerationServicer):
     def __init__(self, state: RouterState, policy: Policy, tokenizer: PromptTokenizer | None, *,
                  max_concurrent_streams: int = 256, metrics: RouterMetrics | None = None,
-                 clock: Callable[[], float] = time.perf_counter, prefill_threshold_tokens: int = 0):
+                 clock: Callable[[], float] = time.perf_counter, prefill_threshold_tokens: int = 0,
+                 prefill_hop: PrefillHopConfig = PrefillHopConfig()):
         self.state = state
         self.policy = policy
         self.tokenizer = tokenizer
@@ -74,6 +76,8 @@ class RouterServicer(pb_grpc.GenerationServicer):
         self.metrics = metrics
         self.clock = clock
         self.prefill_threshold_tokens = prefill_threshold_tokens
+        self.prefill_hop = prefill_hop
+        self.prefill_rates: dict[str, PrefillRate] = {}    # prefill engine target -> its learned rate
         self.live: dict[str, Replica] = {}     # request id -> the replica serving it now
         self._model_info: pb.ModelInfo | None = None
 
@@ -196,20 +200,28 @@ class RouterServicer(pb_grpc.GenerationServicer):
 
     async def _prefill_hop(self, fwd: pb.GenerateRequest, ids: list[int], salt: str | None, request_id: str,
                            context) -> None:
-        """Disaggregated serving: the prompt's KV from a prefill engine, named in fwd.kv_transfer."""
-        replica, _ = self.choose(salt, ids, set(), pool=self.state.prefill)
-        remote = None
-        if replica is not None:
+        """Disaggregated serving: the prompt's KV from a prefill engine, named in fwd.kv_transfer;
+        when there is none, the decode engine prefills it, or by policy `fail` the client gets UNAVAILABLE."""
+        replica, matched = self.choose(salt, ids, set(), pool=self.state.prefill)
+        if replica is None:
+            hop = disagg.PrefillHop(None, disagg.PREFILL_UNAVAILABLE, "no prefill engine is serving")
+        else:
+            rate = self.prefill_rates.setdefault(replica.target, PrefillRate(self.prefill_hop))
             self.live[request_id] = replica      # an Abort meanwhile reaches it
             try:
-                remote = await disagg.run_prefill(self, replica, fwd, context)
+                hop = await disagg.run_prefill(replica, rate, fwd, len(ids), matched, context)
             finally:
                 if self.live.get(request_id) is replica:
                     del self.live[request_id]
-        if remote is not None:
-            fwd.kv_transfer.load.CopyFrom(remote)
         if self.metrics is not None:
-            self.metrics.prefill_hops.labels("kv_handed_over" if remote is not None else "prefill_unavailable").inc()
+            self.metrics.prefill_hops.labels(hop.outcome).inc()
+        if hop.remote is not None:
+            fwd.kv_transfer.load.CopyFrom(hop.remote)
+            return
+        if self.prefill_hop.failure_policy == "fail":
+            await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                f"prefill hop failed ({hop.outcome}): {hop.detail}; --prefill-failure-policy is fail")
+        log.info("request %s: %s; the decode engine prefills it", request_id, hop.detail)
 
     # ---- the unary calls ----
     async def Abort(self, request: pb.AbortRequest, context) -> pb.AbortResponse:
@@ -265,7 +277,7 @@ class RouterServicer(pb_grpc.GenerationServicer):
         return "serving" if self.state.serving() else "warming_up"
 
     async def _replica_info(self, replica: Replica) -> pb.ServerInfo:
-        if replica.health == "UNREACHABLE":
+        if replica.health in (UNREACHABLE, SUSPECT):     # nothing would answer: no wait for INFO_TIMEOUT_S
             return pb.ServerInfo()
         try:
             return await replica.stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=INFO_TIMEOUT_S,

@@ -19,6 +19,7 @@ from jaxserve.cli import main
     (["router", "--replicas", "3", "--replica-devices", "0", "--replica-devices", "1"],
      "--replica-devices was given 2 times for 3 replicas"),
     (["router", "--replicas", "-1"], "--replicas -1 must be >= 0"),
+    (["router", "--replica", "a:1", "--prefill-timeout-s", "-1"], "--prefill-timeout-s -1.0 must be >= 0"),
 ])
 def test_bad_flags_are_refused_with_their_names(argv, message, capsys):
     assert main(argv) == 2
