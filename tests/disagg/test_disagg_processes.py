@@ -6,6 +6,9 @@ a decode engine and the router pairing them.
 - The prefill engine stopped (SIGSTOP) after it handed over a lease: the decode engine's own
   deadline fires, the request is recomputed there; after SIGCONT the late transfer is dropped by
   the generation check; no block leaks on either side.
+- Behind the router, a stopped prefill engine costs the first long request one prefill-hop
+  deadline (the decode engine prefills it) and later ones none (the engine is suspect), all with
+  the unstopped tokens; after SIGCONT it serves hops again and holds no lease.
 - A client deadline while the KV is in flight aborts the request and frees its blocks on both sides.
 - The prefill engine killed after the hand-over: with policy `fail` the client gets UNAVAILABLE,
   with `recompute` the answer. (Last: it kills the shared prefill engine.)
@@ -33,6 +36,8 @@ LOAD_TIMEOUT_S = 4.0
 MAX_TOKENS = 10
 PROMPTS = [list(range(3, 3 + n)) for n in (5, 17, 30)] + [[7, 9] * 22, [7, 9] * 22 + [11, 12, 13]]
 THRESHOLD = 8     # the 5-token prompt skips the prefill engine
+PREFILL_LEASE_S = 20     # outlives a stop of a few seconds; bounds a lease nobody acknowledges
+CLIENT_DEADLINE_S = 60.0
 
 
 def _serve(model, cache, path, *flags):
@@ -42,7 +47,7 @@ def _serve(model, cache, path, *flags):
 @pytest.fixture(scope="module")
 def prefill(tiny_llama_dir, xla_cache_dir, tmp_path_factory):
     p = _serve(tiny_llama_dir, xla_cache_dir, tmp_path_factory.mktemp("prefill") / "p.log",
-               "--role", "prefill", "--kv-lease-s", "120")
+               "--role", "prefill", "--kv-lease-s", str(PREFILL_LEASE_S))
     p.wait_serving()        # its compile fills the cache the others load from
     yield p
     p.kill()
@@ -183,6 +188,57 @@ def test_a_lease_of_other_tokens_is_refused_and_the_prompt_recomputed(prefill, d
     assert got == _tokens(decode.target, _request(ids))[0]
     assert metrics(decode)['jaxserve_kv_load_fallbacks_total{reason="other_tokens"}'] == before + 1
     assert_blocks_whole(decode, prefill)     # the refused pull acknowledged the lease too
+
+
+def _router_metrics(router) -> str:
+    return urllib.request.urlopen(f"http://127.0.0.1:{router.metrics_port}/metrics", timeout=10).read().decode()
+
+
+def _hops(text: str, outcome: str) -> float:
+    line = next((l for l in text.splitlines() if l.startswith(f'jaxserve_router_prefill_hops_total{{outcome="{outcome}"}}')),
+                None)
+    return float(line.split()[-1]) if line else 0.0
+
+
+def _router_health_of(router, target: str) -> str:
+    return next(r.health for r in server_info(router.target).replicas if r.target == target)
+
+
+def test_behind_the_router_a_stopped_prefill_engine_costs_one_hop_deadline_and_holds_no_lease(
+        prefill, decode, tiny_llama_dir, tmp_path_factory):
+    prompts = PROMPTS[1:]       # every one takes the prefill hop (the router's threshold is 0)
+    router = RouterProcess([], tmp_path_factory.mktemp("pd-router-stopped") / "router.log", "--prefill",
+                           prefill.target, "--decode", decode.target, "--model", tiny_llama_dir)
+    try:
+        router.wait_serving()
+        want = [_tokens(router.target, _request(p))[0] for p in prompts]      # unstopped: the KV handed over
+        assert _hops(_router_metrics(router), "kv_handed_over") == len(prompts)
+        os.kill(prefill.proc.pid, signal.SIGSTOP)
+        try:
+            got = []
+            for p in prompts:
+                try:
+                    got.append(_tokens(router.target, _request(p), timeout=CLIENT_DEADLINE_S)[0])
+                except grpc.RpcError as e:   # before the hop's deadline: DEADLINE_EXCEEDED, the client's 60 s
+                    pytest.fail(f"a request behind a stopped prefill engine ended {e.code().name}: {e.details()}")
+            assert got == want                                  # the decode engine prefilled them
+            text = _router_metrics(router)
+            # the first paid the hop's deadline and made the engine suspect; the others skipped it
+            assert _hops(text, "prefill_timeout") == 1
+            assert _hops(text, "prefill_unavailable") == len(prompts) - 1
+            assert _router_health_of(router, prefill.target) == "SUSPECT"
+        finally:
+            os.kill(prefill.proc.pid, signal.SIGCONT)
+        wait_until(lambda: _router_health_of(router, prefill.target) == "SERVING", "the prefill engine answering")
+        # the abandoned hop was cancelled: aborted when the engine read the cancel, or, had it granted
+        # the lease first, released when that lease ran out (--kv-lease-s)
+        wait_until(lambda: metrics(prefill)["jaxserve_kv_leases_live"] == 0, "no lease held on the prefill engine",
+                   guard_s=PREFILL_LEASE_S + 60)
+        assert_blocks_whole(prefill, decode)
+        assert _tokens(router.target, _request(prompts[0]))[0] == want[0]   # and it takes hops again
+        assert _hops(_router_metrics(router), "kv_handed_over") == len(prompts) + 1
+    finally:
+        assert router.stop() == 0, router.log()
 
 
 @pytest.mark.slow   # kills and restarts a server process per policy (~40 s); a stopped prefill engine runs by default
