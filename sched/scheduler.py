@@ -54,10 +54,8 @@ from jaxserve.sched.request_queue import WaitingQueue
 from jaxserve.sched.scheduler_config import SchedulerConfig
 from jaxserve.sched.scheduler_output import PLACEHOLDER_TOKEN, RequestUpdate, ScheduledRequest, SchedulerOutput
 from jaxserve.sched.scheduler_stats import SchedulerStats, snapshot
-from jaxserve.sched.speculation import DraftPlanner
-from jaxserve.sched.speculative_scheduling import SpeculativeScheduling
+from jaxserve.sched.speculative_scheduling import Speculation
 from jaxserve.sched.step_budget import StepTimeScale, chunk_within, step_allowance
-from jaxserve.sched.step_cost import lookup_seconds
 from jaxserve.sched.stop_conditions import check_stop
 
 __all__ = ["Overloaded", "Scheduler", "SchedulerConfig"]
@@ -94,13 +92,12 @@ class _Step:
         self.prefill_items = 0
 
 
-class Scheduler(SpeculativeScheduling, KVConnectorScheduling):
+class Scheduler(KVConnectorScheduling):
     def __init__(self, config: SchedulerConfig, clock=time.perf_counter, draft_proposer=None) -> None:
         """draft_proposer (speculation method draft_model): called within schedule() with
         [(request, k)] once their blocks for k guesses are allocated; returns request id -> its
         guesses (the draft model's run, engine/draft_proposer.py)."""
         self.config = config
-        self._draft_proposer = draft_proposer
         # the time requests' arrival_time and first_token_time are on (read only with objectives)
         self._clock = clock
         # One host pool: swap preemption's blocks and the prefix cache's host tier (kv offload).
@@ -120,20 +117,8 @@ class Scheduler(SpeculativeScheduling, KVConnectorScheduling):
         self.admission = Admission(config, self.kv)     # projected KV use and the watermark
         self.num_kv_blocks_in_use_peak = 0  # most blocks in use after any schedule()
         self._step_time = StepTimeScale()  # measured / predicted step time, learned (observe_step_time)
-        self._planner = None
-        if config.speculation is not None:
-            if config.speculation.method == "draft_model" and draft_proposer is None:
-                raise ValueError("speculation method 'draft_model' needs a draft_proposer")
-            table, draft = config.decode_step_seconds, config.draft_step_seconds
-            self._planner = DraftPlanner(config.speculation, config.max_decode_rows or config.max_num_seqs,
-                                         (lambda rows: lookup_seconds(table, rows)) if table else None,
-                                         (lambda reqs: lookup_seconds(draft, reqs)) if draft else None)
-        # the host's time per engine step (the engine reports it): what running a step without the
-        # one-step-ahead overlap costs, which a speculating step must make up for
-        self.host_seconds_per_step = 0.0
-        self.spec_num_draft_tokens = 0       # guesses verified
-        self.spec_num_accepted_tokens = 0    # of those, accepted
-        self.spec_num_verifications = 0      # request-steps that verified guesses
+        # speculative decoding (None: off): the planner, the draft proposer, their counters
+        self.speculation = Speculation(config, draft_proposer) if config.speculation is not None else None
         self._kv_init()   # KV loaded from elsewhere (kv_connector.py); off until kv_connector is set
 
     # ---- the door -----------------------------------------------------------------------------
@@ -200,7 +185,7 @@ class Scheduler(SpeculativeScheduling, KVConnectorScheduling):
         st = _Step(self.config.max_num_batched_tokens)
         self.kv.begin_step(st.swap_out, st.swap_in)
         self._kv_connector_step()
-        self._schedule_running(st, drafts and self._planner is not None)
+        self._schedule_running(st, drafts and self.speculation is not None)
         # Admitting right after a preemption would only evict someone again next step.
         if not st.preempted:
             self._schedule_waiting(st)
@@ -239,7 +224,7 @@ class Scheduler(SpeculativeScheduling, KVConnectorScheduling):
         live = [r for r in self.running if not self._ends_with_pending(r)]
         decodes = [r for r in live if r.num_tokens_with_pending - r.num_computed_tokens == 1]
         prefills = [r for r in live if r.num_tokens_with_pending - r.num_computed_tokens > 1]
-        guesses = self._plan_drafts(decodes) if drafts and not prefills and not self._may_admit() else {}
+        guesses = self.speculation.plan(decodes) if drafts and not prefills and not self._may_admit() else {}
         by_model: list[tuple[Request, int]] = []   # draft_model: guesses to ask for once blocks are there
         for req in decodes + prefills:
             if req.status is not RequestStatus.RUNNING:
@@ -249,7 +234,7 @@ class Scheduler(SpeculativeScheduling, KVConnectorScheduling):
             draft = guesses.get(req.request_id)
             if draft and st.budget >= 1 + len(draft) and self.kv.allocate_slots(req, 1 + len(draft), st.copies):
                 # blocks for the guesses come only from what is free: never preempt for a guess
-                if self._draft_proposer is not None:
+                if self.speculation.by_model:
                     by_model.append((req, len(draft)))
                     st.budget -= 1 + len(draft)
                 else:
@@ -267,6 +252,31 @@ class Scheduler(SpeculativeScheduling, KVConnectorScheduling):
                 self._add_scheduled(req, n, st)
         if by_model:
             self._schedule_model_drafts(by_model, st)
+
+    def _schedule_model_drafts(self, by_model: list[tuple[Request, int]], st: _Step) -> None:
+        """The draft model writes its K/V at the guesses' positions, so it runs once their blocks
+        are allocated; a request preempted since (by a later one's allocation) is dropped."""
+        live = [(r, k) for r, k in by_model if r.status is RequestStatus.RUNNING]
+        st.budget += sum(1 + k for r, k in by_model)
+        proposed = self.speculation.propose_by_model(live)
+        for req, k in live:
+            draft = list(proposed.get(req.request_id, ()))[:k]
+            self._add_scheduled(req, 1 + len(draft), st, draft=draft)
+
+    def wants_drafts(self) -> bool:
+        """Whether the next step would speculate if allowed: speculation is on, the step would be
+        decode-only (no prompt mid-prefill, none to admit), and guesses would pay. The engine then
+        runs that step without its one-step-ahead overlap (drafts need every token known on the host)."""
+        if self.speculation is None or self._may_admit() or not self.running:
+            return False
+        if any(r.num_tokens_with_pending - r.num_computed_tokens > 1 for r in self.running):
+            return False   # a prompt still prefilling: this step carries its chunk, not guesses
+        return self.speculation.would_pay(self.running)
+
+    def _may_admit(self) -> bool:
+        """A request waits and a seat is free: the step may take in a prompt, which guesses would
+        only delay (with every seat taken, guesses are what the step can add)."""
+        return bool(self.waiting) and len(self.running) < self.config.max_num_seqs
 
     def _schedule_waiting(self, st: _Step) -> None:
         c = self.config
@@ -518,10 +528,10 @@ class Scheduler(SpeculativeScheduling, KVConnectorScheduling):
                 if not req.output_token_ids and req.first_token_time is None:
                     req.first_token_time = self._clock()
                 if k:
-                    self._verified(req, sr, len(new) - 1)
+                    self.speculation.verified(req, sr, len(new) - 1)
                 new, stop = self._append_until_stop(req, new)
-                if not k:
-                    self._probe_acceptance(req, new[-1])
+                if not k and self.speculation is not None:
+                    self.speculation.probe(req, new[-1])
             if req.status is RequestStatus.RUNNING:
                 self.kv.cache_computed_blocks(req)
             if stop is not None:

@@ -49,7 +49,7 @@ class SchedulerStats:
 
 def snapshot(sched) -> SchedulerStats:
     """The snapshot of a Scheduler (scheduler.py calls this from stats())."""
-    pool, host, kv, cache = sched.kv.pool, sched.host_pool, sched.kv, sched.kv.cache
+    pool, host, kv, cache, spec = sched.kv.pool, sched.host_pool, sched.kv, sched.kv.cache, sched.speculation
     return SchedulerStats(
         num_running=len(sched.running),
         num_waiting=len(sched.waiting),
@@ -73,8 +73,8 @@ def snapshot(sched) -> SchedulerStats:
         kv_blocks_saved=cache.num_saved_blocks if cache is not None else 0,
         kv_blocks_loaded=cache.num_loaded_blocks if cache is not None else 0,
         kv_host_evictions=cache.num_host_evictions if cache is not None else 0,
-        spec_num_draft_tokens=sched.spec_num_draft_tokens,
-        spec_num_accepted_tokens=sched.spec_num_accepted_tokens,
-        spec_num_verifications=sched.spec_num_verifications,
+        spec_num_draft_tokens=spec.num_draft_tokens if spec is not None else 0,
+        spec_num_accepted_tokens=spec.num_accepted_tokens if spec is not None else 0,
+        spec_num_verifications=spec.num_verifications if spec is not None else 0,
         step_time_scale=sched.step_time_scale,
     )

@@ -255,7 +255,8 @@ class Engine:
                 outputs += self._finish(self._dispatch(self.scheduler.schedule(drafts=speculate)))
         self._timer.step_ended(self.has_unfinished_requests())
         # what a step without lookahead costs: the host's work is then not hidden behind the device
-        self.scheduler.host_seconds_per_step = self._timer.recent_host_s
+        if self.scheduler.speculation is not None:
+            self.scheduler.speculation.host_seconds_per_step = self._timer.recent_host_s
         return outputs
 
     def _constrained_live(self) -> bool:

@@ -238,9 +238,9 @@ def test_aborts_mid_speculation_leak_no_block(speculating):
     engine = spec_llm.engine
     greedy = SamplingParams(max_tokens=80, temperature=0.0, ignore_eos=True)
     rids = [engine.add_request(None, {"prompt_token_ids": p}, greedy) for p in PROMPTS]
-    before = engine.scheduler.spec_num_verifications
+    before = engine.scheduler.stats().spec_num_verifications
     steps = 0
-    while engine.scheduler.spec_num_verifications < before + 3:
+    while engine.scheduler.stats().spec_num_verifications < before + 3:
         engine.step()
         steps += 1
         assert steps < 500

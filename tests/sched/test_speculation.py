@@ -106,8 +106,8 @@ def test_repetitive_outputs_are_guessed_and_every_output_equals_the_model_alone(
     drive(sched, reqs, runner=FakeRunner(64, 4, short_memory_token), speculate=True,
           one_step_ahead=one_step_ahead, on_step=lambda i, out: steps.append(out))
     assert_outputs_match_reference(reqs, 96, short_memory_token)
-    assert sched.spec_num_verifications > 0
-    assert sched.spec_num_accepted_tokens > sched.spec_num_draft_tokens / 2   # the outputs cycle
+    assert sched.stats().spec_num_verifications > 0
+    assert sched.stats().spec_num_accepted_tokens > sched.stats().spec_num_draft_tokens / 2   # the outputs cycle
     # fewer steps than tokens: a verification yields several
     decode_steps = sum(1 for out in steps if out.requests)
     assert decode_steps < sum(len(r.output_token_ids) for r in reqs) / 4
@@ -127,7 +127,7 @@ def test_a_request_judged_unrepetitive_speculates_again_once_its_text_repeats(mo
     req.spec_trials = 20.0                                        # 20 wrong guesses so far
     drive(sched, [req], runner=FakeRunner(64, 4, short_memory_token), speculate=True)
     assert_outputs_match_reference([req], 96, short_memory_token)
-    assert (sched.spec_num_verifications > 0) == (probe_every == 4)
+    assert (sched.stats().spec_num_verifications > 0) == (probe_every == 4)
 
 
 def test_a_rejected_guess_rewinds_the_computed_tokens_and_its_kv_is_written_again():
@@ -136,7 +136,7 @@ def test_a_rejected_guess_rewinds_the_computed_tokens_and_its_kv_is_written_agai
     runner = FakeRunner(64, 4)   # the hash model: n-gram guesses (from the repeated prompt) are wrong
     drive(sched, [req], runner=runner, speculate=True)
     assert_outputs_match_reference([req], 96)
-    assert sched.spec_num_draft_tokens > 0 and sched.spec_num_accepted_tokens < sched.spec_num_draft_tokens
+    assert sched.stats().spec_num_draft_tokens > 0 and sched.stats().spec_num_accepted_tokens < sched.stats().spec_num_draft_tokens
 
 
 def test_guesses_stop_at_max_tokens_and_at_eos_within_a_verification():
@@ -156,7 +156,7 @@ def test_speculation_under_block_pressure_preempts_no_one_for_a_guess_and_output
         reqs = [make_request(f"r{i}", 8, 40, ignore_eos=True, seed=i) for i in range(4)]
         drive(sched, reqs, runner=FakeRunner(24, 4, short_memory_token), speculate=True)
         assert_outputs_match_reference(reqs, 96, short_memory_token)
-        assert sched.spec_num_accepted_tokens > 0
+        assert sched.stats().spec_num_accepted_tokens > 0
 
 
 def test_aborts_mid_speculation_free_every_block():
@@ -182,7 +182,7 @@ def test_no_step_with_a_prompt_in_it_carries_guesses():
             assert all(r.decode_rows for r in out.requests), "a step with guesses carried a prompt chunk"
 
     drive(sched, arrivals=arrivals, runner=FakeRunner(64, 4, short_memory_token), speculate=True, on_step=check)
-    assert sched.spec_num_verifications > 0
+    assert sched.stats().spec_num_verifications > 0
 
 
 def test_requests_with_logit_adjustments_never_get_guesses():
@@ -191,7 +191,7 @@ def test_requests_with_logit_adjustments_never_get_guesses():
     req = make_request("r", 6, 30, ignore_eos=True,
                        sampling=AdjustedSamplingOptions(adjust=LogitAdjustments(presence_penalty=0.5)))
     drive(sched, [req], runner=FakeRunner(64, 4, short_memory_token), speculate=True)
-    assert sched.spec_num_verifications == 0
+    assert sched.stats().spec_num_verifications == 0
 
 
 # ---- a draft model's guesses ------------------------------------------------------------------
@@ -220,7 +220,7 @@ def test_draft_model_guesses_are_asked_for_once_their_blocks_exist_and_outputs_h
     reqs = [make_request(f"r{i}", 6, 40, ignore_eos=True, seed=i) for i in range(4)]
     drive(sched, reqs, runner=FakeRunner(40, 4, short_memory_token), speculate=True, one_step_ahead=one_step_ahead)
     assert_outputs_match_reference(reqs, 96, short_memory_token)
-    assert calls and 0 < sched.spec_num_accepted_tokens < sched.spec_num_draft_tokens
+    assert calls and 0 < sched.stats().spec_num_accepted_tokens < sched.stats().spec_num_draft_tokens
 
 
 def test_a_draft_model_config_needs_a_model_and_a_proposer():
