@@ -23,8 +23,8 @@ from typing import Any, AsyncIterator, Iterator, Sequence
 import grpc
 from grpc import aio
 
-from jaxserve.server.proto import generation_pb2 as pb
-from jaxserve.server.proto import generation_pb2_grpc as pb_grpc
+from jaxserve.proto import generation_pb2 as pb
+from jaxserve.proto import generation_pb2_grpc as pb_grpc
 
 _SCALARS = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "min_tokens", "ignore_eos",
             "skip_special_tokens", "include_stop_str_in_output",

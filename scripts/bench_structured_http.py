@@ -122,7 +122,7 @@ def stream_overhead(llm, rounds: int, max_tokens: int):
     from jaxserve.server.http.app import create_app
     from jaxserve.server.http.listener import HTTPListener
     from jaxserve.server.http.openai_front import OpenAIFront
-    from jaxserve.server.proto import generation_pb2_grpc as pb_grpc
+    from jaxserve.proto import generation_pb2_grpc as pb_grpc
     from jaxserve.server.servicer import GenerationServicer
     from jaxserve.server.state import Phase, ServerState
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jaxserve.runner.kv_transfer import BlockLayout
-from jaxserve.server.proto import generation_pb2 as pb
+from jaxserve.disagg.proto import kv_transfer_pb2 as kv_pb
 
 
 class KVLayoutMismatch(ValueError):
@@ -21,14 +21,14 @@ class KVLayout:
     checkpoint_identity: str
     role: str = "both"
 
-    def to_proto(self) -> pb.KVLayout:
+    def to_proto(self) -> kv_pb.KVLayout:
         b = self.block
-        return pb.KVLayout(block_size=b.block_size, kv_dtype=b.dtype, num_layers=b.num_layers,
-                           num_kv_heads=b.num_kv_heads, head_dim=b.head_dim,
-                           checkpoint_identity=self.checkpoint_identity, role=self.role)
+        return kv_pb.KVLayout(block_size=b.block_size, kv_dtype=b.dtype, num_layers=b.num_layers,
+                              num_kv_heads=b.num_kv_heads, head_dim=b.head_dim,
+                              checkpoint_identity=self.checkpoint_identity, role=self.role)
 
     @classmethod
-    def from_proto(cls, m: pb.KVLayout) -> "KVLayout":
+    def from_proto(cls, m: kv_pb.KVLayout) -> "KVLayout":
         return cls(BlockLayout(m.num_layers, m.block_size, m.num_kv_heads, m.head_dim, m.kv_dtype),
                    m.checkpoint_identity, m.role)
 

@@ -1,5 +1,5 @@
-"""The receiver's side of the wire: gRPC calls to a sending engine's Generation service
-(GetKVLayout, PullKV, KVLeaseControl), one channel per peer.
+"""The receiver's side of the wire: gRPC calls to a sending engine's internal KVTransfer service
+(proto/kv_transfer.proto: GetKVLayout, PullKV, KVLeaseControl), one channel per peer.
 
 Why gRPC streams of block bytes and not `jax.experimental.transfer`: the transfer library's pull
 could not be bounded here (its timeout did not fire for an id never registered, and a not-ready
@@ -20,8 +20,8 @@ import numpy as np
 from jaxserve.disagg.handshake import KVLayout
 from jaxserve.runner.kv_transfer import BlockLayout
 from jaxserve.sched.kv_connector import RemoteKV
-from jaxserve.server.proto import generation_pb2 as pb
-from jaxserve.server.proto import generation_pb2_grpc as pb_grpc
+from jaxserve.disagg.proto import kv_transfer_pb2 as kv_pb
+from jaxserve.disagg.proto import kv_transfer_pb2_grpc as kv_pb_grpc
 
 MAX_MESSAGE_BYTES = 64 << 20
 
@@ -42,23 +42,23 @@ def _reason(code: grpc.StatusCode) -> str:
 class KVClient:
     def __init__(self, metadata: tuple = ()):
         self._metadata = tuple(metadata)
-        self._stubs: dict[str, pb_grpc.GenerationStub] = {}
+        self._stubs: dict[str, kv_pb_grpc.KVTransferStub] = {}
         self._channels: list[grpc.Channel] = []
         self._lock = threading.Lock()
 
-    def _stub(self, peer: str) -> pb_grpc.GenerationStub:
+    def _stub(self, peer: str) -> kv_pb_grpc.KVTransferStub:
         with self._lock:
             stub = self._stubs.get(peer)
             if stub is None:
                 ch = grpc.insecure_channel(peer, options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
                 self._channels.append(ch)
-                stub = self._stubs[peer] = pb_grpc.GenerationStub(ch)
+                stub = self._stubs[peer] = kv_pb_grpc.KVTransferStub(ch)
             return stub
 
     def layout(self, peer: str, timeout: float) -> KVLayout:
         try:
-            return KVLayout.from_proto(self._stub(peer).GetKVLayout(pb.GetKVLayoutRequest(), timeout=timeout,
-                                                                     metadata=self._metadata))
+            return KVLayout.from_proto(self._stub(peer).GetKVLayout(kv_pb.GetKVLayoutRequest(), timeout=timeout,
+                                                                        metadata=self._metadata))
         except grpc.RpcError as e:
             raise KVPullError(_reason(e.code()), f"handshake with {peer}: {e.code().name} {e.details()}") from None
 
@@ -67,9 +67,9 @@ class KVClient:
         """Blocks [first_block, first_block + num_blocks) of the lease, as [n, *block_shape]."""
         out = np.empty((num_blocks,) + block.block_shape, block.np_dtype)
         got = 0
-        req = pb.PullKVRequest(transfer_id=remote.transfer_id, generation=remote.generation,
-                               first_block=first_block, num_blocks=num_blocks, num_tokens=num_tokens,
-                               tokens_sha256=tokens_sha256)
+        req = kv_pb.PullKVRequest(transfer_id=remote.transfer_id, generation=remote.generation,
+                                  first_block=first_block, num_blocks=num_blocks, num_tokens=num_tokens,
+                                  tokens_sha256=tokens_sha256)
         try:
             for msg in self._stub(remote.peer).PullKV(req, timeout=timeout, metadata=self._metadata):
                 if msg.generation != remote.generation:
@@ -91,7 +91,7 @@ class KVClient:
     def lease(self, remote: RemoteKV, *, release: bool, timeout: float) -> bool:
         """A heartbeat (release=False) or acknowledgement; False when the lease is gone."""
         reply = self._stub(remote.peer).KVLeaseControl(
-            pb.KVLeaseRequest(transfer_id=remote.transfer_id, generation=remote.generation, release=release),
+            kv_pb.KVLeaseRequest(transfer_id=remote.transfer_id, generation=remote.generation, release=release),
             timeout=timeout, metadata=self._metadata)
         return reply.live
 

@@ -32,7 +32,7 @@ from typing import Callable
 import grpc
 from grpc import aio
 
-from jaxserve.server.proto import generation_pb2 as pb
+from jaxserve.proto import generation_pb2 as pb
 from jaxserve.router.prefill_deadline import PrefillRate
 
 log = logging.getLogger("jaxserve.router")

@@ -29,7 +29,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from jaxserve.router.policy import ReplicaView
 from jaxserve.router.prefix_index import PrefixIndex
-from jaxserve.server.proto import generation_pb2_grpc as pb_grpc
+from jaxserve.proto import generation_pb2_grpc as pb_grpc
 
 log = logging.getLogger("jaxserve.router")
 

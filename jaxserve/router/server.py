@@ -121,7 +121,7 @@ class Router:
             ("grpc.max_send_message_length", c.max_message_bytes),
             ("grpc.so_reuseport", 0),
         ])
-        from jaxserve.server.proto import generation_pb2_grpc as pb_grpc
+        from jaxserve.proto import generation_pb2_grpc as pb_grpc
 
         pb_grpc.add_GenerationServicer_to_server(self.servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)

@@ -35,8 +35,8 @@ from jaxserve.router.policy import Policy
 from jaxserve.router.prefill_deadline import PrefillHopConfig, PrefillRate
 from jaxserve.router.replica import SUSPECT, UNREACHABLE, Replica
 from jaxserve.router.tokenize import PromptTokenizer
-from jaxserve.server.proto import generation_pb2 as pb
-from jaxserve.server.proto import generation_pb2_grpc as pb_grpc
+from jaxserve.proto import generation_pb2 as pb
+from jaxserve.proto import generation_pb2_grpc as pb_grpc
 
 log = logging.getLogger("jaxserve.router")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from jaxserve.chat_output import ChatOutputSpec, chat_finish_reason
-from jaxserve.server.proto import generation_pb2 as pb
+from jaxserve.proto import generation_pb2 as pb
 from jaxserve.tool_parsers.plan import (FunctionTool, ToolChoice, ToolError, ToolPlan, function_tools, plan_tools,
                                         resolve_tool_parser)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from jaxserve.outputs import RequestOutput
 from jaxserve.sampling_params import OutputKind, SamplingParams
-from jaxserve.server.proto import generation_pb2 as pb
+from jaxserve.proto import generation_pb2 as pb
 from jaxserve.server.request_caps import RequestCaps
 from jaxserve.server.sample_deltas import SampleDelta
 from jaxserve.structured_outputs import StructuredOutputs

@@ -15,7 +15,7 @@ import grpc
 
 from jaxserve.engine.async_engine import EmbeddingAborted, EngineDeadError, EngineStoppedError
 from jaxserve.pooling_params import PoolingParams
-from jaxserve.server.proto import generation_pb2 as pb
+from jaxserve.proto import generation_pb2 as pb
 from jaxserve.server.state import Overloaded
 
 
@@ -42,7 +42,7 @@ def pooling_params(request: pb.EmbedRequest) -> PoolingParams:
 
 async def embed(servicer, request: pb.EmbedRequest, context) -> pb.EmbedResponse:
     """The servicer's Embed (servicer: its state, stream limit and engine checks)."""
-    aengine = await servicer._engine(context)
+    aengine = await servicer.serving_engine(context)
     state = servicer.state
     try:
         prompts = embed_prompts(request)

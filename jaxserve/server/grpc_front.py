@@ -1,5 +1,7 @@
 """The gRPC front of the server process: the Generation service, health, reflection and the
-interceptors on one grpc.aio server. Imported only when gRPC is served (the HTTP front never
+interceptors on one grpc.aio server; with a prefill or decode role also the engines' internal
+jaxserve.kv.v1.KVTransfer service (jaxserve/disagg/service.py), on the same port behind the same
+TLS and API key. Imported only when gRPC is served (the HTTP front never
 imports it), so `jaxserve serve --no-grpc` runs without loading grpc.
 """
 
@@ -17,8 +19,8 @@ from grpc_health.v1.health import aio as health_aio
 from jaxserve.server.auth import BearerTokenInterceptor
 from jaxserve.server.malformed import MalformedRequestInterceptor
 from jaxserve.server.metrics import ServerMetrics
-from jaxserve.server.proto import generation_pb2 as pb
-from jaxserve.server.proto import generation_pb2_grpc as pb_grpc
+from jaxserve.proto import generation_pb2 as pb
+from jaxserve.proto import generation_pb2_grpc as pb_grpc
 from jaxserve.server.reflection import enable_server_reflection
 from jaxserve.server.servicer import GenerationServicer
 from jaxserve.server.state import ServerState
@@ -51,7 +53,9 @@ class GRPCFront:
 
 
 async def start_grpc(config: "ServerConfig", max_message_bytes: int, state: ServerState,
-                      metrics: ServerMetrics) -> GRPCFront:
+                      metrics: ServerMetrics, *, kv_transfer: bool = False) -> GRPCFront:
+    """kv_transfer: also serve KVTransfer (a prefill or decode engine; a colocated one has no KV to
+    hand over or take, so it does not expose the service at all)."""
     server = aio.server(interceptors=server_interceptors(config.api_key), options=[
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
@@ -62,6 +66,10 @@ async def start_grpc(config: "ServerConfig", max_message_bytes: int, state: Serv
                                   reasoning_parser=config.reasoning_parser)
     servicer.content_special_tokens = config.chat_content_special_tokens
     pb_grpc.add_GenerationServicer_to_server(servicer, server)
+    if kv_transfer:   # the same gate as Generate: UNAVAILABLE while warming up, draining or failed
+        from jaxserve.disagg.service import add_kv_transfer_service
+
+        add_kv_transfer_service(server, servicer.serving_engine)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     enable_server_reflection((SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name), server)

@@ -120,7 +120,7 @@ async def run_server(config: ServerConfig, engine_config: EngineConfig, *, progr
                      build_engine: Callable | None = None, hard_exit_during_warmup: bool = False) -> int:
     state = ServerState()
     metrics = ServerMetrics(lambda: state.aengine.snapshot if state.aengine is not None else None)
-    if getattr(engine_config, "role", "both") != "both":
+    if engine_config.role != "both":
         from jaxserve.disagg.metrics import DisaggCollector
 
         metrics.registry.register(DisaggCollector(lambda: state.aengine.engine if state.aengine is not None else None))
@@ -131,7 +131,8 @@ async def run_server(config: ServerConfig, engine_config: EngineConfig, *, progr
     if config.grpc:   # imported only when served: `--no-grpc` loads no grpc at all
         from jaxserve.server.grpc_front import start_grpc
 
-        grpc_front = await start_grpc(config, max_message_bytes, state, metrics)
+        grpc_front = await start_grpc(config, max_message_bytes, state, metrics,
+                                      kv_transfer=engine_config.role != "both")
     http = None
     if config.http_port is not None:
         from jaxserve.server.http.app import create_app

@@ -1,4 +1,5 @@
-"""The `jaxserve.v1.Generation` service on top of an AsyncEngine.
+"""The `jaxserve.v1.Generation` service on top of an AsyncEngine. (A prefill or decode engine's
+KV transfers are another service, jaxserve/disagg/service.py, registered beside it by grpc_front.py.)
 
 Status codes: INVALID_ARGUMENT for a bad request (the message names the field), RESOURCE_EXHAUSTED
 when the concurrent-stream limit or the engine's waiting queue is full, UNAVAILABLE while warming up
@@ -25,8 +26,8 @@ from jaxserve.server import convert
 from jaxserve.server.chat_prompt import render_chat
 from jaxserve.server.chat_tools_proto import CompleteSplitter, tool_plan_from_proto
 from jaxserve.server.metrics import ServerMetrics
-from jaxserve.server.proto import generation_pb2 as pb
-from jaxserve.server.proto import generation_pb2_grpc as pb_grpc
+from jaxserve.proto import generation_pb2 as pb
+from jaxserve.proto import generation_pb2_grpc as pb_grpc
 from jaxserve.server.request_caps import RequestCaps
 from jaxserve.server.sample_deltas import SampleDeltas
 from jaxserve.server.state import Overloaded, Phase, ServerState
@@ -52,7 +53,9 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         self.tool_call_parser = tool_call_parser
         self.reasoning_parser = reasoning_parser_named(reasoning_parser) if reasoning_parser is not None else None
 
-    async def _engine(self, context) -> AsyncEngine:
+    async def serving_engine(self, context) -> AsyncEngine:
+        """The AsyncEngine, or the call aborted with UNAVAILABLE (warming up, draining, failed): the
+        gate of every call that needs the engine running, KVTransfer's too (grpc_front.py)."""
         st = self.state
         if st.phase is Phase.WARMING_UP or st.aengine is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is warming up (compiling); retry later")
@@ -64,7 +67,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         return st.aengine
 
     async def Generate(self, request: pb.GenerateRequest, context):
-        aengine = await self._engine(context)
+        aengine = await self.serving_engine(context)
         if self.state.active_streams >= self.max_concurrent_streams:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                 f"{self.state.active_streams} streams are active, the limit is "
@@ -149,7 +152,8 @@ class GenerationServicer(pb_grpc.GenerationServicer):
 
         lease = await aengine.call(lambda e: lease_of(e, request_id))
         if lease is not None:     # none when the request was aborted: nothing was held
-            response.complete.kv_lease.CopyFrom(lease)
+            response.complete.kv_lease.CopyFrom(pb.KVLease(transfer_id=lease.transfer_id, generation=lease.generation,
+                                                           num_tokens=lease.num_tokens, lease_s=lease.lease_s))
 
     async def _render_chat(self, aengine: AsyncEngine, request: pb.GenerateRequest,
                            template_kwargs: dict | None = None) -> dict:
@@ -159,39 +163,22 @@ class GenerationServicer(pb_grpc.GenerationServicer):
                                  content_special_tokens=self.content_special_tokens)
 
     async def Abort(self, request: pb.AbortRequest, context) -> pb.AbortResponse:
-        aengine = await self._engine(context)
+        aengine = await self.serving_engine(context)
         await aengine.abort(list(request.request_ids))
         return pb.AbortResponse()
 
-    # ---- disaggregated prefill and decode: the sending side (jaxserve/disagg/service.py) ----
-    async def GetKVLayout(self, request, context) -> pb.KVLayout:
-        from jaxserve.disagg.service import get_kv_layout
-
-        return await get_kv_layout(await self._engine(context), context)
-
-    async def PullKV(self, request, context):
-        from jaxserve.disagg.service import pull_kv
-
-        async for msg in pull_kv(await self._engine(context), request, context):
-            yield msg
-
-    async def KVLeaseControl(self, request, context) -> pb.KVLeaseReply:
-        from jaxserve.disagg.service import kv_lease_control
-
-        return await kv_lease_control(await self._engine(context), request, context)
-
     # -- a trainer's control calls (docs/rl.md) ----------------------------------------------
     async def Pause(self, request: pb.PauseRequest, context) -> pb.PauseReply:
-        aengine = await self._engine(context)
+        aengine = await self.serving_engine(context)
         aborted = await _control(aengine.pause(request.mode or "abort"), context)
         return pb.PauseReply(aborted=aborted)
 
     async def Resume(self, request: pb.ResumeRequest, context) -> pb.ResumeReply:
-        await _control((await self._engine(context)).resume(), context)
+        await _control((await self.serving_engine(context)).resume(), context)
         return pb.ResumeReply()
 
     async def UpdateWeights(self, request: pb.UpdateWeightsRequest, context) -> pb.UpdateWeightsReply:
-        aengine = await self._engine(context)
+        aengine = await self.serving_engine(context)
         version = request.version if request.HasField("version") else None
         done = await _control(aengine.update_weights_from_disk(request.model_path, version=version), context)
         return pb.UpdateWeightsReply(version="" if done.version is None else str(done.version), seconds=done.seconds,

@@ -27,8 +27,8 @@ import grpc
 import pytest
 
 from jaxserve.bench.disagg_interference import kv_metrics
-from jaxserve.server.proto import generation_pb2 as pb
-from jaxserve.server.proto import generation_pb2_grpc as pb_grpc
+from jaxserve.proto import generation_pb2 as pb
+from jaxserve.proto import generation_pb2_grpc as pb_grpc
 from tests.router.router_process import RouterProcess, server_info
 from tests.server.server_process import ServerProcess, wait_until
 

@@ -5,7 +5,7 @@ import pytest
 
 from jaxserve.cli import main
 from jaxserve.router.disagg import prefill_request, wants_prefill_hop
-from jaxserve.server.proto import generation_pb2 as pb
+from jaxserve.proto import generation_pb2 as pb
 
 
 def _req(ids, **sp):

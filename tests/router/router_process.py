@@ -13,8 +13,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from jaxserve.client import _fold, Completion, build_request
-from jaxserve.server.proto import generation_pb2 as pb
-from jaxserve.server.proto import generation_pb2_grpc as pb_grpc
+from jaxserve.proto import generation_pb2 as pb
+from jaxserve.proto import generation_pb2_grpc as pb_grpc
 from tests.server.server_process import SERVE, free_port
 
 START_GUARD_S = 120

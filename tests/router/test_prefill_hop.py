@@ -10,7 +10,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from jaxserve.server.proto import generation_pb2 as pb
+from jaxserve.proto import generation_pb2 as pb
 from jaxserve.router.metrics import RouterMetrics
 from jaxserve.router.policy import RoundRobin
 from jaxserve.router.prefill_deadline import MIN_SAMPLE_TOKENS, PrefillHopConfig, PrefillRate

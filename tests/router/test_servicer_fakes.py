@@ -13,7 +13,7 @@ from jaxserve.router.policy import RoundRobin
 from jaxserve.router.prefix_index import PrefixIndex
 from jaxserve.router.replica import SERVING, Replica, ReplicaAddress, ReplicaClientConfig
 from jaxserve.router.servicer import RouterServicer, RouterState
-from jaxserve.server.proto import generation_pb2 as pb
+from jaxserve.proto import generation_pb2 as pb
 
 
 class Aborted(Exception):

@@ -7,7 +7,7 @@ from jaxserve.client import build_request
 from jaxserve.sampling_params import OutputKind, SamplingParams
 from jaxserve.server.convert import prompt_from_proto, sampling_params_from_proto
 from jaxserve.server.request_caps import RequestCaps
-from jaxserve.server.proto import generation_pb2 as pb
+from jaxserve.proto import generation_pb2 as pb
 
 
 def test_unset_fields_keep_the_engine_defaults_and_the_stream_is_delta():

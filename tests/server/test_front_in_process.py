@@ -21,8 +21,8 @@ from jaxserve.client import AsyncGenerationClient
 from jaxserve.engine.async_engine import AsyncEngine
 from jaxserve.server.request_caps import RequestCaps
 from jaxserve.server.metrics import ServerMetrics
-from jaxserve.server.proto import generation_pb2 as pb
-from jaxserve.server.proto import generation_pb2_grpc as pb_grpc
+from jaxserve.proto import generation_pb2 as pb
+from jaxserve.proto import generation_pb2_grpc as pb_grpc
 from jaxserve.server.reflection import enable_server_reflection
 from jaxserve.server.grpc_front import SERVICE_NAME, server_interceptors
 from jaxserve.server.servicer import GenerationServicer

@@ -10,7 +10,7 @@ import textwrap
 CHILD = textwrap.dedent("""
     import asyncio, importlib, pkgutil, sys
 
-    FORBIDDEN = ("grpc", "grpc_health", "grpc_reflection", "google.protobuf", "jaxserve.server.proto",
+    FORBIDDEN = ("grpc", "grpc_health", "grpc_reflection", "google.protobuf", "jaxserve.proto", "jaxserve.disagg.proto",
                  "jaxserve.server.servicer", "jaxserve.server.convert", "jaxserve.server.grpc_front",
                  "jaxserve.server.auth")
 

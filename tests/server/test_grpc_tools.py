@@ -14,8 +14,8 @@ from grpc import aio
 
 from jaxserve import LLM
 from jaxserve.engine.async_engine import AsyncEngine
-from jaxserve.server.proto import generation_pb2 as pb
-from jaxserve.server.proto import generation_pb2_grpc as pb_grpc
+from jaxserve.proto import generation_pb2 as pb
+from jaxserve.proto import generation_pb2_grpc as pb_grpc
 from jaxserve.server.request_caps import RequestCaps
 from jaxserve.server.servicer import GenerationServicer
 from jaxserve.server.state import Phase, ServerState

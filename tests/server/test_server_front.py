@@ -8,7 +8,7 @@ import pytest
 from grpc_reflection.v1alpha import reflection_pb2 as refl
 
 from jaxserve.client import GenerationClient
-from jaxserve.server.proto import generation_pb2 as pb
+from jaxserve.proto import generation_pb2 as pb
 from jaxserve.server.server import message_bytes_limit
 from tests.server.server_process import ServerProcess
 from tests.server.shapes import SERVER_ENGINE

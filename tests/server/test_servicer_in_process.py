@@ -15,7 +15,7 @@ from jaxserve import LLM
 from jaxserve.client import AsyncGenerationClient
 from jaxserve.engine.async_engine import AsyncEngine
 from jaxserve.server.request_caps import RequestCaps
-from jaxserve.server.proto import generation_pb2_grpc as pb_grpc
+from jaxserve.proto import generation_pb2_grpc as pb_grpc
 from jaxserve.server.servicer import GenerationServicer
 from jaxserve.server.state import Phase, ServerState
 from tests.server.step_gate import StepGate

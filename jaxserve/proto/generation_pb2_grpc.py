@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from jaxserve.server.proto import generation_pb2 as jaxserve_dot_server_dot_proto_dot_generation__pb2
+from jaxserve.proto import generation_pb2 as jaxserve_dot_proto_dot_generation__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in jaxserve/server/proto/generation_pb2_grpc.py depends on'
+        + ' but the generated code in jaxserve/proto/generation_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,58 +36,43 @@ class GenerationStub:
         """
         self.Generate = channel.unary_stream(
                 '/jaxserve.v1.Generation/Generate',
-                request_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.GenerateRequest.SerializeToString,
-                response_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.GenerateResponse.FromString,
+                request_serializer=jaxserve_dot_proto_dot_generation__pb2.GenerateRequest.SerializeToString,
+                response_deserializer=jaxserve_dot_proto_dot_generation__pb2.GenerateResponse.FromString,
                 _registered_method=True)
         self.Abort = channel.unary_unary(
                 '/jaxserve.v1.Generation/Abort',
-                request_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.AbortRequest.SerializeToString,
-                response_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.AbortResponse.FromString,
+                request_serializer=jaxserve_dot_proto_dot_generation__pb2.AbortRequest.SerializeToString,
+                response_deserializer=jaxserve_dot_proto_dot_generation__pb2.AbortResponse.FromString,
                 _registered_method=True)
         self.GetModelInfo = channel.unary_unary(
                 '/jaxserve.v1.Generation/GetModelInfo',
-                request_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.GetModelInfoRequest.SerializeToString,
-                response_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.ModelInfo.FromString,
+                request_serializer=jaxserve_dot_proto_dot_generation__pb2.GetModelInfoRequest.SerializeToString,
+                response_deserializer=jaxserve_dot_proto_dot_generation__pb2.ModelInfo.FromString,
                 _registered_method=True)
         self.GetServerInfo = channel.unary_unary(
                 '/jaxserve.v1.Generation/GetServerInfo',
-                request_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.GetServerInfoRequest.SerializeToString,
-                response_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.ServerInfo.FromString,
-                _registered_method=True)
-        self.GetKVLayout = channel.unary_unary(
-                '/jaxserve.v1.Generation/GetKVLayout',
-                request_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.GetKVLayoutRequest.SerializeToString,
-                response_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.KVLayout.FromString,
-                _registered_method=True)
-        self.PullKV = channel.unary_stream(
-                '/jaxserve.v1.Generation/PullKV',
-                request_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.PullKVRequest.SerializeToString,
-                response_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.KVBlocks.FromString,
-                _registered_method=True)
-        self.KVLeaseControl = channel.unary_unary(
-                '/jaxserve.v1.Generation/KVLeaseControl',
-                request_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.KVLeaseRequest.SerializeToString,
-                response_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.KVLeaseReply.FromString,
+                request_serializer=jaxserve_dot_proto_dot_generation__pb2.GetServerInfoRequest.SerializeToString,
+                response_deserializer=jaxserve_dot_proto_dot_generation__pb2.ServerInfo.FromString,
                 _registered_method=True)
         self.Pause = channel.unary_unary(
                 '/jaxserve.v1.Generation/Pause',
-                request_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.PauseRequest.SerializeToString,
-                response_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.PauseReply.FromString,
+                request_serializer=jaxserve_dot_proto_dot_generation__pb2.PauseRequest.SerializeToString,
+                response_deserializer=jaxserve_dot_proto_dot_generation__pb2.PauseReply.FromString,
                 _registered_method=True)
         self.Resume = channel.unary_unary(
                 '/jaxserve.v1.Generation/Resume',
-                request_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.ResumeRequest.SerializeToString,
-                response_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.ResumeReply.FromString,
+                request_serializer=jaxserve_dot_proto_dot_generation__pb2.ResumeRequest.SerializeToString,
+                response_deserializer=jaxserve_dot_proto_dot_generation__pb2.ResumeReply.FromString,
                 _registered_method=True)
         self.UpdateWeights = channel.unary_unary(
                 '/jaxserve.v1.Generation/UpdateWeights',
-                request_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.UpdateWeightsRequest.SerializeToString,
-                response_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.UpdateWeightsReply.FromString,
+                request_serializer=jaxserve_dot_proto_dot_generation__pb2.UpdateWeightsRequest.SerializeToString,
+                response_deserializer=jaxserve_dot_proto_dot_generation__pb2.UpdateWeightsReply.FromString,
                 _registered_method=True)
         self.Embed = channel.unary_unary(
                 '/jaxserve.v1.Generation/Embed',
-                request_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.EmbedRequest.SerializeToString,
-                response_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.EmbedResponse.FromString,
+                request_serializer=jaxserve_dot_proto_dot_generation__pb2.EmbedRequest.SerializeToString,
+                response_deserializer=jaxserve_dot_proto_dot_generation__pb2.EmbedResponse.FromString,
                 _registered_method=True)
 
 
@@ -117,28 +102,6 @@ class GenerationServicer:
 
     def GetServerInfo(self, request, context):
         """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def GetKVLayout(self, request, context):
-        """Disaggregated prefill and decode (docs/design.md): a decode engine pulls the KV blocks a
-        prefill engine holds under a lease, after checking the two engines' KV layouts match.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def PullKV(self, request, context):
-        """Streams the blocks of a live lease; NOT_FOUND when the lease (that generation) is gone.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def KVLeaseControl(self, request, context):
-        """The receiver's heartbeat (extends the lease) or acknowledgement (releases its blocks).
-        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -178,58 +141,43 @@ def add_GenerationServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Generate': grpc.unary_stream_rpc_method_handler(
                     servicer.Generate,
-                    request_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.GenerateRequest.FromString,
-                    response_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.GenerateResponse.SerializeToString,
+                    request_deserializer=jaxserve_dot_proto_dot_generation__pb2.GenerateRequest.FromString,
+                    response_serializer=jaxserve_dot_proto_dot_generation__pb2.GenerateResponse.SerializeToString,
             ),
             'Abort': grpc.unary_unary_rpc_method_handler(
                     servicer.Abort,
-                    request_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.AbortRequest.FromString,
-                    response_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.AbortResponse.SerializeToString,
+                    request_deserializer=jaxserve_dot_proto_dot_generation__pb2.AbortRequest.FromString,
+                    response_serializer=jaxserve_dot_proto_dot_generation__pb2.AbortResponse.SerializeToString,
             ),
             'GetModelInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetModelInfo,
-                    request_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.GetModelInfoRequest.FromString,
-                    response_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.ModelInfo.SerializeToString,
+                    request_deserializer=jaxserve_dot_proto_dot_generation__pb2.GetModelInfoRequest.FromString,
+                    response_serializer=jaxserve_dot_proto_dot_generation__pb2.ModelInfo.SerializeToString,
             ),
             'GetServerInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetServerInfo,
-                    request_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.GetServerInfoRequest.FromString,
-                    response_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.ServerInfo.SerializeToString,
-            ),
-            'GetKVLayout': grpc.unary_unary_rpc_method_handler(
-                    servicer.GetKVLayout,
-                    request_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.GetKVLayoutRequest.FromString,
-                    response_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.KVLayout.SerializeToString,
-            ),
-            'PullKV': grpc.unary_stream_rpc_method_handler(
-                    servicer.PullKV,
-                    request_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.PullKVRequest.FromString,
-                    response_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.KVBlocks.SerializeToString,
-            ),
-            'KVLeaseControl': grpc.unary_unary_rpc_method_handler(
-                    servicer.KVLeaseControl,
-                    request_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.KVLeaseRequest.FromString,
-                    response_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.KVLeaseReply.SerializeToString,
+                    request_deserializer=jaxserve_dot_proto_dot_generation__pb2.GetServerInfoRequest.FromString,
+                    response_serializer=jaxserve_dot_proto_dot_generation__pb2.ServerInfo.SerializeToString,
             ),
             'Pause': grpc.unary_unary_rpc_method_handler(
                     servicer.Pause,
-                    request_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.PauseRequest.FromString,
-                    response_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.PauseReply.SerializeToString,
+                    request_deserializer=jaxserve_dot_proto_dot_generation__pb2.PauseRequest.FromString,
+                    response_serializer=jaxserve_dot_proto_dot_generation__pb2.PauseReply.SerializeToString,
             ),
             'Resume': grpc.unary_unary_rpc_method_handler(
                     servicer.Resume,
-                    request_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.ResumeRequest.FromString,
-                    response_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.ResumeReply.SerializeToString,
+                    request_deserializer=jaxserve_dot_proto_dot_generation__pb2.ResumeRequest.FromString,
+                    response_serializer=jaxserve_dot_proto_dot_generation__pb2.ResumeReply.SerializeToString,
             ),
             'UpdateWeights': grpc.unary_unary_rpc_method_handler(
                     servicer.UpdateWeights,
-                    request_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.UpdateWeightsRequest.FromString,
-                    response_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.UpdateWeightsReply.SerializeToString,
+                    request_deserializer=jaxserve_dot_proto_dot_generation__pb2.UpdateWeightsRequest.FromString,
+                    response_serializer=jaxserve_dot_proto_dot_generation__pb2.UpdateWeightsReply.SerializeToString,
             ),
             'Embed': grpc.unary_unary_rpc_method_handler(
                     servicer.Embed,
-                    request_deserializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.EmbedRequest.FromString,
-                    response_serializer=jaxserve_dot_server_dot_proto_dot_generation__pb2.EmbedResponse.SerializeToString,
+                    request_deserializer=jaxserve_dot_proto_dot_generation__pb2.EmbedRequest.FromString,
+                    response_serializer=jaxserve_dot_proto_dot_generation__pb2.EmbedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -257,8 +205,8 @@ class Generation:
             request,
             target,
             '/jaxserve.v1.Generation/Generate',
-            jaxserve_dot_server_dot_proto_dot_generation__pb2.GenerateRequest.SerializeToString,
-            jaxserve_dot_server_dot_proto_dot_generation__pb2.GenerateResponse.FromString,
+            jaxserve_dot_proto_dot_generation__pb2.GenerateRequest.SerializeToString,
+            jaxserve_dot_proto_dot_generation__pb2.GenerateResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -284,8 +232,8 @@ class Generation:
             request,
             target,
             '/jaxserve.v1.Generation/Abort',
-            jaxserve_dot_server_dot_proto_dot_generation__pb2.AbortRequest.SerializeToString,
-            jaxserve_dot_server_dot_proto_dot_generation__pb2.AbortResponse.FromString,
+            jaxserve_dot_proto_dot_generation__pb2.AbortRequest.SerializeToString,
+            jaxserve_dot_proto_dot_generation__pb2.AbortResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -311,8 +259,8 @@ class Generation:
             request,
             target,
             '/jaxserve.v1.Generation/GetModelInfo',
-            jaxserve_dot_server_dot_proto_dot_generation__pb2.GetModelInfoRequest.SerializeToString,
-            jaxserve_dot_server_dot_proto_dot_generation__pb2.ModelInfo.FromString,
+            jaxserve_dot_proto_dot_generation__pb2.GetModelInfoRequest.SerializeToString,
+            jaxserve_dot_proto_dot_generation__pb2.ModelInfo.FromString,
             options,
             channel_credentials,
             insecure,
@@ -338,89 +286,8 @@ class Generation:
             request,
             target,
             '/jaxserve.v1.Generation/GetServerInfo',
-            jaxserve_dot_server_dot_proto_dot_generation__pb2.GetServerInfoRequest.SerializeToString,
-            jaxserve_dot_server_dot_proto_dot_generation__pb2.ServerInfo.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def GetKVLayout(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/jaxserve.v1.Generation/GetKVLayout',
-            jaxserve_dot_server_dot_proto_dot_generation__pb2.GetKVLayoutRequest.SerializeToString,
-            jaxserve_dot_server_dot_proto_dot_generation__pb2.KVLayout.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def PullKV(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_stream(
-            request,
-            target,
-            '/jaxserve.v1.Generation/PullKV',
-            jaxserve_dot_server_dot_proto_dot_generation__pb2.PullKVRequest.SerializeToString,
-            jaxserve_dot_server_dot_proto_dot_generation__pb2.KVBlocks.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def KVLeaseControl(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/jaxserve.v1.Generation/KVLeaseControl',
-            jaxserve_dot_server_dot_proto_dot_generation__pb2.KVLeaseRequest.SerializeToString,
-            jaxserve_dot_server_dot_proto_dot_generation__pb2.KVLeaseReply.FromString,
+            jaxserve_dot_proto_dot_generation__pb2.GetServerInfoRequest.SerializeToString,
+            jaxserve_dot_proto_dot_generation__pb2.ServerInfo.FromString,
             options,
             channel_credentials,
             insecure,
@@ -446,8 +313,8 @@ class Generation:
             request,
             target,
             '/jaxserve.v1.Generation/Pause',
-            jaxserve_dot_server_dot_proto_dot_generation__pb2.PauseRequest.SerializeToString,
-            jaxserve_dot_server_dot_proto_dot_generation__pb2.PauseReply.FromString,
+            jaxserve_dot_proto_dot_generation__pb2.PauseRequest.SerializeToString,
+            jaxserve_dot_proto_dot_generation__pb2.PauseReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -473,8 +340,8 @@ class Generation:
             request,
             target,
             '/jaxserve.v1.Generation/Resume',
-            jaxserve_dot_server_dot_proto_dot_generation__pb2.ResumeRequest.SerializeToString,
-            jaxserve_dot_server_dot_proto_dot_generation__pb2.ResumeReply.FromString,
+            jaxserve_dot_proto_dot_generation__pb2.ResumeRequest.SerializeToString,
+            jaxserve_dot_proto_dot_generation__pb2.ResumeReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -500,8 +367,8 @@ class Generation:
             request,
             target,
             '/jaxserve.v1.Generation/UpdateWeights',
-            jaxserve_dot_server_dot_proto_dot_generation__pb2.UpdateWeightsRequest.SerializeToString,
-            jaxserve_dot_server_dot_proto_dot_generation__pb2.UpdateWeightsReply.FromString,
+            jaxserve_dot_proto_dot_generation__pb2.UpdateWeightsRequest.SerializeToString,
+            jaxserve_dot_proto_dot_generation__pb2.UpdateWeightsReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -527,8 +394,8 @@ class Generation:
             request,
             target,
             '/jaxserve.v1.Generation/Embed',
-            jaxserve_dot_server_dot_proto_dot_generation__pb2.EmbedRequest.SerializeToString,
-            jaxserve_dot_server_dot_proto_dot_generation__pb2.EmbedResponse.FromString,
+            jaxserve_dot_proto_dot_generation__pb2.EmbedRequest.SerializeToString,
+            jaxserve_dot_proto_dot_generation__pb2.EmbedResponse.FromString,
             options,
             channel_credentials,
             insecure,
