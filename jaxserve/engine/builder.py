@@ -121,7 +121,7 @@ def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, 
     devices the caller chose (parallel/mesh.py `engine_mesh`; LLM(mesh=...)), its "model" axis
     tensor_parallel_size long; None: the first tensor_parallel_size devices."""
     if share_runner_of is not None:
-        return _engine_on_shared_runner(config, share_runner_of)
+        return _with_connector(_engine_on_shared_runner(config, share_runner_of), config)
     _check_caller_mesh(mesh, config)
     # several hosts: join them first (jax.distributed must start before jax's backend does)
     host_config = HostConfig.resolve(config.num_hosts, config.host_rank, config.coordinator_address,
@@ -172,6 +172,17 @@ def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, 
         # a weight update of a quantized engine goes through the same pass (engine/weight_update.py)
         engine.requantize = functools.partial(_requantized_params, config, dict(ckpt.config), source_config, dtype,
                                               layout, mesh)
+    return _with_connector(engine, config)
+
+
+def _with_connector(engine: Engine, config: EngineConfig) -> Engine:
+    """A prefill or decode engine gets its KV connector from the config's role settings
+    (jaxserve/disagg/attach.py), here rather than in the server, so LLM(role=...) and `jaxserve
+    serve --role ...` build the same engine. Imported only then: a colocated engine loads no grpc."""
+    if config.role != "both":
+        from jaxserve.disagg.attach import attach_connector
+
+        attach_connector(engine, config)
     return engine
 
 

@@ -169,7 +169,8 @@ async def run_server(config: ServerConfig, engine_config: EngineConfig, *, progr
         from jaxserve.engine.builder import build_engine as default_build
         build_engine = default_build
     t0 = time.perf_counter()
-    built = _build_in_thread(lambda: _with_role(build_engine(engine_config, progress=progress), engine_config))
+    # a prefill or decode engine comes with its KV connector (the builder reads the role settings)
+    built = _build_in_thread(lambda: build_engine(engine_config, progress=progress))
     stopper = asyncio.ensure_future(stop.wait())
     await asyncio.wait({built, stopper}, return_when=asyncio.FIRST_COMPLETED)
     if not built.done():      # a signal during warmup: nothing is in flight
@@ -220,20 +221,9 @@ async def run_server(config: ServerConfig, engine_config: EngineConfig, *, progr
     return 0
 
 
-def _with_role(engine, engine_config: EngineConfig):
-    """A prefill or decode engine gets its KV connector (jaxserve/disagg/attach.py)."""
-    role = getattr(engine_config, "role", "both")
-    if role != "both":
-        from jaxserve.disagg.attach import attach_disagg
-
-        attach_disagg(engine, role, lease_s=engine_config.kv_lease_s, load_timeout_s=engine_config.kv_load_timeout_s,
-                      failure_policy=engine_config.kv_load_failure_policy)
-    return engine
-
-
 def _lease_reaper(aengine, engine_config: EngineConfig):
     """A prefill engine frees expired leases even while idle."""
-    if getattr(engine_config, "role", "both") != "prefill":
+    if engine_config.role != "prefill":
         return None
     from jaxserve.disagg.service import reap_leases
 
