@@ -1,7 +1,14 @@
 """The KV connector seam: a request's KV computed elsewhere, loaded into this engine's blocks.
 
-The shape is vLLM's KV connector, sized to what jaxserve needs. Pure Python: the scheduler calls a
-`KVConnector` (the engine builds one: jaxserve/disagg/connector.py) and never sees how bytes move.
+The shape is vLLM's KV connector, sized to what jaxserve needs, and it has two sides:
+  - the scheduler side (`KVConnector`, called from schedule() and update(), pure Python) only
+    decides: which loads start, which ended, which blocks are held for a receiver;
+  - the runner side (`KVConnectorWorker.apply`) performs what those decisions need on the arena:
+    each step's `SchedulerOutput.kv_connector_ops` (`KVConnectorOps`: loads whose bytes arrived,
+    to write into their blocks; held blocks to gather for their receivers), at dispatch, in step
+    order, after the step's swaps and before its copies and forward pass.
+So the scheduler never touches a device array, and the runner never decides. The engine builds
+the connector from its config (jaxserve/disagg/attach.py, `build_engine`); it serves both sides.
 
 Receiving side (a decode engine), each `schedule()`:
   1. a waiting request with `remote_kv` gets its blocks (local prefix-cache hit first; only the
@@ -10,6 +17,8 @@ Receiving side (a decode engine), each `schedule()`:
   2. `poll()`: loads that ended. A load is applied only while its (request id, generation) is still
      live (`LiveLoads`): once a load is cancelled (deadline, abort) its blocks go back to the pool
      and may belong to another request, so a late or duplicate arrival is dropped, never written.
+     A load that ended well goes in this step's `kv_connector_ops.loads`: the runner writes its
+     bytes into its blocks before the step that computes the request's next token.
   3. a loaded request joins the running requests, while seats last, as one whose prompt is
      computed but its last token: this step computes that token and samples the first output,
      exactly as after a prefix-cache hit (so the outputs are the colocated engine's).
@@ -19,12 +28,12 @@ Receiving side (a decode engine), each `schedule()`:
 Sending side (a prefill engine): a request with `kv_send` that ends normally does not free its
 blocks: `hold()` takes them (with their prefix-cache nodes) under a lease, and the connector gives
 them back through `Scheduler.free_held_blocks` when the receiver acknowledges or the lease expires.
+The held blocks go in the next step's `kv_connector_ops.saves`: the runner gathers them for the
+lease (a step with no request is dispatched for it: `has_unfinished_requests` counts pending ops).
 Held blocks count as in use, so a prefill engine whose receivers are slow stops admitting rather
 than overwriting what was promised.
 
-A host-memory KV tier fits the same seam: its connector answers `start_load` from host arrays
-(runner/kv_transfer.py's scatter into the given blocks) and `hold` becomes "offload these blocks";
-`remote_kv` would then name a host-tier entry instead of a peer.
+The prefix cache's host tier (prefix_cache.py) uses the same split through the step's swap lists.
 """
 
 from __future__ import annotations
@@ -96,12 +105,31 @@ def tokens_digest(token_ids) -> bytes:
     return hashlib.sha256(struct.pack(f"<{len(ids)}i", *ids)).digest()
 
 
+@dataclass(frozen=True, slots=True)
+class KVConnectorOps:
+    """The runner side's work for one step, decided by the scheduler side."""
+
+    loads: tuple[KVLoad, ...] = ()        # ended well: write their bytes into dst_block_ids
+    saves: tuple[HeldBlocks, ...] = ()    # held for a receiver: gather their blocks for the lease
+
+    def __bool__(self) -> bool:
+        return bool(self.loads or self.saves)
+
+
 class KVConnector(Protocol):
+    """The scheduler side: decisions only (never a device array)."""
+
     def start_load(self, load: KVLoad) -> None: ...
-    def poll(self) -> list[KVLoadResult]: ...
-    def cancel_load(self, request_id: str, generation: int) -> None: ...
+    def poll(self) -> list[KVLoadResult]: ...   # an ok load's bytes wait for its op on the runner side
+    def cancel_load(self, request_id: str, generation: int) -> None: ...   # also drops bytes not applied
     def release_remote(self, remote: RemoteKV) -> None: ...   # the sender's blocks are not needed
-    def hold(self, held: HeldBlocks) -> None: ...
+    def hold(self, held: HeldBlocks) -> None: ...   # grant the lease; its gather is a save op
+
+
+class KVConnectorWorker(Protocol):
+    """The runner side: performs a step's ops on the arena, at dispatch."""
+
+    def apply(self, ops: KVConnectorOps) -> None: ...
 
 
 class LiveLoads:
@@ -153,12 +181,27 @@ class KVConnectorScheduling:
     def _kv_init(self) -> None:
         self._kv_generations = itertools.count(1)
         self._kv_loading: dict[str, Request] = {}   # WAITING_FOR_REMOTE_KVS, holding blocks
+        self._kv_load_of: dict[str, KVLoad] = {}     # their loads (the op once the bytes are in)
         self._kv_loaded: list[Request] = []          # loaded, waiting for a seat
         self.kv_load_errors: list[tuple[str, str]] = []   # (request id, why): failed by policy "fail"
         self.kv_loads_started = 0
         self.kv_loads_done = 0
         self.kv_load_fallbacks: dict[str, int] = {}  # reason -> requests recomputed or failed
         self.kv_stale_results = 0
+        self._kv_ops_loads: list[KVLoad] = []       # this step's runner-side work (KVConnectorOps)
+        self._kv_ops_saves: list[HeldBlocks] = []
+
+    def take_kv_ops(self) -> KVConnectorOps | None:
+        """The runner-side work decided since the last step (schedule() puts it in its output)."""
+        if not (self._kv_ops_loads or self._kv_ops_saves):
+            return None
+        ops = KVConnectorOps(tuple(self._kv_ops_loads), tuple(self._kv_ops_saves))
+        self._kv_ops_loads, self._kv_ops_saves = [], []
+        return ops
+
+    @property
+    def has_kv_ops(self) -> bool:
+        return bool(self._kv_ops_loads or self._kv_ops_saves)
 
     def kv_loading_requests(self) -> list[Request]:
         """Requests holding blocks outside the queue and the running list: loading, or loaded
@@ -185,11 +228,16 @@ class KVConnectorScheduling:
             req = self._kv_loading.get(res.request_id)
             if req is None or req.kv_load_generation != res.generation:
                 self.kv_stale_results += 1    # cancelled meanwhile: the blocks may be someone else's
+                if res.ok:
+                    self.kv_connector.cancel_load(res.request_id, res.generation)   # its bytes are never written
                 continue
             del self._kv_loading[res.request_id]
+            if not res.ok:
+                self._kv_load_of.pop(res.request_id, None)
             if res.ok:
                 req.num_computed_tokens = req.kv_load_tokens
                 self.kv_loads_done += 1
+                self._kv_ops_loads.append(self._kv_load_of.pop(req.request_id))
                 self._kv_loaded.append(req)
             else:
                 self._kv_fallback(req, res.reason, res.detail)
@@ -226,9 +274,10 @@ class KVConnectorScheduling:
         req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
         self._kv_loading[req.request_id] = req
         self.kv_loads_started += 1
-        self.kv_connector.start_load(KVLoad(req.request_id, req.kv_load_generation, remote, first,
-                                            tuple(req.block_ids[first:cdiv(want, bs)]), want,
-                                            tokens_digest(req.prompt_token_ids[:want])))
+        load = KVLoad(req.request_id, req.kv_load_generation, remote, first,
+                      tuple(req.block_ids[first:cdiv(want, bs)]), want, tokens_digest(req.prompt_token_ids[:want]))
+        self._kv_load_of[req.request_id] = load
+        self.kv_connector.start_load(load)
         return True
 
     def _kv_fallback(self, req: Request, reason: str, detail: str = "") -> None:
@@ -256,14 +305,16 @@ class KVConnectorScheduling:
         if req.status is RequestStatus.WAITING_FOR_REMOTE_KVS:
             # an abort while loading: the load is cancelled first, so its late arrival is dropped
             del self._kv_loading[req.request_id]
+            self._kv_load_of.pop(req.request_id, None)
             self.kv_connector.cancel_load(req.request_id, req.kv_load_generation)
             self.kv.free(req)
             return True
         if req.kv_send and reason != "abort" and self.kv_connector is not None:
             block_ids, nodes = self.kv.hold(req)
             n = min(req.num_computed_tokens, req.num_tokens)
-            self.kv_connector.hold(HeldBlocks(req.request_id, tuple(block_ids), tuple(nodes), n,
-                                              tuple(req.all_token_ids[:n])))
+            held = HeldBlocks(req.request_id, tuple(block_ids), tuple(nodes), n, tuple(req.all_token_ids[:n]))
+            self.kv_connector.hold(held)
+            self._kv_ops_saves.append(held)
             return True
         return False
 

@@ -202,6 +202,7 @@ class Scheduler(KVConnectorScheduling):
             swap_out=tuple((d, h - 1) for d, h in st.swap_out),
             swap_in=tuple((h - 1, d) for h, d in st.swap_in),
             predicted_s=self._predicted_seconds(st),
+            kv_connector_ops=self.take_kv_ops(),
         )
 
     def _predicted_seconds(self, st: _Step) -> float | None:
@@ -611,7 +612,9 @@ class Scheduler(KVConnectorScheduling):
         return self.kv.pool.num_cached == 0
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self._requests)
+        """Live requests, or KV-connector work decided but not yet in a step (a held lease's
+        gather after its request ended): the engine runs a step for it."""
+        return bool(self._requests) or self.has_kv_ops
 
 
 def _common_prefix_len(a: list[int], b: list[int]) -> int:

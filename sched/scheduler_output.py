@@ -12,6 +12,7 @@ A token the previous step sampled but the host has not seen yet appears in `toke
 from __future__ import annotations
 
 from dataclasses import dataclass
+from jaxserve.sched.kv_connector import KVConnectorOps
 from jaxserve.sched.request import Request
 from jaxserve.sched.sampling import GREEDY, SamplingOptions
 
@@ -86,6 +87,9 @@ class SchedulerOutput:
     # learned scale (None: no model, or another kind of step); the engine reports the measured time
     # back (Scheduler.observe_step_time)
     predicted_s: float | None = None
+    # the KV connector's runner-side work (kv_connector.py): loads to write, held blocks to gather,
+    # after the swaps and before the copies
+    kv_connector_ops: KVConnectorOps | None = None
 
     def __post_init__(self) -> None:
         total = sum(len(r.token_ids) for r in self.requests)

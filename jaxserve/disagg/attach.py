@@ -51,11 +51,13 @@ def build_connector(engine, config: EngineConfig, *, client_metadata: tuple = ()
 def attach_connector(engine, config: EngineConfig, *, client_metadata: tuple = ()) -> DisaggConnector | None:
     """Give `engine` (and its scheduler) the connector of `config.role`, with the load failure
     policy; a colocated engine ("both") is left as it is. The scheduler and the engine then call
-    it through sched/kv_connector.py's KVConnector protocol."""
+    its scheduler side through sched/kv_connector.py's KVConnector protocol, the runner its
+    runner side (KVConnectorWorker.apply) at each step's dispatch."""
     connector = build_connector(engine, config, client_metadata=client_metadata)
     if connector is None:
         return None
     engine.scheduler.kv_connector = connector
+    engine.runner.kv_connector_worker = connector
     engine.scheduler.kv_load_failure_policy = config.kv_load_failure_policy
     engine.kv_connector = connector
     engine.role = config.role

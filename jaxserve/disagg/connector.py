@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from jaxserve.disagg.receiver import KVReceiver
 from jaxserve.disagg.sender import KVSender
-from jaxserve.sched.kv_connector import HeldBlocks, KVLoad, KVLoadResult, RemoteKV
+from jaxserve.sched.kv_connector import HeldBlocks, KVConnectorOps, KVLoad, KVLoadResult, RemoteKV
 
 # transfer-time histogram buckets (seconds), loopback to cross-host
 TRANSFER_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -69,6 +69,15 @@ class DisaggConnector:
         if self.sender is None:
             raise RuntimeError("this engine's role cannot hold KV for a receiver (it is a decode engine)")
         self.sender.hold(held)
+
+    # ---- the runner side (KVConnectorWorker) ----
+    def apply(self, ops: KVConnectorOps) -> None:
+        """A step's connector work, at its dispatch: pulled bytes into their blocks, held blocks
+        gathered for their leases."""
+        for load in ops.loads:
+            self._receiving().apply_load(load)
+        for held in ops.saves:
+            self.sender.gather_held(held)
 
     def close(self) -> None:
         if self.receiver is not None:

@@ -10,6 +10,7 @@ request. Pure Python with an injected clock; the sender (sender.py) frees what `
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -24,7 +25,8 @@ class Lease:
     held: HeldBlocks
     expires_at: float
     granted_at: float = field(default=0.0)
-    buffer: object = None   # the held blocks' contents, gathered when the lease was granted (sender.py)
+    buffer: object = None   # the held blocks' contents, gathered at the next step's dispatch (sender.py)
+    gathered: threading.Event = field(default_factory=threading.Event)   # set once `buffer` is there
 
 
 class LeaseTable:

@@ -4,9 +4,11 @@
 clock and hands the pull to a worker thread; the step loop never waits on the wire. `poll` (step
 thread, every schedule()) takes what the workers finished and
 
-  - writes a pulled buffer into the load's blocks only if the load is still live (request id and
+  - keeps a pulled buffer for the load's op only if the load is still live (request id and
     generation): a load cancelled meanwhile (deadline, abort) gave its blocks back, and another
-    request may own them now, so its late bytes are dropped and counted, never written;
+    request may own them now, so its late bytes are dropped and counted, never written. The write
+    itself is the runner side's (`apply_load`, at the dispatch of the step the scheduler put the
+    load in: sched/kv_connector.py), so poll never touches the arena;
   - fails every live load past its deadline, whatever the wire is doing: the library or the peer
     is never trusted to time out. The pull itself is left to end on its own bounded timeout (it
     cannot be recalled in general: RDMA writes and the transfer library's pulls cannot), which is
@@ -58,6 +60,7 @@ class KVReceiver:
         self._live_lock = threading.Lock()       # the step thread and the workers both consult it
         self._deadlines: dict[tuple[str, int], float] = {}
         self._done: queue.SimpleQueue[_Pulled] = queue.SimpleQueue()
+        self._ready: dict[tuple[str, int], _Pulled] = {}   # pulled, live, waiting for their op
         self._arrived = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="jaxserve-kv-pull")
         self._layouts: dict[str, KVLayout] = {}    # peers whose layout matched
@@ -94,11 +97,7 @@ class KVReceiver:
             if p.error is not None:
                 results.append(KVLoadResult(load.request_id, load.generation, False, p.error.reason, p.error.detail))
                 continue
-            if self.transfer is not None:
-                self.transfer.scatter(load.dst_block_ids, p.data)
-            self.bytes_received += p.data.nbytes
-            if self._on_transfer is not None:
-                self._on_transfer(p.data.nbytes, p.seconds)
+            self._ready[(load.request_id, load.generation)] = p
             results.append(KVLoadResult(load.request_id, load.generation, True))
         now = self._clock()
         for load in self.live:
@@ -109,7 +108,17 @@ class KVReceiver:
         self._arrived.clear()
         return results
 
+    def apply_load(self, load: KVLoad) -> None:
+        """Runner side (at dispatch): write a load's pulled bytes into its blocks."""
+        p = self._ready.pop((load.request_id, load.generation))
+        if self.transfer is not None:
+            self.transfer.scatter(load.dst_block_ids, p.data)
+        self.bytes_received += p.data.nbytes
+        if self._on_transfer is not None:
+            self._on_transfer(p.data.nbytes, p.seconds)
+
     def cancel_load(self, request_id: str, generation: int) -> None:
+        self._ready.pop((request_id, generation), None)   # pulled but not to be written after all
         with self._live_lock:
             load = self.live.cancel(request_id, generation)
         if load is not None:

@@ -1,9 +1,11 @@
 """The sending side: blocks of finished prefills held under leases.
 
-`hold` (step thread, when the request ends) grants the lease and dispatches the gather of its
-blocks at once, behind the step that wrote them, with the copy to the host started: a pull then
-reads that buffer from the server's threads (`pulled`) without waiting for the step loop, which on
-a prefill engine is usually in the middle of the next prompt's chunk. Leases are granted, released
+`hold` (the scheduler side, when the request ends) grants the lease; the gather of its blocks is
+the runner side's (`gather_held`, at the dispatch of the next step, which the engine runs at once:
+sched/kv_connector.py), behind the step that wrote them, with the copy to the host started. A pull
+then reads that buffer from the server's threads (`pulled`) without waiting for the step loop,
+which on a prefill engine is usually in the middle of the next prompt's chunk; one that comes
+before the gather waits for it (`wait_gathered`, bounded). Leases are granted, released
 and expired on the step thread only (the server hops there with AsyncEngine.call), so the
 scheduler's pool is never touched from two threads; a pull only reads the table."""
 
@@ -14,6 +16,8 @@ from typing import Callable
 
 from jaxserve.disagg.lease import Lease, LeaseTable
 from jaxserve.sched.kv_connector import HeldBlocks, tokens_digest
+
+GATHER_WAIT_S = 10.0   # a pull that arrives before its lease's gather waits this long at most
 
 
 class LeaseGone(LookupError):
@@ -36,10 +40,24 @@ class KVSender:
         lease, old = self.leases.grant(held.request_id, held)
         if old is not None:
             self._free_held(old.held)
-        if self.transfer is not None and held.block_ids:
-            lease.buffer = self.transfer.gather(held.block_ids)
-            lease.buffer.copy_to_host_async()
+        if self.transfer is None or not held.block_ids:
+            lease.gathered.set()   # nothing to gather (pure-logic tests, an empty prompt)
         return lease
+
+    def gather_held(self, held: HeldBlocks) -> None:
+        """Runner side (at dispatch): gather the held blocks into their lease's buffer."""
+        lease = self.leases.current(held.request_id)
+        if lease is None or lease.held is not held or lease.gathered.is_set():
+            return   # released, expired or re-granted before its step: nobody will pull this
+        lease.buffer = self.transfer.gather(held.block_ids)
+        lease.buffer.copy_to_host_async()
+        lease.gathered.set()
+
+    def wait_gathered(self, transfer_id: str, timeout: float = GATHER_WAIT_S) -> None:
+        """Block (a server thread) until the current lease of transfer_id has its buffer."""
+        lease = self.leases.current(transfer_id)
+        if lease is not None:
+            lease.gathered.wait(timeout)
 
     def pulled(self, transfer_id: str, generation: int, first_block: int, num_blocks: int,
                num_tokens: int | None = None, tokens_sha256: bytes = b""):

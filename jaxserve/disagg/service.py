@@ -51,8 +51,10 @@ class KVTransferServicer(kv_pb_grpc.KVTransferServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 f"this engine's role is {engine.role!r}: it holds no KV for others")
         tid, gen, first, n = request.transfer_id, request.generation, request.first_block, request.num_blocks
+        # the lease's buffer is gathered at the step after the prefill ended: a pull that comes
+        # first waits for it (off the event loop), never for the step loop itself
+        await asyncio.to_thread(sender.wait_gathered, tid)
         try:
-            # the lease's buffer was gathered when the prefill ended: no wait for the step loop
             buf = sender.pulled(tid, gen, first, n, request.num_tokens, request.tokens_sha256)
         except LeaseGone as e:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(e))

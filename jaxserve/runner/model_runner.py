@@ -89,6 +89,7 @@ class StepInputs:
     packed: object = None                # batch.PackedStep
     prompt_rows: object = None           # prompt_logprobs.PromptRows: rows whose prompt logprobs are asked
     pooling_rows: object = None          # pooling.PoolingRows: rows whose hidden states an embedding pools
+    kv_connector_ops: object = None      # sched KVConnectorOps: the KV connector's work (kv_connector_worker)
 
 
 class ModelRunner:
@@ -123,6 +124,8 @@ class ModelRunner:
         self.sleep_state = None
         self.host_pool = HostSwapPool(arena, num_host_blocks) if num_host_blocks else None
         self._copy_blocks = None   # compiled at the first copy (warm_helpers, at start-up)
+        # the KV connector's runner side (sched/kv_connector.py KVConnectorWorker; None: no connector)
+        self.kv_connector_worker = None
         self.swap_cost: SwapCostModel | None = None
         self.calibration: dict[str, object] | None = None  # start-up timings (runner/calibration.py)
         # (decode-only bucket, seconds): what speculation's extra rows cost, measured when it is on
@@ -349,14 +352,16 @@ class ModelRunner:
         model's sampler outputs for the same step (`StepHandle.sampler_out`), when coupled."""
         inputs = StepInputs(tuple(sched_out.swap_out), tuple(sched_out.swap_in), tuple(sched_out.block_copies),
                             pack_step(sched_out, self.shapes, self._prev_rows, mask_words=self.mask_words)
-                            if sched_out.requests else None)
+                            if sched_out.requests else None,
+                            kv_connector_ops=getattr(sched_out, "kv_connector_ops", None))
         if self.prompt_logprobs is not None and inputs.packed is not None:
             inputs = dataclasses.replace(inputs, prompt_rows=self.prompt_logprobs.pack(sched_out, inputs.packed.bucket))
         if self.pooling is not None and inputs.packed is not None:
             inputs = dataclasses.replace(inputs, pooling_rows=self.pooling.pack(sched_out, inputs.packed.bucket))
         if self.step_mirror is not None:
             # multi-host: every other host runs this step's programs too (parallel/distributed.py)
-            self.step_mirror.publish(inputs)
+            # (the KV connector's work is this host's alone: its buffers never travel)
+            self.step_mirror.publish(dataclasses.replace(inputs, kv_connector_ops=None))
         return self.run_inputs(inputs, draft_sample)
 
     def run_inputs(self, inputs: "StepInputs", draft_sample: dict | None = None) -> StepHandle:
@@ -370,6 +375,8 @@ class ModelRunner:
             self.host_pool.swap_out(self.kv_caches, inputs.swap_out)
         if inputs.swap_in:
             self.kv_caches = self.host_pool.swap_in(self.kv_caches, inputs.swap_in)
+        if inputs.kv_connector_ops and self.kv_connector_worker is not None:
+            self.kv_connector_worker.apply(inputs.kv_connector_ops)   # writes or reads self.kv_caches
         if inputs.block_copies:
             self.copy_blocks(inputs.block_copies)
         packed = inputs.packed

@@ -1,6 +1,9 @@
 """The scheduler's KV connector seam (sched/kv_connector.py), in pure Python: a sending and a
 receiving scheduler, each on a fake KV arena that holds token ids (tests/sched/sched_testkit.py),
 joined by a loopback connector that copies blocks between the arenas with their ids remapped.
+Both sides of the seam are exercised as the engine runs them: the scheduler side decides (poll,
+hold), the runner side writes and gathers (`apply`, called by the fake runner with each step's
+`kv_connector_ops`, after its swaps).
 A wrong remap, a load written into the wrong blocks or a late write into reused blocks changes the
 context the fake model reads, and with it the outputs compared to the model run alone."""
 
@@ -26,6 +29,8 @@ class LoopbackConnector:
                  *, held: dict[str, HeldBlocks] | None = None, fail: dict[str, str] | None = None,
                  deliver: bool = True):
         self.sender_runner, self.receiver_runner = sender_runner, receiver_runner
+        if receiver_runner is not None:
+            receiver_runner.connector_worker = self   # the receiving engine's runner side
         self.held: dict[str, HeldBlocks] = {} if held is None else held   # the sender's
         self.live = LiveLoads()
         self.started: list[KVLoad] = []
@@ -34,10 +39,25 @@ class LoopbackConnector:
         self.fail = fail or {}
         self.auto = deliver
         self._arrived: list[KVLoad] = []
+        self.gathered: list[str] = []      # held blocks the runner side gathered (save ops)
+        self.writes: list[str] = []        # loads the runner side wrote (load ops)
+        self._ok: dict[tuple[str, int], KVLoad] = {}   # polled ok, waiting for their op
 
     # sending side
     def hold(self, held: HeldBlocks) -> None:
         self.held[held.request_id] = held
+
+    # the runner side
+    def apply(self, ops) -> None:
+        for held in ops.saves:
+            assert self.held[held.request_id] is held
+            self.gathered.append(held.request_id)
+        for load in ops.loads:
+            assert self._ok.pop((load.request_id, load.generation)) == load
+            src = self.held[load.remote.transfer_id].block_ids
+            for i, dst in enumerate(load.dst_block_ids):
+                self.receiver_runner.kv[dst] = self.sender_runner.kv[src[load.first_block + i]]
+            self.writes.append(load.request_id)
 
     # receiving side
     def start_load(self, load: KVLoad) -> None:
@@ -59,14 +79,13 @@ class LoopbackConnector:
             if why:
                 results.append(KVLoadResult(load.request_id, load.generation, False, why))
                 continue
-            src = self.held[load.remote.transfer_id].block_ids
-            for i, dst in enumerate(load.dst_block_ids):
-                self.receiver_runner.kv[dst] = self.sender_runner.kv[src[load.first_block + i]]
+            self._ok[(load.request_id, load.generation)] = load   # written by its op, at dispatch
             results.append(KVLoadResult(load.request_id, load.generation, True))
         self._arrived = []
         return results
 
     def cancel_load(self, request_id: str, generation: int) -> None:
+        self._ok.pop((request_id, generation), None)
         if self.live.cancel(request_id, generation) is not None:
             self.cancelled.append((request_id, generation))
 
@@ -94,12 +113,16 @@ def _prefill(prompts: dict[str, list[int]]):
     """The sending side: each prompt computed with max_tokens=1 and its blocks held."""
     runner = FakeRunner(64, BS)
     conn = LoopbackConnector(runner)
+    runner.connector_worker = conn
     sender = _sched(conn)
     for rid, prompt in prompts.items():
         req = make_request(rid, prompt, max_tokens=1, ignore_eos=True)
         req.kv_send = True
         sender.add_request(req)
     _run_until_done(sender, runner)
+    # each held prompt was gathered by a step after its request ended (the scheduler kept
+    # has_unfinished_requests() true for it, with no request left)
+    assert sorted(conn.gathered) == sorted(prompts) and not sender.has_kv_ops
     return sender, runner, conn
 
 
@@ -128,6 +151,7 @@ def test_loaded_requests_decode_as_if_they_had_prefilled_here():
     # each load brought all but the last prompt token, into the receiver's own blocks
     assert [l.num_tokens for l in r_conn.started] == [len(p) - 1 for p in prompts.values()]
     assert receiver.kv_loads_done == len(prompts) and not receiver.kv_load_fallbacks
+    assert sorted(r_conn.writes) == sorted(prompts) and not r_conn._ok   # every load written by its op
     assert all(r.num_cached_tokens == 0 for r in reqs)   # nothing came from the local prefix cache
 
     for held in s_conn.held.values():

@@ -66,8 +66,11 @@ def test_the_sender_refuses_a_pull_for_the_kv_of_other_tokens():
     from jaxserve.sched.kv_connector import tokens_digest
 
     sender = KVSender(transfer=SimpleTransfer(), free_held=lambda h: None, lease_s=5.0, clock=Clock())
-    lease = sender.hold(HeldBlocks("r", (1, 2, 3), (), 10, tuple(range(10))))
-    assert lease.buffer.ids == (1, 2, 3) and lease.buffer.copying     # gathered as the lease began
+    held = HeldBlocks("r", (1, 2, 3), (), 10, tuple(range(10)))
+    lease = sender.hold(held)
+    assert lease.buffer is None and not lease.gathered.is_set()   # the scheduler side only grants
+    sender.gather_held(held)                                       # the runner side, at the next dispatch
+    assert lease.buffer.ids == (1, 2, 3) and lease.buffer.copying and lease.gathered.is_set()
     assert sender.pulled("r", lease.generation, 0, 3, 9, tokens_digest(range(9))) is lease.buffer
     assert sender.gather("r", lease.generation, 1, 2, 9, tokens_digest(range(9))).ids == (2, 3)
     with pytest.raises(KVOfOtherTokens):
@@ -155,6 +158,48 @@ def test_the_receiver_owns_its_deadline_and_drops_the_late_arrival():
         _poll_until(receiver, lambda got: ("a", True) in client.leases, "the lease released")
     finally:
         receiver.close()
+
+
+class RecordingTransfer:
+    def __init__(self):
+        self.scattered = []
+
+    def scatter(self, block_ids, data):
+        self.scattered.append((tuple(block_ids), data.shape))
+
+
+def test_the_receiver_writes_a_load_only_at_its_op_and_a_cancelled_one_never():
+    """poll (the scheduler side) decides; apply_load (the runner side, at dispatch) writes; a load
+    cancelled between the two is never written."""
+    transfer, client = RecordingTransfer(), FakeClient()
+    receiver = KVReceiver(transfer, LAYOUT, client, timeout_s=30.0, lease_s=600.0)
+    try:
+        client.answer.set()
+        for gen in (1, 2):
+            receiver.start_load(_load(gen))
+            (res,) = _poll_until(receiver, bool, "the pull")
+            assert res.ok and transfer.scattered == [((5, 6), (2,) + LAYOUT.block.block_shape)] * (gen - 1)
+            if gen == 1:
+                receiver.apply_load(_load(1))
+                assert transfer.scattered == [((5, 6), (2,) + LAYOUT.block.block_shape)]
+                assert receiver.bytes_received > 0
+            else:
+                receiver.cancel_load("a", 2)     # e.g. the scheduler found the load stale
+        assert len(transfer.scattered) == 1 and not receiver._ready
+    finally:
+        receiver.close()
+
+
+def test_a_pull_before_the_gather_waits_for_it():
+    sender = KVSender(transfer=SimpleTransfer(), free_held=lambda h: None, lease_s=5.0, clock=Clock())
+    held = HeldBlocks("r", (1, 2), (), 4, tuple(range(4)))
+    sender.hold(held)
+    waited = threading.Thread(target=sender.wait_gathered, args=("r", 30.0))
+    waited.start()
+    assert waited.is_alive()
+    sender.gather_held(held)
+    waited.join(30)
+    assert not waited.is_alive()
 
 
 def test_the_receiver_fails_a_load_from_an_engine_of_another_layout():

@@ -77,6 +77,7 @@ class FakeRunner:
         self.host: dict[int, np.ndarray] = {}  # host pool: swapped blocks and the prefix cache's host tier
         self.num_copies = 0
         self.num_swapped_out = 0
+        self.connector_worker = None   # a KV connector's runner side: applies each step's kv_connector_ops
 
     def execute(self, out: SchedulerOutput, sched: Scheduler,
                 pending: Mapping[str, int] | None = None) -> dict[str, list[int]]:
@@ -90,6 +91,8 @@ class FakeRunner:
         for host, dev in out.swap_in:
             assert host in self.host, f"host block {host} is read but holds nothing"
             self.kv[dev] = self.host[host]
+        if out.kv_connector_ops and self.connector_worker is not None:
+            self.connector_worker.apply(out.kv_connector_ops)
         for src, dst in out.block_copies:
             assert src != dst and 0 not in (src, dst)
             self.kv[dst] = self.kv[src]
