@@ -4,6 +4,10 @@ Default (the prefix-caching issue): 8 groups x 8 prompts, a 1,024-token system p
 64-token questions, 64-token answers, all sent at once. Reports output throughput, mean/p99 TTFT
 and the prefix hit rate per variant, the on/off ratios, and, for n parallel samples of one long
 prompt, the peak KV blocks used against n independent requests (cache off).
+
+With --kv-offload-gib G the two variants are instead the prefix cache with its host tier (G GiB
+of host memory) against the device cache alone: size the device pool (--num-kv-blocks) below
+the workload's prefixes to see what the tier gives (docs/benchmarks.md, "the host tier").
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--parallel-samples", type=int, default=4, help="n of the parallel-sampling block count (0: skip)")
     p.add_argument("--parallel-prompt-len", type=int, default=1000)
     p.add_argument("--parallel-output-len", type=int, default=32)
+    p.add_argument("--kv-offload-gib", type=float, default=0.0,
+                   help="compare the prefix cache with a host tier of this many GiB against the device cache alone")
     set_command(p, run)
 
 
@@ -45,6 +51,20 @@ def peak_blocks(llm: Any, prompt: list[int], params: list[Any]) -> int:
         peak = max(peak, int(s["num_kv_blocks_total"]) - int(s["num_kv_blocks_free"])
                    - int(s.get("num_kv_blocks_cached", 0) or 0))
     return peak
+
+
+def tier_stats(llm: Any) -> dict[str, Any]:
+    """Where the engine's prefix hits came from (device, host tier) and what the tier moved."""
+    s = llm.stats()
+    out = {"device_hit_tokens": s.prefix_cache_device_hits, "host_hit_tokens": s.prefix_cache_host_hits,
+           "host_bytes_loaded": s.kv_offload_bytes_loaded, "host_bytes_saved": s.kv_offload_bytes_saved,
+           "preemptions": s.num_preemptions}
+    # the host pool's copy rate, as the engine measured it at start-up (runner/host_swap.py)
+    cost = getattr(getattr(llm.engine, "runner", None), "swap_cost", None)
+    if cost is not None and cost.per_block_s > 0:
+        out["host_copy_gb_s"] = s.kv_cache_bytes_per_block / cost.per_block_s / 1e9
+        out["host_copy_fixed_ms"] = cost.fixed_s * 1e3
+    return out
 
 
 def parallel_sampling_blocks(session: Session, backend: Any, cache_on: bool) -> dict[str, Any]:
@@ -73,13 +93,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     warmup = warmup_requests(workload, args.num_warmup)
     session.sized_for(workload)
     variants = []
+    tier = args.kv_offload_gib > 0
+    on_label, off_label = (("jaxserve[host-tier=on]", "jaxserve[host-tier=off]") if tier else
+                           ("jaxserve[prefix-cache=on]", "jaxserve[prefix-cache=off]"))
     for name in parse_backends(args.backend):
-        if name == "jaxserve":
-            variants += [(name, "jaxserve[prefix-cache=on]", {"enable_prefix_caching": True}),
-                         (name, "jaxserve[prefix-cache=off]", {"enable_prefix_caching": False})]
+        if name == "jaxserve" and tier:
+            variants += [(name, on_label, {"enable_prefix_caching": True, "kv_offload_gib": args.kv_offload_gib}),
+                         (name, off_label, {"enable_prefix_caching": True, "kv_offload_gib": 0.0})]
+        elif name == "jaxserve":
+            variants += [(name, on_label, {"enable_prefix_caching": True}),
+                         (name, off_label, {"enable_prefix_caching": False})]
         else:
             variants.append((name, None, {}))
-    runs, blocks = [], {}
+    runs, blocks, tiers = [], {}, {}
     for name, label, overrides in variants:
         backend = session.build(name, label, overrides)
         if backend is None:
@@ -91,7 +117,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             r = session.run(backend, workload.requests, session.options(), {"overrides": overrides})
             if r is not None:
                 runs.append(r)
-            if name == "jaxserve" and args.parallel_samples > 0:
+                if getattr(backend, "llm", None) is not None:
+                    tiers[backend.label] = tier_stats(backend.llm)
+            if name == "jaxserve" and args.parallel_samples > 0 and not tier:
                 key = "n_samples_cache_on" if overrides["enable_prefix_caching"] else "independent_cache_off"
                 log(f"{backend.label}: KV blocks for {args.parallel_samples} samples ({key})")
                 blocks[key] = parallel_sampling_blocks(session, backend, overrides["enable_prefix_caching"])
@@ -101,8 +129,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for r in runs:
         m = summarize(r.records, r.duration_s)
         table[r.label] = {"ttft_mean_s": m.ttft.mean, "ttft_p99_s": m.ttft.p99, "output_tok_s": m.output_throughput,
-                          "prefix_hit_rate": m.prefix_hit_rate}
-    on, off = table.get("jaxserve[prefix-cache=on]"), table.get("jaxserve[prefix-cache=off]")
+                          "prefix_hit_rate": m.prefix_hit_rate, **tiers.get(r.label, {})}
+    on, off = table.get(on_label), table.get(off_label)
     ratios = {}
     if on and off:
         ratios = {"ttft_mean_off_over_on": off["ttft_mean_s"] / on["ttft_mean_s"],
