@@ -42,8 +42,11 @@ import itertools
 from dataclasses import dataclass
 from typing import Protocol
 
-from jaxserve.sched.kv_cache_manager import cdiv
+from jaxserve.sched.admission import Admission
+from jaxserve.sched.kv_cache_manager import KVCacheManager, cdiv
 from jaxserve.sched.request import Request, RequestStatus
+from jaxserve.sched.request_queue import WaitingQueue
+from jaxserve.sched.scheduler_config import SchedulerConfig
 
 LOAD_FAILURE_POLICIES = ("recompute", "fail")
 
@@ -171,83 +174,101 @@ class LiveLoads:
         return len(self._loads)
 
 
-class KVConnectorScheduling:
-    """The scheduler's part (a mixin of `Scheduler`, as speculative_scheduling.py is): it reads the
-    scheduler's queue, pool and config, and keeps the requests whose KV is on its way."""
+class KVLoading:
+    """The scheduler's component for KV that comes from elsewhere or leaves for a receiver: it owns
+    the connector (None: off), the requests whose KV is on its way, the step's connector ops and
+    the counters; the scheduler (scheduler.py) owns the queue and the running list it is handed
+    and ends the requests it reports failed."""
 
-    kv_connector: KVConnector | None = None
-    kv_load_failure_policy: str = "recompute"
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, admission: Admission) -> None:
+        self.config = config
+        self.kv = kv
+        self.admission = admission
+        self.connector: KVConnector | None = None
+        self.failure_policy = "recompute"
+        self._generations = itertools.count(1)
+        self._loading: dict[str, Request] = {}   # WAITING_FOR_REMOTE_KVS, holding blocks
+        self._load_of: dict[str, KVLoad] = {}    # their loads (the op once the bytes are in)
+        self._loaded: list[Request] = []         # loaded, waiting for a seat
+        self.errors: list[tuple[str, str]] = []  # (request id, why): failed by policy "fail", for the engine
+        self.num_started = 0
+        self.num_done = 0
+        self.fallbacks: dict[str, int] = {}      # reason -> requests recomputed or failed
+        self.num_stale_results = 0
+        self._ops_loads: list[KVLoad] = []       # the next step's runner-side work (KVConnectorOps)
+        self._ops_saves: list[HeldBlocks] = []
 
-    def _kv_init(self) -> None:
-        self._kv_generations = itertools.count(1)
-        self._kv_loading: dict[str, Request] = {}   # WAITING_FOR_REMOTE_KVS, holding blocks
-        self._kv_load_of: dict[str, KVLoad] = {}     # their loads (the op once the bytes are in)
-        self._kv_loaded: list[Request] = []          # loaded, waiting for a seat
-        self.kv_load_errors: list[tuple[str, str]] = []   # (request id, why): failed by policy "fail"
-        self.kv_loads_started = 0
-        self.kv_loads_done = 0
-        self.kv_load_fallbacks: dict[str, int] = {}  # reason -> requests recomputed or failed
-        self.kv_stale_results = 0
-        self._kv_ops_loads: list[KVLoad] = []       # this step's runner-side work (KVConnectorOps)
-        self._kv_ops_saves: list[HeldBlocks] = []
+    def attach(self, connector: KVConnector, failure_policy: str = "recompute") -> None:
+        if failure_policy not in LOAD_FAILURE_POLICIES:
+            raise ValueError(f"failure_policy={failure_policy!r} must be one of {LOAD_FAILURE_POLICIES}")
+        self.connector = connector
+        self.failure_policy = failure_policy
 
-    def take_kv_ops(self) -> KVConnectorOps | None:
+    # ---- what the scheduler and the engine read ----
+    def take_ops(self) -> KVConnectorOps | None:
         """The runner-side work decided since the last step (schedule() puts it in its output)."""
-        if not (self._kv_ops_loads or self._kv_ops_saves):
+        if not (self._ops_loads or self._ops_saves):
             return None
-        ops = KVConnectorOps(tuple(self._kv_ops_loads), tuple(self._kv_ops_saves))
-        self._kv_ops_loads, self._kv_ops_saves = [], []
+        ops = KVConnectorOps(tuple(self._ops_loads), tuple(self._ops_saves))
+        self._ops_loads, self._ops_saves = [], []
         return ops
 
     @property
-    def has_kv_ops(self) -> bool:
-        return bool(self._kv_ops_loads or self._kv_ops_saves)
+    def has_ops(self) -> bool:
+        return bool(self._ops_loads or self._ops_saves)
 
-    def kv_loading_requests(self) -> list[Request]:
+    def take_errors(self) -> list[tuple[str, str]]:
+        errors, self.errors = self.errors, []
+        return errors
+
+    def requests(self) -> list[Request]:
         """Requests holding blocks outside the queue and the running list: loading, or loaded
         and waiting for a seat."""
-        return list(self._kv_loading.values()) + self._kv_loaded
+        return list(self._loading.values()) + self._loaded
 
     @property
-    def num_kv_loading(self) -> int:
-        return len(self._kv_loading) + len(self._kv_loaded)
+    def num_in_flight(self) -> int:
+        return len(self._loading) + len(self._loaded)
 
-    def only_waiting_for_kv(self) -> bool:
+    def only_loading(self, num_live: int) -> bool:
         """Every live request is a load in flight: a step would have nothing to compute."""
-        return bool(self._kv_loading) and len(self._kv_loading) == len(self._requests)
+        return bool(self._loading) and len(self._loading) == num_live
 
-    def _kv_connector_step(self) -> None:
-        """Called at the top of schedule(): apply ended loads, seat loaded requests, start loads."""
-        if self.kv_connector is None:
-            return
-        for req in [r for r in self.waiting if r.remote_kv is not None and r.status is RequestStatus.WAITING]:
-            if not self._kv_start_load(req):
+    # ---- a step ----
+    def step(self, waiting: WaitingQueue, running: list[Request]) -> list[Request]:
+        """At the top of schedule(): start loads, apply ended ones (their writes become this step's
+        ops), seat loaded requests. Returns the requests that failed by policy (the scheduler
+        ends them)."""
+        failed: list[Request] = []
+        if self.connector is None:
+            return failed
+        for req in [r for r in waiting if r.remote_kv is not None and r.status is RequestStatus.WAITING]:
+            if not self._start(req, waiting, running):
                 break   # no room: the queue's order holds, later ones wait too
-        # after starting: a connector that loads at once (a host-memory tier) seats them this step
-        for res in self.kv_connector.poll():
-            req = self._kv_loading.get(res.request_id)
+        for res in self.connector.poll():
+            req = self._loading.get(res.request_id)
             if req is None or req.kv_load_generation != res.generation:
-                self.kv_stale_results += 1    # cancelled meanwhile: the blocks may be someone else's
+                self.num_stale_results += 1    # cancelled meanwhile: the blocks may be someone else's
                 if res.ok:
-                    self.kv_connector.cancel_load(res.request_id, res.generation)   # its bytes are never written
+                    self.connector.cancel_load(res.request_id, res.generation)   # its bytes are never written
                 continue
-            del self._kv_loading[res.request_id]
-            if not res.ok:
-                self._kv_load_of.pop(res.request_id, None)
+            del self._loading[res.request_id]
+            load = self._load_of.pop(res.request_id)
             if res.ok:
                 req.num_computed_tokens = req.kv_load_tokens
-                self.kv_loads_done += 1
-                self._kv_ops_loads.append(self._kv_load_of.pop(req.request_id))
-                self._kv_loaded.append(req)
-            else:
-                self._kv_fallback(req, res.reason, res.detail)
-        while self._kv_loaded and len(self.running) < self.config.max_num_seqs:
-            req = self._kv_loaded.pop(0)
+                self.num_done += 1
+                self._ops_loads.append(load)
+                self._loaded.append(req)
+            elif self._fallback(req, res.reason, res.detail, waiting):
+                failed.append(req)
+        while self._loaded and len(running) < self.config.max_num_seqs:
+            req = self._loaded.pop(0)
             req.status = RequestStatus.RUNNING
             req.remote_kv = None
-            self.running.append(req)
+            running.append(req)
+        return failed
 
-    def _kv_start_load(self, req: Request) -> bool:
+    def _start(self, req: Request, waiting: WaitingQueue, running: list[Request]) -> bool:
         """Allocate req's blocks (a local prefix hit first) and start loading the rest."""
         remote = req.remote_kv
         # the last prompt token is computed here: its logits sample the first output
@@ -255,66 +276,64 @@ class KVConnectorScheduling:
         prefix = self.kv.find_cached_prefix(req)
         if want <= prefix.num_tokens:   # all of it is cached here already: nothing to load
             req.remote_kv = None
-            self.kv_connector.release_remote(remote)
+            self.connector.release_remote(remote)
             return True
-        if not self.admission.admits(req, prefix, self.running):
+        if not self.admission.admits(req, prefix, running):
             return False
         copies: list[tuple[int, int]] = []
-        if not self.kv.allocate_slots(req, want - prefix.num_tokens, copies,
-                                      prefix, self.admission.reserve(self.running)):
+        if not self.kv.allocate_slots(req, want - prefix.num_tokens, copies, prefix, self.admission.reserve(running)):
             return False
         assert not copies, "a load starts at a block boundary: nothing to copy"
-        self.waiting.remove(req)
+        waiting.remove(req)
         req.num_cached_tokens = min(prefix.num_tokens, req.num_prompt_tokens)
         self.kv.record_lookup(req, prefix)
         bs = self.config.block_size
         first = prefix.num_tokens // bs
-        req.kv_load_generation = next(self._kv_generations)
+        req.kv_load_generation = next(self._generations)
         req.kv_load_tokens = want
         req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
-        self._kv_loading[req.request_id] = req
-        self.kv_loads_started += 1
+        self._loading[req.request_id] = req
+        self.num_started += 1
         load = KVLoad(req.request_id, req.kv_load_generation, remote, first,
                       tuple(req.block_ids[first:cdiv(want, bs)]), want, tokens_digest(req.prompt_token_ids[:want]))
-        self._kv_load_of[req.request_id] = load
-        self.kv_connector.start_load(load)
+        self._load_of[req.request_id] = load
+        self.connector.start_load(load)
         return True
 
-    def _kv_fallback(self, req: Request, reason: str, detail: str = "") -> None:
-        """A load failed: free its blocks; prefill here (recompute) or end the request (fail)."""
-        self.kv_load_fallbacks[reason] = self.kv_load_fallbacks.get(reason, 0) + 1
+    def _fallback(self, req: Request, reason: str, detail: str, waiting: WaitingQueue) -> bool:
+        """A load failed: free its blocks; back to the queue to prefill here (recompute), or (fail)
+        queued only to be ended by the scheduler: returns True then."""
+        self.fallbacks[reason] = self.fallbacks.get(reason, 0) + 1
         self.kv.free(req)
         req.num_computed_tokens = 0
         req.remote_kv = None
-        if self.kv_load_failure_policy == "fail" or reason == "layout":   # a mismatch is never hidden
-            req.status = RequestStatus.WAITING   # _finish takes it out of the queue
-            self.waiting.push(req, req.queue_key)
-            self.kv_load_errors.append((req.request_id, f"KV load failed ({reason}): {detail}".rstrip(": ")))
-            self._finish(req, "abort", None)
-            return
         req.status = RequestStatus.WAITING
-        self.waiting.push(req, req.queue_key)
+        waiting.push(req, req.queue_key)
+        if self.failure_policy == "fail" or reason == "layout":   # a mismatch is never hidden
+            self.errors.append((req.request_id, f"KV load failed ({reason}): {detail}".rstrip(": ")))
+            return True
+        return False
 
-    def _kv_on_finish(self, req: Request, reason: str) -> bool:
-        """Called by _finish before it frees req's blocks. Returns True when the blocks were taken
-        (held for a receiver), so _finish must not free them."""
-        if req in self._kv_loaded:   # loaded, not seated yet
-            self._kv_loaded.remove(req)
+    def on_finish(self, req: Request, reason: str) -> bool:
+        """Called by the scheduler before it frees an ending request's blocks. Returns True when
+        the blocks were taken care of here (freed, or held for a receiver)."""
+        if req in self._loaded:   # loaded, not seated yet
+            self._loaded.remove(req)
             self.kv.free(req)
             return True
         if req.status is RequestStatus.WAITING_FOR_REMOTE_KVS:
             # an abort while loading: the load is cancelled first, so its late arrival is dropped
-            del self._kv_loading[req.request_id]
-            self._kv_load_of.pop(req.request_id, None)
-            self.kv_connector.cancel_load(req.request_id, req.kv_load_generation)
+            del self._loading[req.request_id]
+            self._load_of.pop(req.request_id, None)
+            self.connector.cancel_load(req.request_id, req.kv_load_generation)
             self.kv.free(req)
             return True
-        if req.kv_send and reason != "abort" and self.kv_connector is not None:
+        if req.kv_send and reason != "abort" and self.connector is not None:
             block_ids, nodes = self.kv.hold(req)
             n = min(req.num_computed_tokens, req.num_tokens)
             held = HeldBlocks(req.request_id, tuple(block_ids), tuple(nodes), n, tuple(req.all_token_ids[:n]))
-            self.kv_connector.hold(held)
-            self._kv_ops_saves.append(held)
+            self.connector.hold(held)
+            self._ops_saves.append(held)
             return True
         return False
 

@@ -44,7 +44,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from jaxserve.sched.block_pool import BlockPool
 from jaxserve.sched.errors import Overloaded
 from jaxserve.sched.kv_cache_manager import KVCacheManager, SharedPrefix, cdiv
-from jaxserve.sched.kv_connector import KVConnectorScheduling
+from jaxserve.sched.kv_connector import HeldBlocks, KVConnector, KVLoading
 from jaxserve.sched.limits import RequestLimits
 from jaxserve.sched.admission import Admission
 from jaxserve.sched.preemption import Preemption
@@ -92,7 +92,7 @@ class _Step:
         self.prefill_items = 0
 
 
-class Scheduler(KVConnectorScheduling):
+class Scheduler:
     def __init__(self, config: SchedulerConfig, clock=time.perf_counter, draft_proposer=None) -> None:
         """draft_proposer (speculation method draft_model): called within schedule() with
         [(request, k)] once their blocks for k guesses are allocated; returns request id -> its
@@ -119,7 +119,8 @@ class Scheduler(KVConnectorScheduling):
         self._step_time = StepTimeScale()  # measured / predicted step time, learned (observe_step_time)
         # speculative decoding (None: off): the planner, the draft proposer, their counters
         self.speculation = Speculation(config, draft_proposer) if config.speculation is not None else None
-        self._kv_init()   # KV loaded from elsewhere (kv_connector.py); off until kv_connector is set
+        # KV from elsewhere and KV held for a receiver (kv_connector.py); off until a connector is attached
+        self.kv_loads = KVLoading(config, self.kv, self.admission)
 
     # ---- the door -----------------------------------------------------------------------------
     def _validate(self, req: Request) -> None:
@@ -184,7 +185,8 @@ class Scheduler(KVConnectorScheduling):
         self._step += 1
         st = _Step(self.config.max_num_batched_tokens)
         self.kv.begin_step(st.swap_out, st.swap_in)
-        self._kv_connector_step()
+        for req in self.kv_loads.step(self.waiting, self.running):
+            self._finish(req, "abort", None)   # a failed load under policy "fail" (engine: UNAVAILABLE)
         self._schedule_running(st, drafts and self.speculation is not None)
         # Admitting right after a preemption would only evict someone again next step.
         if not st.preempted:
@@ -202,7 +204,7 @@ class Scheduler(KVConnectorScheduling):
             swap_out=tuple((d, h - 1) for d, h in st.swap_out),
             swap_in=tuple((h - 1, d) for h, d in st.swap_in),
             predicted_s=self._predicted_seconds(st),
-            kv_connector_ops=self.take_kv_ops(),
+            kv_connector_ops=self.kv_loads.take_ops(),
         )
 
     def _predicted_seconds(self, st: _Step) -> float | None:
@@ -582,7 +584,7 @@ class Scheduler(KVConnectorScheduling):
             self.running.remove(req)
         elif req.status is not RequestStatus.WAITING_FOR_REMOTE_KVS:
             self.waiting.remove(req)
-        if not self._kv_on_finish(req, reason):
+        if not self.kv_loads.on_finish(req, reason):
             self.kv.free(req)
         if req.host_block_ids:
             self.host_pool.free(req.host_block_ids)
@@ -614,7 +616,25 @@ class Scheduler(KVConnectorScheduling):
     def has_unfinished_requests(self) -> bool:
         """Live requests, or KV-connector work decided but not yet in a step (a held lease's
         gather after its request ended): the engine runs a step for it."""
-        return bool(self._requests) or self.has_kv_ops
+        return bool(self._requests) or self.kv_loads.has_ops
+
+    # ---- the KV connector ---------------------------------------------------------------------
+    def attach_kv_connector(self, connector: KVConnector, failure_policy: str = "recompute") -> None:
+        """Load KV from elsewhere and hold finished kv_send requests' blocks through `connector`
+        (the engine builder attaches one for a prefill or decode role)."""
+        self.kv_loads.attach(connector, failure_policy)
+
+    @property
+    def kv_connector(self) -> KVConnector | None:
+        return self.kv_loads.connector
+
+    def free_held_blocks(self, held: HeldBlocks) -> None:
+        """The receiver is done with blocks a hold took (or their lease expired)."""
+        self.kv_loads.free_held_blocks(held)
+
+    def only_waiting_for_kv(self) -> bool:
+        """Every live request is a load in flight: a step would have nothing to compute."""
+        return self.kv_loads.only_loading(len(self._requests))
 
 
 def _common_prefix_len(a: list[int], b: list[int]) -> int:

@@ -12,6 +12,10 @@ class SchedulerStats:
     num_running: int
     num_waiting: int
     num_kv_loading: int                 # requests whose KV is on its way from elsewhere (kv_connector.py)
+    kv_loads_started: int
+    kv_loads_done: int
+    kv_load_fallbacks: tuple[tuple[str, int], ...]   # (reason, loads recomputed or failed)
+    kv_stale_results: int               # load results dropped: their load was cancelled
     num_preemptions_recompute: int
     num_preemptions_swap: int
     num_swapped_blocks: int             # blocks copied out by swap preemption, in total
@@ -53,7 +57,11 @@ def snapshot(sched) -> SchedulerStats:
     return SchedulerStats(
         num_running=len(sched.running),
         num_waiting=len(sched.waiting),
-        num_kv_loading=sched.num_kv_loading,
+        num_kv_loading=sched.kv_loads.num_in_flight,
+        kv_loads_started=sched.kv_loads.num_started,
+        kv_loads_done=sched.kv_loads.num_done,
+        kv_load_fallbacks=tuple(sorted(sched.kv_loads.fallbacks.items())),
+        kv_stale_results=sched.kv_loads.num_stale_results,
         num_preemptions_recompute=sched.preemption.num_recompute,
         num_preemptions_swap=sched.preemption.num_swap,
         num_swapped_blocks=sched.preemption.num_swapped_blocks,

@@ -56,9 +56,8 @@ def attach_connector(engine, config: EngineConfig, *, client_metadata: tuple = (
     connector = build_connector(engine, config, client_metadata=client_metadata)
     if connector is None:
         return None
-    engine.scheduler.kv_connector = connector
+    engine.scheduler.attach_kv_connector(connector, config.kv_load_failure_policy)
     engine.runner.kv_connector_worker = connector
-    engine.scheduler.kv_load_failure_policy = config.kv_load_failure_policy
     engine.kv_connector = connector
     engine.role = config.role
     return connector

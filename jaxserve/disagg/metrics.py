@@ -20,7 +20,7 @@ class DisaggCollector:
         conn = getattr(engine, "kv_connector", None) if engine is not None else None
         if conn is None:
             return
-        s = engine.scheduler
+        s = engine.scheduler.stats()
         m = conn.metrics
         yield CounterMetricFamily("jaxserve_kv_transfers", "KV loads received and written into blocks",
                                   value=m.transfers)

@@ -197,10 +197,9 @@ class Engine:
     def take_request_errors(self) -> list[tuple[str, Exception]]:
         """Requests the engine ended with an error since the last call (a KV load that failed
         under the `fail` policy): their ids and the error their streams should raise."""
-        errors = self.scheduler.kv_load_errors
+        errors = self.scheduler.kv_loads.take_errors()
         if not errors:
             return []
-        self.scheduler.kv_load_errors = []
         self.outputs.remove([rid for rid, _ in errors], reason="abort")
         return [(rid, KVLoadFailed(msg)) for rid, msg in errors]
 

@@ -50,7 +50,7 @@ def test_a_decode_engine_gets_a_receiver_with_the_configured_deadline_and_policy
     conn = engine.kv_connector
     try:
         assert engine.role == "decode" and conn.sender is None and conn.receiver is not None
-        assert engine.scheduler.kv_connector is conn and engine.scheduler.kv_load_failure_policy == "fail"
+        assert engine.scheduler.kv_connector is conn and engine.scheduler.kv_loads.failure_policy == "fail"
         assert conn.receiver.timeout_s == 3.0 and conn.receiver.lease_s == prefill_llm.config.kv_lease_s
         assert conn.receiver.local.role == "decode"
         assert conn.receiver.local.checkpoint_identity == prefill_llm.engine.checkpoint_identity

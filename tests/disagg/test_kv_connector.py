@@ -95,8 +95,8 @@ class LoopbackConnector:
 
 def _sched(conn=None, policy="recompute", **kw) -> Scheduler:
     s = Scheduler(SchedulerConfig(**{"num_blocks": 64, "block_size": BS, "max_model_len": MAX_LEN, **kw}))
-    s.kv_connector = conn
-    s.kv_load_failure_policy = policy
+    if conn is not None:
+        s.attach_kv_connector(conn, policy)
     return s
 
 
@@ -122,7 +122,7 @@ def _prefill(prompts: dict[str, list[int]]):
     _run_until_done(sender, runner)
     # each held prompt was gathered by a step after its request ended (the scheduler kept
     # has_unfinished_requests() true for it, with no request left)
-    assert sorted(conn.gathered) == sorted(prompts) and not sender.has_kv_ops
+    assert sorted(conn.gathered) == sorted(prompts) and not sender.kv_loads.has_ops
     return sender, runner, conn
 
 
@@ -150,7 +150,7 @@ def test_loaded_requests_decode_as_if_they_had_prefilled_here():
     assert_outputs_match_reference(reqs, MAX_LEN)
     # each load brought all but the last prompt token, into the receiver's own blocks
     assert [l.num_tokens for l in r_conn.started] == [len(p) - 1 for p in prompts.values()]
-    assert receiver.kv_loads_done == len(prompts) and not receiver.kv_load_fallbacks
+    assert receiver.stats().kv_loads_done == len(prompts) and not receiver.stats().kv_load_fallbacks
     assert sorted(r_conn.writes) == sorted(prompts) and not r_conn._ok   # every load written by its op
     assert all(r.num_cached_tokens == 0 for r in reqs)   # nothing came from the local prefix cache
 
@@ -186,14 +186,14 @@ def test_a_failed_load_is_recomputed_or_fails_by_policy(policy):
     for rid, req in reqs.items():
         req.remote_kv = _remote(s_conn, rid)
     drive(receiver, reqs.values(), runner=r_runner)
-    assert receiver.kv_load_fallbacks == {"timeout": 1}
+    assert dict(receiver.stats().kv_load_fallbacks) == {"timeout": 1}
     if policy == "recompute":
         assert_outputs_match_reference(reqs.values(), MAX_LEN)   # prefilled here instead
-        assert receiver.kv_load_errors == []
+        assert receiver.kv_loads.errors == []
     else:
         assert reqs["bad"].finish_reason == "abort" and not reqs["bad"].output_token_ids
-        assert [rid for rid, _ in receiver.kv_load_errors] == ["bad"]
-        assert "timeout" in receiver.kv_load_errors[0][1]
+        assert [rid for rid, _ in receiver.kv_loads.errors] == ["bad"]
+        assert "timeout" in receiver.kv_loads.errors[0][1]
         assert_outputs_match_reference([reqs["ok"]], MAX_LEN)
 
 
@@ -204,7 +204,7 @@ def test_a_layout_mismatch_fails_even_under_recompute():
     req.remote_kv = _remote(s_conn, "x")
     receiver.add_request(req)
     receiver.schedule()
-    assert req.finish_reason == "abort" and receiver.kv_load_errors[0][0] == "x"
+    assert req.finish_reason == "abort" and receiver.kv_loads.errors[0][0] == "x"
     check_drained(receiver)
 
 

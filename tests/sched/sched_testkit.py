@@ -142,7 +142,7 @@ def check_invariants(sched: Scheduler) -> None:
     pool = sched.kv.pool
     assert pool.num_free + pool.num_cached + pool.num_in_use == pool.num_total
     held: dict[int, int] = {}
-    live = list(sched.running) + list(sched.waiting) + sched.kv_loading_requests()   # + KV on its way
+    live = list(sched.running) + list(sched.waiting) + sched.kv_loads.requests()   # + KV on its way
     for req in live:
         if req.status is not RequestStatus.SWAPPED:
             assert len(set(req.block_ids)) == len(req.block_ids), f"{req.request_id} holds a block twice"
