@@ -60,3 +60,28 @@ def test_batched_host_hits_match_one_at_a_time(llm):
     llm.engine.reset_prefix_cache()
     alone = [generate(llm, [p], params)[0] for p in ids]
     assert generate(llm, ids, params) == alone    # four at a time, loads and saves in the same steps
+
+
+@pytest.mark.parametrize("mode", ["swap", "recompute"])
+def test_preemption_beside_the_host_tier_keeps_the_outputs(tiny_llama_dir, mode):
+    """A pool too small for four requests at once: they preempt each other (by swap into the same
+    host pool the tier lives in, or by recompute) while host hits load prefixes back."""
+    llm = LLM(tiny_llama_dir, **dict(ENGINE, num_kv_blocks=33, preemption_mode=mode))
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    ids = prompts(llm)
+    alone = []
+    for p in ids:
+        llm.engine.reset_prefix_cache()
+        alone += generate(llm, [p], params)
+    llm.engine.reset_prefix_cache()
+    before = llm.stats()
+    together = generate(llm, ids, params)
+    after = llm.stats()
+    assert together == alone
+    assert after.num_preemptions > before.num_preemptions
+    if mode == "swap":
+        assert after.num_preemptions_swap > before.num_preemptions_swap
+    assert after.prefix_cache_host_hits > before.prefix_cache_host_hits
+    assert after.num_compilations_after_warmup == 0
+    assert after.num_host_blocks_in_use == 0
+    assert after.num_kv_blocks_free + after.num_kv_blocks_cached == after.num_kv_blocks_total
