@@ -122,6 +122,7 @@ class KVConnectorOps:
 class KVConnector(Protocol):
     """The scheduler side: decisions only (never a device array)."""
 
+    def num_matched_tokens(self, request: Request) -> int: ...   # side-effect free: tokens it can supply
     def start_load(self, load: KVLoad) -> None: ...
     def poll(self) -> list[KVLoadResult]: ...   # an ok load's bytes wait for its op on the runner side
     def cancel_load(self, request_id: str, generation: int) -> None: ...   # also drops bytes not applied
@@ -272,7 +273,7 @@ class KVLoading:
         """Allocate req's blocks (a local prefix hit first) and start loading the rest."""
         remote = req.remote_kv
         # the last prompt token is computed here: its logits sample the first output
-        want = min(remote.num_tokens, req.num_prompt_tokens) - 1
+        want = min(self.connector.num_matched_tokens(req), req.num_prompt_tokens) - 1
         prefix = self.kv.find_cached_prefix(req)
         if want <= prefix.num_tokens:   # all of it is cached here already: nothing to load
             req.remote_kv = None

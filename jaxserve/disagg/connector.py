@@ -41,6 +41,12 @@ class DisaggConnector:
         self.metrics = metrics
 
     # ---- receiving ----
+    def num_matched_tokens(self, request) -> int:
+        """Tokens whose KV this connector can supply for `request` (side-effect free): what its
+        remote lease says it holds."""
+        remote = getattr(request, "remote_kv", None)
+        return remote.num_tokens if remote is not None and self.receiver is not None else 0
+
     def start_load(self, load: KVLoad) -> None:
         self._receiving().start_load(load)
 

@@ -60,6 +60,9 @@ class LoopbackConnector:
             self.writes.append(load.request_id)
 
     # receiving side
+    def num_matched_tokens(self, request) -> int:
+        return request.remote_kv.num_tokens if request.remote_kv is not None else 0
+
     def start_load(self, load: KVLoad) -> None:
         self.live.add(load)
         self.started.append(load)
