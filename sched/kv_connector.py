@@ -122,12 +122,16 @@ class KVConnectorOps:
 class KVConnector(Protocol):
     """The scheduler side: decisions only (never a device array)."""
 
+    can_send: bool   # it can hold finished kv_send requests' blocks for receivers
+    can_load: bool   # it can load requests' KV from elsewhere (remote_kv)
+
     def num_matched_tokens(self, request: Request) -> int: ...   # side-effect free: tokens it can supply
     def start_load(self, load: KVLoad) -> None: ...
     def poll(self) -> list[KVLoadResult]: ...   # an ok load's bytes wait for its op on the runner side
     def cancel_load(self, request_id: str, generation: int) -> None: ...   # also drops bytes not applied
     def release_remote(self, remote: RemoteKV) -> None: ...   # the sender's blocks are not needed
     def hold(self, held: HeldBlocks) -> None: ...   # grant the lease; its gather is a save op
+    def wait(self, timeout: float) -> None: ...     # block until a load may have ended (an idle step loop)
 
 
 class KVConnectorWorker(Protocol):

@@ -40,6 +40,14 @@ class DisaggConnector:
         self.receiver = receiver
         self.metrics = metrics
 
+    @property
+    def can_send(self) -> bool:
+        return self.sender is not None
+
+    @property
+    def can_load(self) -> bool:
+        return self.receiver is not None
+
     # ---- receiving ----
     def num_matched_tokens(self, request) -> int:
         """Tokens whose KV this connector can supply for `request` (side-effect free): what its

@@ -178,8 +178,8 @@ class Engine:
 
     def _mark_kv_transfer(self, sched_req: Request, kv_transfer, n: int) -> None:
         side = "send" if kv_transfer == "send" else "load"
-        have = self.kv_connector is not None and (self.kv_connector.sender if side == "send"
-                                                  else self.kv_connector.receiver) is not None
+        conn = self.kv_connector
+        have = conn is not None and (conn.can_send if side == "send" else conn.can_load)
         if not have:
             raise ValueError(f"kv_transfer {side}: this engine's role is {self.role!r} (a KV {side} needs "
                              f"--role {'prefill' if side == 'send' else 'decode'})")
