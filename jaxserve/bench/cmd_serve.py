@@ -1,10 +1,13 @@
-"""`jaxserve bench serve`: traffic at request rates against a running jaxserve gRPC server, or
-against engine variants in this process; with `--slo`, SLO attainment and goodput per rate.
+"""`jaxserve bench serve`: traffic at request rates against running servers (jaxserve over gRPC,
+or any OpenAI-compatible HTTP server), or against engine variants in this process; with `--slo`,
+SLO attainment and goodput per rate.
 
 Against a server (the default): the load generator (loadgen.py) needs a streaming callable;
 `client_stream` takes it from `jaxserve.client.bench_stream(target, api_key) -> (stream,
 checkpoint identity)`. Start the server with the same `--model` as this command: prompts are
-tokenized here. Token times are stamped by the client when each chunk arrives.
+tokenized here. Token times are stamped by the client when each chunk arrives. A target given
+as a URL (`--target NAME=http://HOST:PORT`) is an OpenAI-compatible server driven over streamed
+/v1/completions with the same token ids (http_target.py); gRPC and HTTP targets mix in one run.
 
 In process (`--in-process`, or any `--engine-variant NAME:KEY=VALUE,...`): each variant is the
 serving engine (the server's defaults, engine flags of this command, then the variant's fields;
@@ -35,6 +38,8 @@ from jaxserve.bench.args import add_common, add_dataset, engine_kwargs, set_comm
 from jaxserve.bench.backend_base import Backend, BackendRun
 from jaxserve.bench.engine_variants import EngineVariant, build_variants, check_unique, serving_defaults
 from jaxserve.bench.goodput_sweep import SweepResult, Target, TargetRun, format_sweep, sweep
+from jaxserve.bench.http_target import (PROMPT_MODES, HTTPTarget, TargetUnreachable, base_url, is_http_address,
+                                        run_http_load, served_model)
 from jaxserve.bench.loadgen import StreamFn, run_load
 from jaxserve.bench.rate_search import RatePlan
 from jaxserve.bench.session import Session, log
@@ -71,8 +76,8 @@ def _probes(text: str) -> int:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("serve", help="traffic at request rates against `jaxserve serve` (gRPC) or engine variants "
-                                     "in process; SLO attainment and goodput",
+    p = sub.add_parser("serve", help="traffic at request rates against `jaxserve serve` (gRPC), OpenAI-compatible "
+                                     "HTTP servers, or engine variants in process; SLO attainment and goodput",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_common(p, "jaxserve")
     add_dataset(p, num_prompts=64, input_len="32:512", output_len="16:256")
@@ -91,9 +96,15 @@ def add_parser(sub: Any) -> None:
                    help="share of requests that must meet the SLO for a rate to count towards goodput")
     s.add_argument("--search-probes", type=_usage(_probes), default=6, help="most rates one search runs per target")
     t = p.add_argument_group("what is measured")
-    t.add_argument("--target", action="append", default=None, metavar="[NAME=]HOST:PORT",
-                   help="a server (default 127.0.0.1:50051); repeatable: the targets take turns on the same "
-                        "requests, named NAME in the results (e.g. two routers with different policies)")
+    t.add_argument("--target", action="append", default=None, metavar="[NAME=]HOST:PORT|URL",
+                   help="a jaxserve gRPC server (default 127.0.0.1:50051), or an http(s):// URL: any "
+                        "OpenAI-compatible server, driven over streamed /v1/completions; repeatable: the targets "
+                        "take turns on the same requests, named NAME in the results")
+    t.add_argument("--http-prompt", choices=PROMPT_MODES, default="ids",
+                   help="what HTTP targets get as the prompt: the token ids every target gets, or their "
+                        "detokenized text (for a server that takes only strings; it tokenizes them again)")
+    t.add_argument("--http-read-timeout", type=float, default=600.0, metavar="S",
+                   help="an HTTP request whose stream stays silent this long fails (queued or stalled)")
     t.add_argument("--salt-per-target", action="store_true",
                    help="each target's requests carry cache_salt=NAME, so targets in front of the same replicas "
                         "never serve each other's prompts from the prefix cache")
@@ -130,16 +141,31 @@ def _rate_config(args: argparse.Namespace, rate: float) -> dict[str, Any]:
             "max_concurrency": args.max_concurrency}
 
 
+def _split_target(text: str) -> tuple[str, str]:
+    """`NAME=ADDRESS` or `ADDRESS` -> (name or "", address); a URL's own `=` (a query) stays its own."""
+    if is_http_address(text):
+        return "", text
+    name, sep, address = text.partition("=")
+    return (name, address) if sep else ("", text)
+
+
 def parse_targets(texts: list[str] | None) -> list[tuple[str, str]]:
-    """`[NAME=]HOST:PORT` flags -> (name, address); one unnamed target keeps the name jaxserve-grpc."""
+    """`[NAME=]HOST:PORT` or `[NAME=]http(s)://HOST:PORT` flags -> (name, address); one unnamed
+    target keeps the name jaxserve-grpc (openai-http for a URL)."""
     texts = texts or ["127.0.0.1:50051"]
     out = []
     for text in texts:
-        name, sep, address = text.rpartition("=")
-        if not sep:
-            name = "jaxserve-grpc" if len(texts) == 1 else address
-        if not address or ":" not in address:
-            raise SystemExit(f"jaxserve bench serve: --target {text!r} must be [NAME=]HOST:PORT")
+        name, address = _split_target(text)
+        if is_http_address(address):
+            try:
+                address = base_url(address)
+            except ValueError as e:
+                raise SystemExit(f"jaxserve bench serve: --target {text!r}: {e}") from e
+        elif not address or ":" not in address:
+            raise SystemExit(f"jaxserve bench serve: --target {text!r} must be [NAME=]HOST:PORT or "
+                             "[NAME=]http://HOST:PORT")
+        if not name:
+            name = ("openai-http" if is_http_address(address) else "jaxserve-grpc") if len(texts) == 1 else address
         out.append((name, address))
     if len({n for n, _ in out}) != len(out):
         raise SystemExit(f"jaxserve bench serve: two --target flags share a name: {texts}")
@@ -198,6 +224,30 @@ def grpc_target(args: argparse.Namespace, stream: StreamFn, identity: str, name:
     return Target(name, run)
 
 
+def openai_target(args: argparse.Namespace, target: HTTPTarget, model: str, name: str,
+                  detokenize: Callable[[list[int]], str] | None) -> Target:
+    """An OpenAI-compatible server (http_target.py): the same requests and arrivals as the gRPC
+    targets; its model id from GET /v1/models is recorded in place of a checkpoint identity."""
+    wrap = (lambda stream: salted(stream, name)) if args.salt_per_target else None
+
+    def run(wl: Workload, rate: float) -> TargetRun:
+        log(f"sending {len(wl.requests)} requests to {name} ({target.url}, model {model!r}) at rate {rate}")
+        failed: dict[str, str] = {}
+        records, outputs, duration = asyncio.run(run_http_load(
+            target, model, wl.requests, args.max_concurrency, not args.no_progress, failed, detokenize, wrap))
+        if not records:
+            return TargetRun(None, failed)
+        return TargetRun(BackendRun(name, "openai-http", records, duration, f"unverified: /v1/models id {model!r}",
+                                    config={"target": target.url, "model": model, "http_prompt": target.prompt,
+                                            **_rate_config(args, rate)},
+                                    output_token_ids=outputs,
+                                    notes=["token times stamped by the client as SSE chunks arrive; a chunk may hold "
+                                           "several tokens: ITL is per chunk, token counts are the server's usage"]),
+                         failed)
+
+    return Target(name, run)
+
+
 def engine_target(session: Session, variant: EngineVariant, backend: Backend) -> Target:
     args = session.args
 
@@ -249,13 +299,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit("jaxserve bench serve: --request-rate search:LOW:HIGH needs --slo ttft=S,tpot=MS")
     in_process = args.in_process or bool(args.engine_variant)
     if not in_process:
-        streams = []
+        streams = []   # (name, address, gRPC stream or None, identity or HTTPTarget, model id or None)
         for name, address in parse_targets(args.target):
+            if is_http_address(address):
+                http = HTTPTarget(address, args.api_key, args.http_prompt, read_timeout_s=args.http_read_timeout)
+                try:
+                    streams.append((name, address, None, http, served_model(http)))
+                except TargetUnreachable as e:
+                    raise SystemExit(f"jaxserve bench serve: --target {name}: {e}") from e
+                continue
             try:
                 stream, identity = client_stream(address, args.api_key)
             except ClientMissing as e:
                 raise SystemExit(str(e)) from e
-            streams.append((name, address, salted(stream, name) if args.salt_per_target else stream, identity))
+            streams.append((name, address, salted(stream, name) if args.salt_per_target else stream, identity, None))
     variants = args.engine_variant or [EngineVariant("default")]
     try:
         check_unique(variants)
@@ -274,7 +331,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             targets = [engine_target(session, v, b) for v, b in built
                        if b in owned_ok or getattr(b, "base", None) in owned_ok]
         else:
-            targets = [grpc_target(args, stream, identity, name, address) for name, address, stream, identity in streams]
+            detokenize = ((lambda ids: session.tokenizer.decode(ids, skip_special_tokens=False))
+                          if args.http_prompt == "text" else None)
+            targets = [openai_target(args, identity, model, name, detokenize) if stream is None
+                       else grpc_target(args, stream, identity, name, address)
+                       for name, address, stream, identity, model in streams]
         if not targets:
             raise SystemExit(f"no engine variant could be built: {session.skipped}")
         result = sweep(targets, plan, workload_at, args.slo, args.attainment, args.search_probes,

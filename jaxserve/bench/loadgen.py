@@ -1,8 +1,12 @@
-"""An asyncio load generator against any streaming endpoint (the gRPC server, later others).
+"""An asyncio load generator against any streaming endpoint (the gRPC server, an OpenAI-compatible
+HTTP server).
 
 The endpoint is an async callable `stream(prompt_token_ids, params) -> async iterator of
 (new_token_ids, time)`: each item carries the tokens that arrived together and the
 time.perf_counter() when they arrived. `params` is a dict: max_tokens, ignore_eos, temperature.
+An endpoint that sees text, not token ids (HTTP: a chunk's text may hold several tokens), yields
+a `TextChunk(time)` per chunk and ends with `TokenCount(n)`, the server's own count: the record
+then has n output tokens and one time per chunk (`RequestRecord.chunked`), so its ITL is per chunk.
 Requests are released by the same rules as every other driver (dispatch.py): send offsets,
 groups, and a concurrency cap; the arrival time is when the request is sent. A request that
 fails fails the run, unless the caller passes `failures`: a goodput sweep counts a rejected or
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Sequence
 
 from jaxserve.bench.dispatch import Dispatcher
@@ -20,7 +25,58 @@ from jaxserve.bench.metrics import RequestRecord
 from jaxserve.bench.progress import progress_bar
 from jaxserve.bench.workloads import BenchRequest
 
-StreamFn = Callable[[list[int], dict[str, Any]], AsyncIterator[tuple[list[int], float]]]
+
+
+@dataclass(frozen=True, slots=True)
+class TextChunk:
+    """A streamed chunk whose tokens the client cannot see: when it arrived (perf_counter)."""
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class TokenCount:
+    """The last item of a stream of TextChunks: the output tokens the server says it generated."""
+    output_tokens: int
+
+
+StreamItem = tuple[list[int], float] | TextChunk | TokenCount
+StreamFn = Callable[[list[int], dict[str, Any]], AsyncIterator[StreamItem]]
+
+
+@dataclass(slots=True)
+class _Received:
+    """What one request's stream delivered so far."""
+    token_ids: list[int]
+    times: list[float]            # one per token, or one per TextChunk
+    counted: int | None = None    # TokenCount's, for a stream of TextChunks
+    chunked: bool = False
+
+    def add(self, item: StreamItem) -> float | None:
+        """Takes one item; returns its time when it is the first output to arrive."""
+        first = not self.times
+        if isinstance(item, TokenCount):
+            self.counted = item.output_tokens
+            return None
+        if isinstance(item, TextChunk):
+            self.chunked = True
+            self.times.append(item.time)
+            return item.time if first else None
+        ids, t = item
+        self.token_ids.extend(ids)
+        self.times.extend([t] * len(ids))
+        return t if ids and first else None
+
+    def output_len(self, request_id: str) -> int:
+        if not self.chunked:
+            if not self.token_ids:
+                raise RuntimeError(f"request {request_id} streamed no tokens")
+            return len(self.token_ids)
+        if self.counted is None:
+            raise RuntimeError(f"request {request_id}: the stream ended without the server's token count (usage)")
+        if self.counted < len(self.times) or self.counted == 0:
+            raise RuntimeError(f"request {request_id}: the server counted {self.counted} tokens "
+                               f"for {len(self.times)} non-empty chunks")
+        return self.counted
 
 
 async def run_load(stream: StreamFn, requests: Sequence[BenchRequest], max_concurrency: int | None = None,
@@ -34,21 +90,18 @@ async def run_load(stream: StreamFn, requests: Sequence[BenchRequest], max_concu
     start = time.perf_counter()
     disp = Dispatcher(requests, start, max_concurrency)
     changed = asyncio.Event()
-    done: dict[str, tuple[list[int], list[float], float]] = {}
+    done: dict[str, tuple[_Received, int, float]] = {}
 
     async def one(r: BenchRequest) -> None:
-        toks: list[int] = []
-        times: list[float] = []
+        got = _Received([], [])
         params = {"max_tokens": r.output_len, "ignore_eos": True, "temperature": 0.0}
         try:
-            async for ids, t in stream(list(r.prompt_token_ids), params):
-                if ids and not toks:
+            async for item in stream(list(r.prompt_token_ids), params):
+                t = got.add(item)
+                if t is not None:
                     disp.first_token(r.request_id, r.group, t)
                     changed.set()
-                toks.extend(ids)
-                times.extend([t] * len(ids))
-            if not toks:
-                raise RuntimeError(f"request {r.request_id} streamed no tokens")
+            n = got.output_len(r.request_id)
         except Exception as e:
             if failures is None:
                 raise
@@ -57,7 +110,7 @@ async def run_load(stream: StreamFn, requests: Sequence[BenchRequest], max_concu
             changed.set()
             return
         end = time.perf_counter()
-        done[r.request_id] = (toks, times, end)
+        done[r.request_id] = (got, n, end)
         disp.finished(r.request_id, end)
         changed.set()
 
@@ -83,10 +136,13 @@ async def run_load(stream: StreamFn, requests: Sequence[BenchRequest], max_concu
     for r in requests:
         if r.request_id not in done:
             continue   # failed, and written to `failures`
-        toks, times, end = done[r.request_id]
+        got, n, end = done[r.request_id]
         records.append(RequestRecord(
-            request_id=r.request_id, prompt_len=len(r.prompt_token_ids), output_len=len(toks),
-            arrival_time=disp.sent_at[r.request_id], first_token_time=times[0], finished_time=max(end, times[-1]),
-            token_times=tuple(times), group=r.group))
+            request_id=r.request_id, prompt_len=len(r.prompt_token_ids), output_len=n,
+            arrival_time=disp.sent_at[r.request_id], first_token_time=got.times[0],
+            finished_time=max(end, got.times[-1]), token_times=tuple(got.times), group=r.group,
+            chunked=got.chunked))
     duration = (max(x.finished_time for x in records) - min(x.arrival_time for x in records)) if records else 0.0
-    return records, {rid: v[0] for rid, v in done.items()}, duration
+    # a stream of text chunks has no token ids: no entry, so no cross-target agreement for it
+    outputs = {rid: v[0].token_ids for rid, v in done.items() if not v[0].chunked}
+    return records, outputs, duration

@@ -10,7 +10,9 @@ numbers can be read side by side with its output:
   output tokens (a one-token request has no decode phase and is left out, as in vLLM).
 - ITL (inter-token latency) = differences of consecutive `token_times` of one request, pooled
   over all requests. Backends that cannot observe per-token times leave `token_times` empty and
-  contribute no ITL samples.
+  contribute no ITL samples. A request read from an HTTP stream of text chunks (`chunked`: a
+  chunk may hold several tokens) has one time per non-empty chunk, so its ITL samples are the
+  gaps between chunks; its output_len is the server's count.
 - Queue time = first_scheduled_time - arrival_time (requests without that time are left out).
 - Duration = last finished_time - first arrival_time; request throughput = completed requests /
   duration; output throughput = sum of output tokens / duration; total throughput adds the prompt
@@ -44,6 +46,8 @@ class RequestRecord:
     token_times: tuple[float, ...] = ()  # one per output token, or empty where not observable
     num_cached_tokens: int = 0           # prompt tokens served from a prefix cache
     group: str = ""                      # the workload's label, e.g. "chat" or "long"
+    chunked: bool = False                # token_times: one per streamed chunk, not per token
+
 
     def __post_init__(self) -> None:
         if self.prompt_len < 0:
@@ -58,7 +62,11 @@ class RequestRecord:
             raise ValueError(
                 f"finished_time {self.finished_time} is before first_token_time {self.first_token_time}"
             )
-        if self.token_times and len(self.token_times) != self.output_len:
+        if self.chunked and len(self.token_times) > self.output_len:
+            raise ValueError(
+                f"token_times has {len(self.token_times)} chunks for output_len {self.output_len}"
+            )
+        if not self.chunked and self.token_times and len(self.token_times) != self.output_len:
             raise ValueError(
                 f"token_times has {len(self.token_times)} entries for output_len {self.output_len}"
             )
