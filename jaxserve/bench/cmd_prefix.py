@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             r = session.run(backend, workload.requests, session.options(), {"overrides": overrides})
             if r is not None:
                 runs.append(r)
-                if getattr(backend, "llm", None) is not None:
+                if tier and getattr(backend, "llm", None) is not None:
                     tiers[backend.label] = tier_stats(backend.llm)
             if name == "jaxserve" and args.parallel_samples > 0 and not tier:
                 key = "n_samples_cache_on" if overrides["enable_prefix_caching"] else "independent_cache_off"
