@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -67,13 +68,30 @@ class HTTPServer:
 
     def reference(self, fn):
         """fn(the LLM whose runner this server shares): the two engines write one KV arena, so each
-        one's prefix cache is forgotten around the other's work (a hit would read overwritten K/V)."""
-        self._shared.engine.reset_prefix_cache()
-        try:
-            return fn(self._shared)
-        finally:
+        one's prefix cache is forgotten around the other's work (a hit would read overwritten K/V).
+        fn runs on the server's step thread once its engine has nothing left to do (a stream the
+        client already has may still have its last step to run), so the two engines never step
+        at once: each would find the other's requests in the arena."""
+        self.wait_idle()
+
+        def between_steps(engine):
             self._shared.engine.reset_prefix_cache()
-            self.run(self.state.aengine.call(lambda engine: engine.reset_prefix_cache()))
+            try:
+                return fn(self._shared)
+            finally:
+                self._shared.engine.reset_prefix_cache()
+                engine.reset_prefix_cache()
+
+        return self.run(self.state.aengine.call(between_steps))
+
+    def wait_idle(self) -> None:
+        """Until the server's engine has no request and no step in flight (polled on its step
+        thread; HANG_GUARD_S turns a request that never ends into a failure)."""
+        deadline = time.monotonic() + HANG_GUARD_S
+        while self.run(self.state.aengine.call(lambda engine: engine.has_unfinished_requests())):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the server's engine still has requests after {HANG_GUARD_S} s")
+            time.sleep(0.01)
 
     def client(self, **kw):
         import openai
