@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxserve.models import registry
+from jaxserve.models import batch_invariant, registry
 from jaxserve.models.config import SLIDING_ATTENTION, ModelConfig
 from jaxserve.models.linear import lm_head_logits
 from jaxserve.models.llama import MLP, Attention, RMSNorm, activation, apply_model, check_caches
@@ -53,7 +53,11 @@ AttentionFn = Any   # llama.AttentionFn: (layer_idx, q, k, v, kv_cache) -> (out,
 
 def soft_cap(x: jax.Array, cap: float | None) -> jax.Array:
     """cap * tanh(x / cap) (HF's order: divide, tanh, multiply); x unchanged when cap is None."""
-    return x if cap is None else jnp.tanh(x / cap) * cap
+    if cap is None:
+        return x
+    fn = lambda rows: jnp.tanh(rows / cap) * cap
+    # tanh's polynomial rounds by how XLA vectorizes it: fixed tiles in the batch-invariant mode
+    return batch_invariant.row_tiled(fn, x) if batch_invariant.active() else fn(x)
 
 
 def GemmaRMSNorm(eps: float, dtype: Any, name: str) -> RMSNorm:

@@ -38,6 +38,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxserve.models import batch_invariant
+
 E4M3_MAX = 448.0
 
 
@@ -78,7 +80,14 @@ def matmul(x: jax.Array, p: dict, dtype: Any, precision=None) -> jax.Array:
     if "kernel" in p:
         # a float projection (and one left float in a partly quantized model, e.g. a GGUF whose
         # other block types were kept as float): nn.Dense's arithmetic, bit for bit
-        return jax.lax.dot_general(x.astype(dtype), p["kernel"].astype(dtype), dims, precision=precision)
+        kernel = p["kernel"].astype(dtype)
+        if batch_invariant.active():      # every row through the same [ROW_TILE, in] dot
+            return batch_invariant.row_tiled(lambda t: jax.lax.dot_general(t, kernel, dims, precision=precision),
+                                             x.astype(dtype))
+        return jax.lax.dot_general(x.astype(dtype), kernel, dims, precision=precision)
+    if batch_invariant.active():
+        raise ValueError("the batch-invariant mode computes float weights only (a quantized projection's "
+                         "dot is not row-tiled)")
     if "act_smooth" in p:      # w8a8: nothing is widened
         return _w8a8_matmul(x, p["qweight"], p["scale"][0], p["act_smooth"]).astype(dtype)
     # XLA:CPU runs independent thunks concurrently, and nothing ties a weight's widening to the
@@ -199,6 +208,11 @@ def lm_head_logits(params: dict, hidden: jax.Array, *, tied: bool) -> jax.Array:
     precision = matmul_precision(hidden.dtype)
     if tied:
         embedding = params["embed_tokens"]["embedding"]                         # [V, D]
-        return jax.lax.dot_general(hidden, embedding, (((1,), (1,)), ((), ())),
-                                   precision=precision, preferred_element_type=jnp.float32)
-    return jnp.matmul(hidden, params["lm_head"]["kernel"], precision=precision, preferred_element_type=jnp.float32)
+        head = lambda h: jax.lax.dot_general(h, embedding, (((1,), (1,)), ((), ())),
+                                             precision=precision, preferred_element_type=jnp.float32)
+    else:
+        head = lambda h: jnp.matmul(h, params["lm_head"]["kernel"], precision=precision,
+                                    preferred_element_type=jnp.float32)
+    if batch_invariant.active():          # a sampled row's logits whatever the step samples beside it
+        return batch_invariant.row_tiled(head, hidden)
+    return head(hidden)

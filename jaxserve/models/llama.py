@@ -31,6 +31,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jaxserve.models import batch_invariant
 from jaxserve.models.config import ModelConfig
 from jaxserve.models.linear import Linear, lm_head_logits, recorded_inputs
 from jaxserve.models.registry import has_o_proj_bias
@@ -71,9 +72,16 @@ class RMSNorm(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         init = nn.initializers.zeros if self.unit_offset else nn.initializers.ones
         weight = self.param("weight", init, (x.shape[-1],), self.dtype).astype(jnp.float32)  # [C]
-        x32 = x.astype(jnp.float32)
-        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return (normed * (1.0 + weight if self.unit_offset else weight)).astype(self.dtype)
+        scale = 1.0 + weight if self.unit_offset else weight
+
+        def norm(rows):
+            x32 = rows.astype(jnp.float32)
+            normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+            return (normed * scale).astype(self.dtype)
+
+        # XLA:CPU vectorizes the mean across rows once there are 8 of them: fixed tiles keep a
+        # row's bits whatever the step's row count (models/batch_invariant.py)
+        return batch_invariant.row_tiled(norm, x) if batch_invariant.active() else norm(x)
 
 
 class Attention(nn.Module):
@@ -112,7 +120,11 @@ class MLP(nn.Module):
         f = self.config.intermediate_size
         gate, up = Linear(2 * f, False, self.dtype, parts=(f, f), shards=self.shards,
                           name="gate_up_proj")(x)                             # [T, F] each
-        hidden = activation(self.config)(gate) * up                           # [T, F]
+        act = activation(self.config)
+        if batch_invariant.active():      # the activation's rounding on fixed row tiles too
+            hidden = batch_invariant.row_tiled(lambda t: act(t[:, :f]) * t[:, f:], jnp.concatenate([gate, up], -1))
+        else:
+            hidden = act(gate) * up                                           # [T, F]
         return Linear(self.config.hidden_size, False, self.dtype, name="down_proj")(hidden)  # [T, D]
 
 

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxserve.models import batch_invariant
 from jaxserve.models.config import ModelConfig, RopeScaling
 
 
@@ -56,9 +57,21 @@ def rope_cos_sin(config: ModelConfig, positions: jax.Array, *, theta: float | No
     """positions [T] int -> (cos, sin), each [T, head_dim] float32 (`theta`, `linear_factor`: as
     in inverse_frequencies)."""
     inv_freq = jnp.asarray(inverse_frequencies(config, theta=theta, linear_factor=linear_factor))  # [H/2]
-    angles = positions.astype(jnp.float32)[:, None] * inv_freq[None]  # [T, H/2]
-    angles = jnp.concatenate([angles, angles], axis=-1)               # [T, H]
-    return jnp.cos(angles), jnp.sin(angles)
+    rows = positions.astype(jnp.float32)[:, None]                     # [T, 1]
+    if not batch_invariant.active():
+        angles = rows * inv_freq[None]                                # [T, H/2]
+        angles = jnp.concatenate([angles, angles], axis=-1)           # [T, H]
+        return jnp.cos(angles), jnp.sin(angles)
+
+    def cos_sin(rows):                                                # [tile, 1] -> [tile, 2H]
+        angles = rows * inv_freq[None]
+        angles = jnp.concatenate([angles, angles], axis=-1)
+        return jnp.concatenate([jnp.cos(angles), jnp.sin(angles)], axis=-1)
+
+    # in the batch-invariant mode XLA's vectorized cos and sin see the same tile whatever the
+    # step's row count (models/batch_invariant.py)
+    both = batch_invariant.row_tiled(cos_sin, rows)
+    return both[:, :config.head_dim], both[:, config.head_dim:]
 
 
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
@@ -66,8 +79,20 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
     The rotation runs in float32 so bf16 models lose no position precision here.
     """
-    x32 = x.astype(jnp.float32)
-    half = x.shape[-1] // 2
-    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)  # rotate_half
-    out = x32 * cos[:, None, :] + rotated * sin[:, None, :]
-    return out.astype(x.dtype)
+    heads, dim = x.shape[1], x.shape[-1]
+
+    def rotate(x, cos, sin):
+        x32 = x.astype(jnp.float32)
+        half = dim // 2
+        rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)  # rotate_half
+        return (x32 * cos[:, None, :] + rotated * sin[:, None, :]).astype(x.dtype)
+
+    if not batch_invariant.active():
+        return rotate(x, cos, sin)
+    # in the mode a multiply-add's rounding (fused or not) must not change with the row count:
+    # rows of [x | cos | sin] on fixed tiles (models/batch_invariant.py)
+    rows = jnp.concatenate([x.reshape(x.shape[0], -1).astype(jnp.float32), cos, sin], axis=-1)
+    return batch_invariant.row_tiled(
+        lambda r: rotate(r[:, :heads * dim].reshape(-1, heads, dim), r[:, heads * dim:heads * dim + dim],
+                         r[:, heads * dim + dim:]).reshape(r.shape[0], -1).astype(jnp.float32),
+        rows).reshape(x.shape).astype(x.dtype)

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxserve.models.batch_invariant import batch_invariant as batch_invariant_mode
 from jaxserve.models.config import ModelConfig
 from jaxserve.runner import compile_counter
 from jaxserve.runner.attention import select_attention
@@ -98,7 +99,7 @@ class ModelRunner:
                  num_host_blocks: int = 0, executable_cache: ExecutableCache | None = None,
                  sampler_probs: bool = False, coupled_with_draft: bool = False, mesh=None, model=None,
                  prompt_logprobs: bool = False, logprobs_mode: str = "raw", pooling: bool = False,
-                 expert_dispatch: str = "auto"):
+                 expert_dispatch: str = "auto", batch_invariant: bool = False):
         """sampler_probs: the sampler also returns each row's distribution (a draft model's runner).
         coupled_with_draft: sampled rows are coupled with a draft model's rows of the same step
         (runner/sampler.py), which dispatch(draft_sample=...) hands over. model: what has the
@@ -109,9 +110,18 @@ class ModelRunner:
         pooling: the steps also return their hidden states (the same programs as for prompt
         logprobs), and one more function per step row count sums them for embeddings (runner/pooling.py).
         expert_dispatch: a mixture-of-experts model on a mesh with an "expert" axis: how its tokens
-        reach their experts' devices (parallel/experts.py: auto, all_gather or all_to_all)."""
+        reach their experts' devices (parallel/experts.py: auto, all_gather or all_to_all).
+        batch_invariant: every program is traced in the batch-invariant mode (row-tiled matmuls
+        and norms, models/batch_invariant.py; grouped attention, models/invariant_attention.py)."""
+        if batch_invariant and (model_config.num_experts or model is not None):
+            # the mode's tiling covers the registry's dense architectures (models/llama.py and
+            # models/gemma.py); a router's top-k or a custom model's own ops are not tiled
+            raise ValueError("batch_invariant=True runs the registry's dense architectures; "
+                             + ("a mixture-of-experts model" if model_config.num_experts else "a custom model")
+                             + " is not covered")
         self.model_config = model_config
         self.expert_dispatch = expert_dispatch
+        self.batch_invariant = batch_invariant
         self.model = model
         self.params = params
         self.arena_spec = arena
@@ -163,7 +173,7 @@ class ModelRunner:
         fn = make_step(self.model_config, self._attention, decode_rows=D, prefill_tiles=P,
                        tile=self.shapes.prefill_tile, mesh=self.mesh, model=self.model,
                        return_hidden=self.returns_hidden, expert_dispatch=self.expert_dispatch,
-                       block_size=self.arena_spec.block_size)
+                       block_size=self.arena_spec.block_size, batch_invariant=self.batch_invariant)
         specs = {k: self._input(s, d) for k, (s, d) in
                  batch_shapes(D, P, tile=self.shapes.prefill_tile, table_width=self.shapes.table_width).items()}
         prev = self._input((self.max_sample_rows,), jnp.int32)
@@ -282,6 +292,14 @@ class ModelRunner:
         self._prev_rows = {}
 
     def _load_or_compile(self, what: dict, lower, reuse: bool = True):
+        traced = lower
+
+        def lower():
+            # the mode is read while tracing (models/batch_invariant.py): steps, samplers, prompt
+            # logprobs and pooling all trace inside it
+            with batch_invariant_mode(self.batch_invariant):
+                return traced()
+
         cache = self._executable_cache
         if cache is None:
             return lower().compile(compiler_options=self.compiler_options or None)
@@ -321,6 +339,7 @@ class ModelRunner:
                         for x in jax.tree.leaves(self.params)]),
             "attention_impl": self.attention_impl, "compiler_options": self.compiler_options,
             "expert_dispatch": self.expert_dispatch,
+            **({"batch_invariant": True} if self.batch_invariant else {}),
             # a 2-way executable must never serve a 4-way engine, nor one compiled for other devices
             "mesh": None if self.mesh is None else {**self.mesh_info.as_dict(),
                                                     "device_ids": self.mesh.device_ids.tolist()},

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxserve.models import batch_invariant
 from jaxserve.sampling_params import MAX_LOGPROBS
 
 ROW_CHUNK = 128       # rows per LM-head call: [128, V] float32 logits (25 MB for V = 49152)
@@ -51,7 +52,7 @@ def prompt_logprobs(params, hidden: jax.Array, targets: jax.Array, *, config, mo
 
         def compute(_):
             logits = model.compute_logits(params, config, h)                       # [C, V] float32
-            lp = jax.nn.log_softmax(logits, axis=-1)
+            lp = batch_invariant.log_softmax(logits)                               # row-tiled in the mode
             chosen = jnp.take_along_axis(lp, jnp.maximum(t, 0)[:, None], axis=-1)[:, 0]
             rank = 1 + jnp.sum(lp > chosen[:, None], axis=-1)
             top_lp, top_ids = jax.lax.top_k(lp, MAX_LOGPROBS)

@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxserve.models import batch_invariant
 from jaxserve.runner.logit_adjustments import AdjustedSamplingOptions
 from jaxserve.sampling_params import MAX_LOGIT_BIAS, MAX_LOGPROBS
 from jaxserve.sched.sampling import MAX_BANNED_IDS as MAX_BANNED
@@ -270,7 +271,7 @@ def sample(logits: jax.Array, a: dict, prev_tokens: jax.Array | None = None, *, 
     logprob_logits = jnp.where((temperature > 0)[:, None], drawn_from, logits) if processed else raw_logits
 
     def logprob_info(_):
-        lp = jax.nn.log_softmax(logprob_logits, axis=-1)
+        lp = batch_invariant.log_softmax(logprob_logits)
         top_lp, top_ids = jax.lax.top_k(lp, MAX_LOGPROBS)
         chosen = jnp.take_along_axis(lp, tokens[:, None], axis=-1)[:, 0]
         return chosen, top_ids.astype(jnp.int32), top_lp

@@ -24,6 +24,7 @@ from jax.sharding import Mesh
 
 from jaxserve.models import registry
 from jaxserve.models.config import LayerAttention, ModelConfig
+from jaxserve.models.invariant_attention import grouped_attention, groups_to_tiles, tiles_to_groups
 from jaxserve.parallel.attention import per_shard
 from jaxserve.parallel.experts import ExpertParallel, dispatch_for
 from jaxserve.parallel.mesh import EXPERT_AXIS, MODEL_AXIS
@@ -46,7 +47,8 @@ ATTENTION_ARRAYS = ("slot_mapping", "dec_kv_lens", "dec_tables", "dec_num", "pre
 
 def make_step(config: ModelConfig, attention_impl: Callable, *, decode_rows: int, prefill_tiles: int,
               tile: int, mesh: Mesh | None = None, model=None, return_hidden: bool = False,
-              expert_dispatch: str = "auto", block_size: int | None = None) -> Callable:
+              expert_dispatch: str = "auto", block_size: int | None = None,
+              batch_invariant: bool = False) -> Callable:
     """attention_impl has the signature of pallas_kernels' ragged paged attention, plus
     `uniform_q_len` (the number of query rows of every slot). `mesh`: run tensor-parallel over
     its model axis (params and arena sharded as jaxserve/parallel/sharding.py says). `model`: what
@@ -56,7 +58,10 @@ def make_step(config: ModelConfig, attention_impl: Callable, *, decode_rows: int
     mixture-of-experts model, parallel/experts.py), the dispatch form this step's row count uses.
     A mixture-of-experts model's step also returns, last, its routed tokens per (MoE layer,
     expert) [L_moe, E] int32 over the step's real rows (padding rows write the null block, slots
-    below `block_size`): the load an operator watches, one small bincount per layer."""
+    below `block_size`): the load an operator watches, one small bincount per layer.
+    `batch_invariant`: attention through models/invariant_attention.py's fixed program (the caller
+    traces the step inside models/batch_invariant.batch_invariant() for the row-tiled matmuls and
+    norms), so a row's results do not depend on what else the step holds."""
     D, P = decode_rows, prefill_tiles
 
     def make_layer_attention(spec: LayerAttention):
@@ -81,7 +86,29 @@ def make_step(config: ModelConfig, attention_impl: Callable, *, decode_rows: int
                 out = jnp.concatenate([out, pre], axis=0)
             return out, k_cache, v_cache
 
-        return layer_attention
+        def invariant_layer_attention(q, k, v, k_cache, v_cache, scales, b):
+            # the batch-invariant mode: every query row through grouped_attention's one program
+            # (a decode row is a group of its own; a prefill tile, groups of its rows)
+            k_cache, v_cache = write_kv(k_cache, v_cache, k, v, b["slot_mapping"], scales)
+            dec_live = jnp.arange(D) < b["dec_num"][0]
+            dec_limits = jnp.where(dec_live, b["dec_kv_lens"], 0)[:, None]              # [D, 1]
+            pre_live = jnp.arange(P) < b["pre_num"][0]
+            pre_limits = b["pre_kv_lens"][:, None] - tile + 1 + jnp.arange(tile)[None]   # [P, tile]
+            pre_limits = jnp.where(pre_live[:, None], jnp.maximum(pre_limits, 0), 0)
+            parts = [(D, 1, tiles_to_groups(q[:D, None], b["dec_tables"], dec_limits)),
+                     (P, tile, tiles_to_groups(q[D:].reshape(P, tile, *q.shape[1:]), b["pre_tables"], pre_limits))]
+            parts = [part for part in parts if part[0]]
+            qg, tables, limits = (jnp.concatenate([groups[i] for _, _, groups in parts]) for i in range(3))
+            out = grouped_attention(qg, k_cache, v_cache, tables, limits, sm_scale=sm_scale,
+                                    sliding_window=window, soft_cap=soft_cap)
+            rows, start = [], 0
+            for slots, qlen, groups in parts:
+                n = groups[0].shape[0]
+                rows.append(groups_to_tiles(out[start:start + n], slots, qlen))
+                start += n
+            return jnp.concatenate(rows), k_cache, v_cache
+
+        return invariant_layer_attention if batch_invariant else layer_attention
 
     shards = 1 if mesh is None else mesh.shape[MODEL_AXIS]
     # a MoE model on a mesh: its expert layers run split over the mesh (else the model's own layer)
