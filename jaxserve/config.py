@@ -97,6 +97,12 @@ class EngineConfig:
                "and grammar masks, divided by the temperature, cut by top-k/top-p/min-p and renormalized; greedy "
                "rows: the adjusted logits at temperature 1, untruncated); RL rollouts want processed. Prompt "
                "logprobs are always raw", choices=("raw", "processed"))
+    batch_invariant: bool = _f(
+        False, "a request's logits, logprobs and sampled tokens bit-identical whatever else its steps hold (the "
+               "bucket, the neighbours, prefill chunks, prefix-cache hits, preemption) and equal to "
+               "jaxserve.reference_logprobs(..., batch_invariant=True): row-tiled matmuls and norms and a "
+               "fixed-order attention (docs/rl.md); float weights and KV, one device, no speculation; costs "
+               "throughput (docs/benchmarks.md)")
     speculative_config: SpeculativeConfig | None = _f(
         None, "speculative decoding, as JSON (a dict for LLM): {\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
               "\"prompt_lookup_min\": 1, \"prompt_lookup_max\": 4}: guesses from the request's own tokens, verified "
@@ -200,6 +206,8 @@ class EngineConfig:
         if self.kv_offload_gib and self.num_hosts > 1:
             raise ValueError("kv_offload_gib is not supported with num_hosts > 1 (the host pool's copies run "
                              "outside the steps the other hosts mirror)")
+        if self.batch_invariant:
+            self._check_batch_invariant()
         if not 0 <= self.kv_watermark < 1:
             raise ValueError(f"kv_watermark={self.kv_watermark} must be in [0, 1)")
         if self.priority_weight_base < 1:
@@ -236,6 +244,21 @@ class EngineConfig:
                 if list(v) != sorted(set(v)) or (v and v[0] < 0):
                     raise ValueError(f"{name}={v} must be increasing non-negative integers")
                 object.__setattr__(self, name, v)
+
+    def _check_batch_invariant(self) -> None:
+        # what the mode's kernels do not cover is refused, never silently left variant
+        refused = {
+            "quantization": self.quantization not in ("none", None),
+            "kv_cache_dtype": self.kv_cache_dtype != "auto",
+            "tensor_parallel_size": self.tensor_parallel_size > 1,
+            "expert_parallel_size": self.expert_parallel_size > 1,
+            "num_hosts": self.num_hosts > 1,
+            "speculative_config": self.speculative_config is not None,
+        }
+        bad = [name for name, on in refused.items() if on]
+        if bad:
+            raise ValueError(f"batch_invariant=True computes float weights and KV on one device without "
+                             f"speculation; unset {', '.join(bad)}")
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "EngineConfig":

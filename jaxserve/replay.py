@@ -33,15 +33,19 @@ import jax.numpy as jnp
 
 from jaxserve.models import registry
 from jaxserve.models.attention import dense_causal_attention
+from jaxserve.models.batch_invariant import batch_invariant as batch_invariant_mode, log_softmax
+from jaxserve.models.invariant_attention import sequence_attention
 from jaxserve.models.config import ModelConfig
 from jaxserve.parallel.mesh import MODEL_AXIS
 
+DEFAULT_BLOCK_SIZE = 16      # EngineConfig's block_size default: a ModelConfig replays with it
+
 
 def _model_of(model: Any):
-    """(ModelConfig, the module or adapter with forward/compute_logits, shards) of an LLM, an
-    Engine, a ModelRunner or a ModelConfig."""
+    """(ModelConfig, the module or adapter with forward/compute_logits, shards, whether it runs
+    batch-invariant, its KV block size) of an LLM, an Engine, a ModelRunner or a ModelConfig."""
     if isinstance(model, ModelConfig):       # a registry architecture, single-device layout
-        return model, registry.for_config(model).model(), 1
+        return model, registry.for_config(model).model(), 1, False, DEFAULT_BLOCK_SIZE
     runner = model
     if hasattr(runner, "engine"):            # LLM
         runner = runner.engine
@@ -53,26 +57,35 @@ def _model_of(model: Any):
                         f"not {type(model).__name__}")
     fns = runner.model if runner.model is not None else registry.for_config(config).model()
     shards = 1 if runner.mesh is None else runner.mesh.shape[MODEL_AXIS]
-    return config, fns, shards
+    return config, fns, shards, runner.batch_invariant, runner.arena_spec.block_size
 
 
-def reference_logprobs(model: Any, params: Any, token_ids: jax.Array, *, temperature: float = 1.0) -> jax.Array:
+def reference_logprobs(model: Any, params: Any, token_ids: jax.Array, *, temperature: float = 1.0,
+                       batch_invariant: bool | None = None) -> jax.Array:
     """Logprobs of each next token of `token_ids` under `params`: [T] -> [T - 1], [B, T] -> [B, T - 1],
     float32. model: the LLM (or Engine, or ModelRunner) whose model function and layout `params`
     follow, or a ModelConfig (its registry architecture, the one-device layout of
     models/params.py); params: a pytree shaped as `llm.engine.runner.params`. Traceable (jit,
-    grad, vmap)."""
-    config, fns, shards = _model_of(model)
+    grad, vmap). batch_invariant: compute with the engine's batch-invariant kernels (row-tiled
+    matmuls and norms, the grouped attention over blocks of the engine's block size), so the
+    result equals a batch-invariant engine's logprobs bit for bit; None: as the engine given
+    runs (False for a ModelConfig)."""
+    config, fns, shards, engine_mode, block_size = _model_of(model)
+    invariant = engine_mode if batch_invariant is None else batch_invariant
     if not temperature > 0:
         raise ValueError(f"temperature={temperature} must be > 0 (greedy rows' logprobs are at 1)")
     token_ids = jnp.asarray(token_ids, jnp.int32)
     if token_ids.ndim == 2:
-        return jax.vmap(lambda ids: reference_logprobs(model, params, ids, temperature=temperature))(token_ids)
+        return jax.vmap(lambda ids: reference_logprobs(model, params, ids, temperature=temperature,
+                                                       batch_invariant=invariant))(token_ids)
     if token_ids.ndim != 1 or token_ids.shape[0] < 2:
         raise ValueError(f"token_ids must be [T] or [B, T] with T >= 2, got shape {token_ids.shape}")
+    if invariant and shards > 1:
+        raise ValueError("batch_invariant=True replays one device's layout (the mode refuses tensor parallelism)")
     positions = jnp.arange(token_ids.shape[0], dtype=jnp.int32)
-    hidden, _ = fns.forward(params, config, token_ids, positions, None, dense_causal_attention(config),
-                            shards=shards)                                                # [T, D]
-    logits = fns.compute_logits(params, config, hidden[:-1]).astype(jnp.float32)          # [T - 1, V]
-    lp = jax.nn.log_softmax(logits / temperature, axis=-1)
+    attention = sequence_attention(config, block_size) if invariant else dense_causal_attention(config)
+    with batch_invariant_mode(invariant):
+        hidden, _ = fns.forward(params, config, token_ids, positions, None, attention, shards=shards)  # [T, D]
+        logits = fns.compute_logits(params, config, hidden[:-1]).astype(jnp.float32)      # [T - 1, V]
+        lp = log_softmax(logits / temperature)
     return jnp.take_along_axis(lp, token_ids[1:, None], axis=-1)[:, 0]

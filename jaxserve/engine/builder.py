@@ -303,7 +303,7 @@ def _serve(config: EngineConfig, model_config: ModelConfig, params, *, dtype: st
                              executable_cache=_cache(ExecutableCache, cache_dir, "executables"), mesh=mesh,
                              coupled_with_draft=_uses_draft_model(config), model=model,
                              prompt_logprobs=config.enable_prompt_logprobs, pooling=config.enable_embeddings,
-                             expert_dispatch=config.expert_dispatch)
+                             expert_dispatch=config.expert_dispatch, batch_invariant=config.batch_invariant)
         jax.block_until_ready(runner.kv_caches)
     with clock.phase("executables"):
         runner.warm_helpers()
