@@ -7,6 +7,10 @@
 - Rollout throughput: --prompts prompts x n samples as one request each with n (the samples
   share the prompt's KV blocks) against n separate requests per prompt, output tokens/s,
   median of --repeats, ratio side by side in one run.
+- With --batch-invariant: a second engine in the batch-invariant mode (docs/rl.md), its n-sample
+  rollout throughput beside the default engine's, and for both the rollout-vs-replay gap: max
+  |delta| between each sampled token's logprob and `reference_logprobs` of the same sequence,
+  compiled with the engine's compiler options (it must read 0 in the mode).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--output-len", type=int, default=32)
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--max-num-seqs", type=int, default=32)
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="also run a batch-invariant engine: its rollout throughput and both engines' replay gap")
     p.add_argument("--output-dir", default="bench_results")
     p.add_argument("--name", default=None)
     set_command(p, run)
@@ -91,6 +97,49 @@ def rollout_throughput(llm, prompts: list[list[int]], n: int, output_len: int, r
             "ratio_n_samples_over_separate": t_separate / t_shared}
 
 
+def replay_gap(llm, prompts: list[list[int]], n: int, output_len: int) -> float:
+    """Max |sampled logprob - reference_logprobs| over one n-sample rollout of the prompts: the
+    replay of each sequence alone, compiled with the engine's compiler options (a vmapped replay
+    batches its dots, another program)."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxserve import SamplingParams, reference_logprobs
+
+    llm.engine.reset_prefix_cache()
+    ps = SamplingParams(n=n, max_tokens=output_len, temperature=1.0, ignore_eos=True, seed=3, logprobs=0)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], ps, use_tqdm=False)
+    runner = llm.engine.runner
+    compiled = {}
+    gap = 0.0
+    for prompt, out in zip(prompts, outs):
+        for c in out.outputs:
+            ids = jnp.asarray(prompt + list(c.token_ids), jnp.int32)
+            if ids.shape[0] not in compiled:
+                lowered = jax.jit(lambda p, ids: reference_logprobs(llm, p, ids)).lower(runner.params, ids)
+                compiled[ids.shape[0]] = lowered.compile(runner.compiler_options)
+            replay = np.asarray(compiled[ids.shape[0]](runner.params, ids))[len(prompt) - 1:]
+            sampled = np.array([e[t].logprob for e, t in zip(c.logprobs, c.token_ids)], np.float32)
+            gap = max(gap, float(np.abs(replay - sampled).max()))
+    return gap
+
+
+def invariance(llm, engine_kwargs: dict, prompts: list[list[int]], n: int, output_len: int,
+               repeats: int, default_tok_s: float) -> dict[str, Any]:
+    """The batch-invariant mode beside the default engine: rollout throughput and replay gaps."""
+    from jaxserve import LLM
+
+    default_gap = replay_gap(llm, prompts, n, output_len)
+    log("loading the batch-invariant engine")
+    invariant = LLM(**engine_kwargs, batch_invariant=True)
+    tok_s = rollout_throughput(invariant, prompts, n, output_len, repeats)["n_samples_tok_s"]
+    return {"default_tok_s": default_tok_s, "batch_invariant_tok_s": tok_s,
+            "throughput_ratio_invariant_over_default": tok_s / default_tok_s,
+            "default_replay_gap": default_gap,
+            "batch_invariant_replay_gap": replay_gap(invariant, prompts, n, output_len),
+            "batch_invariant_compilations_after_warmup": invariant.stats().num_compilations_after_warmup}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import json
     import os
@@ -99,8 +148,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from jaxserve.checkpoints.loader import load_checkpoint
 
     log("loading the engine")
-    llm = LLM(args.model, max_num_seqs=args.max_num_seqs, tensor_parallel_size=args.tensor_parallel_size,
-              max_model_len=max(512, args.prompt_len + args.output_len + 16))
+    engine_kwargs = dict(model=args.model, max_num_seqs=args.max_num_seqs,
+                         tensor_parallel_size=args.tensor_parallel_size,
+                         max_model_len=max(512, args.prompt_len + args.output_len + 16))
+    llm = LLM(**engine_kwargs)
     tensors = dict(load_checkpoint(args.model).tensors)
     log(f"timing weight updates ({args.repeats} repeats each)")
     updates = update_times(llm, tensors, args.repeats)
@@ -114,9 +165,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     print(f"rollout n={args.n}: {rollout['n_samples_tok_s']:.1f} tok/s shared prompt, "
           f"{rollout['separate_requests_tok_s']:.1f} tok/s separate requests "
           f"(x{rollout['ratio_n_samples_over_separate']:.2f})")
+    extra = {}
+    if args.batch_invariant:
+        log("the batch-invariant mode beside the default")
+        extra["batch_invariant"] = inv = invariance(llm, engine_kwargs, prompts, args.n, args.output_len,
+                                                    args.repeats, rollout["n_samples_tok_s"])
+        print(f"batch-invariant: {inv['batch_invariant_tok_s']:.1f} tok/s "
+              f"(x{inv['throughput_ratio_invariant_over_default']:.2f} of the default); replay gap "
+              f"{inv['batch_invariant_replay_gap']:.3g} (default engine: {inv['default_replay_gap']:.3g})")
     result = {"subcommand": "rollout", "args": {k: v for k, v in vars(args).items() if not callable(v)},
               "weight_update": updates, "rollout": rollout, "compilations_after_warmup":
-              llm.stats().num_compilations_after_warmup}
+              llm.stats().num_compilations_after_warmup, **extra}
     os.makedirs(args.output_dir, exist_ok=True)
     stem = args.name or f"rollout-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
     path = os.path.join(args.output_dir, stem + ".json")
