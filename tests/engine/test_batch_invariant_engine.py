@@ -75,3 +75,11 @@ def test_a_mixture_of_experts_model_is_refused(tmp_path):
     path = make_tiny_model(tmp_path / "moe", "qwen3_moe")
     with pytest.raises(ValueError, match="mixture-of-experts"):
         LLM(path, **INVARIANT_ENGINE)
+
+
+def test_the_rollout_benchmark_reads_a_zero_replay_gap_in_the_mode(llm):
+    from jaxserve.bench.cmd_rollout import replay_gap
+
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(3, 300, 11).tolist(), rng.integers(3, 300, 23).tolist()]
+    assert replay_gap(llm, prompts, n=3, output_len=6) == 0.0
