@@ -64,6 +64,11 @@ class Dispatcher:
         self._waiting = keep
         return out
 
+    @property
+    def has_free_seat(self) -> bool:
+        """Whether a due request could be sent now (always, without a concurrency cap)."""
+        return self.max_concurrency is None or bool(self._free_seats)
+
     def next_due(self) -> float | None:
         """Earliest known due time of a waiting request (None when none is known yet)."""
         times = [t for r in self._waiting if (t := self._due_time(r)) is not None]

@@ -121,7 +121,10 @@ async def run_load(stream: StreamFn, requests: Sequence[BenchRequest], max_concu
             for r in disp.pop_due(time.perf_counter()):
                 tasks.add(asyncio.create_task(one(r), name=r.request_id))
             nxt = disp.next_due()
-            timeout = None if nxt is None else max(0.0, nxt - time.perf_counter())
+            # a due request without a free seat waits for a seat (a finished request sets
+            # `changed`), not for its due time, which is past: a zero timeout would spin a core
+            # the servers under test need (it halved llama-server's decode speed on 2 cores)
+            timeout = None if nxt is None or not disp.has_free_seat else max(0.0, nxt - time.perf_counter())
             waiter = asyncio.create_task(changed.wait())
             finished, _ = await asyncio.wait(tasks | {waiter}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             waiter.cancel()

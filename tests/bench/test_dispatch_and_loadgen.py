@@ -83,6 +83,25 @@ def test_load_generator_records_every_token_and_respects_the_cap():
     assert duration > 0
 
 
+def test_a_request_waiting_for_a_seat_does_not_spin_the_load_generator(monkeypatch):
+    # the loop wakes on events (a first token, a finished request, a due time ahead), so its
+    # iterations count events, not elapsed time: a zero-timeout wait while every seat is taken
+    # made it loop once per event-loop turn for as long as the streams ran
+    passes = []
+    pop_due = Dispatcher.pop_due
+    monkeypatch.setattr(Dispatcher, "pop_due", lambda self, now: passes.append(now) or pop_due(self, now))
+
+    async def slow(prompt, params):
+        for i in range(params["max_tokens"]):
+            await asyncio.sleep(0.02)
+            yield [i], time.perf_counter()
+
+    reqs = [req(f"r{i}", n_out=5) for i in range(4)]
+    records, _, _ = asyncio.run(run_load(slow, reqs, max_concurrency=1, progress=False))
+    assert len(records) == 4
+    assert len(passes) <= 4 * 4, f"{len(passes)} passes of the dispatch loop for 4 requests"
+
+
 def test_load_generator_releases_after_group_requests():
     server = FakeServer()
     reqs = [req("c1", group="chat"), req("c2", group="chat"), req("L", 0.0, "long", "chat", n_out=1)]
