@@ -73,15 +73,18 @@ def fixed_map(fn: Callable, *xs: jax.Array):
     return jax.tree.map(lambda o: o[:n], outs)
 
 
-def row_tiled(fn: Callable[[jax.Array], jax.Array], x: jax.Array, tile: int = ROW_TILE) -> jax.Array:
-    """fn applied to x's rows (every axis but the last is a row axis) on fixed [tile, C] tiles:
-    x [..., C] -> [..., C'] where fn maps [tile, C] -> [tile, C'] row by row. Padding rows are
-    zeros (fn must keep rows apart, as a matmul or a per-row norm does)."""
-    lead, width = x.shape[:-1], x.shape[-1]
-    rows = x.reshape(-1, width)
-    n = rows.shape[0]
-    tiles = jnp.pad(rows, ((0, -n % tile), (0, 0))).reshape(-1, tile, width)
-    out = fixed_map(fn, tiles)                                              # [n_tiles, tile, C']
+def row_tiled(fn: Callable[..., jax.Array], *xs: jax.Array, tile: int = ROW_TILE) -> jax.Array:
+    """fn applied to the rows of xs on fixed [tile, C_i] tiles: every axis of xs[0] but the last
+    is a row axis, the other xs have as many rows; fn maps tiles [tile, C_i] -> [tile, C'] row by
+    row. Returns [*xs[0].shape[:-1], C']. Padding rows are zeros (fn must keep rows apart, as a
+    matmul or a per-row norm does)."""
+    lead = xs[0].shape[:-1]
+    rows = [x.reshape(-1, x.shape[-1]) for x in xs]
+    n = rows[0].shape[0]
+    if any(r.shape[0] != n for r in rows):
+        raise ValueError(f"row_tiled: inputs of {[r.shape[0] for r in rows]} rows")
+    tiles = [jnp.pad(r, ((0, -n % tile), (0, 0))).reshape(-1, tile, r.shape[-1]) for r in rows]
+    out = fixed_map(fn, *tiles)                                             # [n_tiles, tile, C']
     return out.reshape(-1, out.shape[-1])[:n].reshape(*lead, out.shape[-1])
 
 

@@ -122,7 +122,7 @@ class MLP(nn.Module):
                           name="gate_up_proj")(x)                             # [T, F] each
         act = activation(self.config)
         if batch_invariant.active():      # the activation's rounding on fixed row tiles too
-            hidden = batch_invariant.row_tiled(lambda t: act(t[:, :f]) * t[:, f:], jnp.concatenate([gate, up], -1))
+            hidden = batch_invariant.row_tiled(lambda g, u: act(g) * u, gate, up)
         else:
             hidden = act(gate) * up                                           # [T, F]
         return Linear(self.config.hidden_size, False, self.dtype, name="down_proj")(hidden)  # [T, D]

@@ -90,9 +90,7 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     if not batch_invariant.active():
         return rotate(x, cos, sin)
     # in the mode a multiply-add's rounding (fused or not) must not change with the row count:
-    # rows of [x | cos | sin] on fixed tiles (models/batch_invariant.py)
-    rows = jnp.concatenate([x.reshape(x.shape[0], -1).astype(jnp.float32), cos, sin], axis=-1)
+    # x's rows with their cos and sin on fixed tiles (models/batch_invariant.py)
     return batch_invariant.row_tiled(
-        lambda r: rotate(r[:, :heads * dim].reshape(-1, heads, dim), r[:, heads * dim:heads * dim + dim],
-                         r[:, heads * dim + dim:]).reshape(r.shape[0], -1).astype(jnp.float32),
-        rows).reshape(x.shape).astype(x.dtype)
+        lambda rows, c, s: rotate(rows.reshape(-1, heads, dim), c, s).reshape(rows.shape[0], -1),
+        x.reshape(x.shape[0], -1), cos, sin).reshape(x.shape)

@@ -12,6 +12,7 @@ import pytest
 from jaxserve import LLM, SamplingParams, reference_logprobs
 from jaxserve.config import EngineConfig
 from tests.conftest import TINY_ENGINE
+from tests.sched.sched_testkit import check_invariants
 
 # 96 blocks of 4 tokens: the four long requests below need more, so some are preempted
 INVARIANT_ENGINE = dict(TINY_ENGINE, batch_invariant=True)
@@ -53,6 +54,7 @@ def test_a_request_is_bit_identical_whatever_else_runs_and_equals_the_replay(llm
     greedy = _tokens_and_logprobs(llm, [target], SamplingParams(temperature=0, logprobs=0, max_tokens=50,
                                                                 ignore_eos=True))
     assert crowded[0] == greedy[0] and np.array_equal(crowded[1], greedy[1])
+    check_invariants(llm.engine.scheduler)        # the preempted request's blocks all came back
 
     # the trainer's replay: the same kernels, compiled as the engine compiles its steps
     ids = jnp.asarray(target + greedy[0], jnp.int32)
@@ -83,3 +85,23 @@ def test_the_rollout_benchmark_reads_a_zero_replay_gap_in_the_mode(llm):
     rng = np.random.default_rng(5)
     prompts = [rng.integers(3, 300, 11).tolist(), rng.integers(3, 300, 23).tolist()]
     assert replay_gap(llm, prompts, n=3, output_len=6) == 0.0
+
+
+def test_gemma3_sliding_layers_are_bit_identical_too(tmp_path):
+    # Gemma 3: sliding-window layers (window 8) beside global ones, unit-offset norms, GeGLU
+    from jaxserve.testing.tiny_models import make_tiny_model
+
+    gemma = LLM(make_tiny_model(tmp_path / "gemma3", "gemma3"), **INVARIANT_ENGINE)
+    rng = np.random.default_rng(6)
+    target = rng.integers(3, 300, 37).tolist()
+    others = [rng.integers(3, 300, int(rng.integers(3, 60))).tolist() for _ in range(4)]
+    params = SamplingParams(temperature=0, logprobs=0, max_tokens=12, ignore_eos=True)
+    alone = _tokens_and_logprobs(gemma, [target], params)
+    crowded = _tokens_and_logprobs(gemma, [target] + others, params)
+    assert crowded[0] == alone[0] and np.array_equal(crowded[1], alone[1])
+    check_invariants(gemma.engine.scheduler)
+    ids = jnp.asarray(target + alone[0], jnp.int32)
+    runner = gemma.engine.runner
+    replay = jax.jit(lambda p, ids: reference_logprobs(gemma, p, ids)).lower(runner.params, ids)
+    got = np.asarray(replay.compile(runner.compiler_options)(runner.params, ids))[len(target) - 1:]
+    assert np.array_equal(got, alone[1])
