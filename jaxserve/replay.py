@@ -26,7 +26,7 @@ over blocks, matmuls over a bucket's rows), so its logprobs differ from these in
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -41,11 +41,20 @@ from jaxserve.parallel.mesh import MODEL_AXIS
 DEFAULT_BLOCK_SIZE = 16      # EngineConfig's block_size default: a ModelConfig replays with it
 
 
-def _model_of(model: Any):
-    """(ModelConfig, the module or adapter with forward/compute_logits, shards, whether it runs
-    batch-invariant, its KV block size) of an LLM, an Engine, a ModelRunner or a ModelConfig."""
+class _Replayed(NamedTuple):
+    """What the replay needs of the model it follows."""
+    config: ModelConfig
+    fns: Any                  # the module or adapter with forward / compute_logits
+    shards: int               # the tensor-parallel layout of its params
+    batch_invariant: bool     # whether its engine runs the batch-invariant mode
+    block_size: int           # its KV block size (the invariant attention reads in its blocks)
+    custom: bool              # a custom model (not a registry architecture)
+
+
+def _model_of(model: Any) -> _Replayed:
+    """What to replay for an LLM, an Engine, a ModelRunner or a ModelConfig."""
     if isinstance(model, ModelConfig):       # a registry architecture, single-device layout
-        return model, registry.for_config(model).model(), 1, False, DEFAULT_BLOCK_SIZE
+        return _Replayed(model, registry.for_config(model).model(), 1, False, DEFAULT_BLOCK_SIZE, False)
     runner = model
     if hasattr(runner, "engine"):            # LLM
         runner = runner.engine
@@ -55,9 +64,10 @@ def _model_of(model: Any):
     if config is None:
         raise TypeError(f"reference_logprobs takes an LLM, an Engine, a ModelRunner or a ModelConfig, "
                         f"not {type(model).__name__}")
-    fns = runner.model if runner.model is not None else registry.for_config(config).model()
+    custom = runner.model is not None
+    fns = runner.model if custom else registry.for_config(config).model()
     shards = 1 if runner.mesh is None else runner.mesh.shape[MODEL_AXIS]
-    return config, fns, shards, runner.batch_invariant, runner.arena_spec.block_size
+    return _Replayed(config, fns, shards, runner.batch_invariant, runner.arena_spec.block_size, custom)
 
 
 def reference_logprobs(model: Any, params: Any, token_ids: jax.Array, *, temperature: float = 1.0,
@@ -70,8 +80,9 @@ def reference_logprobs(model: Any, params: Any, token_ids: jax.Array, *, tempera
     matmuls and norms, the grouped attention over blocks of the engine's block size), so the
     result equals a batch-invariant engine's logprobs bit for bit; None: as the engine given
     runs (False for a ModelConfig)."""
-    config, fns, shards, engine_mode, block_size = _model_of(model)
-    invariant = engine_mode if batch_invariant is None else batch_invariant
+    replayed = _model_of(model)
+    config, fns, shards, block_size = replayed.config, replayed.fns, replayed.shards, replayed.block_size
+    invariant = replayed.batch_invariant if batch_invariant is None else batch_invariant
     if not temperature > 0:
         raise ValueError(f"temperature={temperature} must be > 0 (greedy rows' logprobs are at 1)")
     token_ids = jnp.asarray(token_ids, jnp.int32)
@@ -82,6 +93,9 @@ def reference_logprobs(model: Any, params: Any, token_ids: jax.Array, *, tempera
         raise ValueError(f"token_ids must be [T] or [B, T] with T >= 2, got shape {token_ids.shape}")
     if invariant and shards > 1:
         raise ValueError("batch_invariant=True replays one device's layout (the mode refuses tensor parallelism)")
+    if invariant and (config.num_experts or replayed.custom):
+        raise ValueError("batch_invariant=True replays the registry's dense architectures (the engine's mode "
+                         "refuses mixture-of-experts and custom models)")
     positions = jnp.arange(token_ids.shape[0], dtype=jnp.int32)
     attention = sequence_attention(config, block_size) if invariant else dense_causal_attention(config)
     with batch_invariant_mode(invariant):

@@ -105,3 +105,16 @@ def test_gemma3_sliding_layers_are_bit_identical_too(tmp_path):
     replay = jax.jit(lambda p, ids: reference_logprobs(gemma, p, ids)).lower(runner.params, ids)
     got = np.asarray(replay.compile(runner.compiler_options)(runner.params, ids))[len(target) - 1:]
     assert np.array_equal(got, alone[1])
+
+
+def test_an_invariant_replay_of_a_mixture_of_experts_config_is_refused(tmp_path):
+    import json
+
+    from jaxserve.models.config import ModelConfig
+    from jaxserve.testing.tiny_models import make_tiny_model
+
+    path = make_tiny_model(tmp_path / "moe", "qwen3_moe")
+    with open(path + "/config.json") as f:
+        config = ModelConfig.from_hf_config(json.load(f))
+    with pytest.raises(ValueError, match="mixture-of-experts"):
+        reference_logprobs(config, {}, jnp.arange(4), batch_invariant=True)
