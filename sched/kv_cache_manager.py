@@ -93,7 +93,7 @@ class KVCacheManager:
             return SharedPrefix()
         tokens = req.all_token_ids
         max_blocks = (len(tokens) - 1) // self.block_size
-        nodes = self.cache.match(req.cache_salt, tokens, max_blocks)
+        nodes = self.cache.match(req.prefix_namespace, tokens, max_blocks)
         on_device = [n for n in nodes if n.on_device]   # device nodes come first (prefix_cache.py)
         return SharedPrefix([n.block_id for n in on_device], on_device, len(nodes) * self.block_size,
                             host_nodes=nodes[len(on_device):])
@@ -103,8 +103,8 @@ class KVCacheManager:
         their tokens, leaving at least the child's last token to compute. `parent_computed` caps
         it at what steps scheduled before the current one compute (a copy-on-write copy runs
         before the step, so it cannot take K/V the same step writes)."""
-        if parent.cache_salt != child.cache_salt:
-            return SharedPrefix()  # tenants never share, not even through a fork
+        if parent.prefix_namespace != child.prefix_namespace:
+            return SharedPrefix()  # tenants (and adapters) never share, not even through a fork
         computed = parent.num_computed_tokens if parent_computed is None else parent_computed
         limit = min(computed, parent.num_tokens, child.num_tokens - 1)
         a, b = parent.all_token_ids, child.all_token_ids
@@ -252,7 +252,7 @@ class KVCacheManager:
         for j in range(len(nodes), num_full):
             parent = nodes[-1] if nodes else None
             own = req.block_ids[j]
-            node = self.cache.insert(req.cache_salt, parent, tuple(tokens[j * bs : (j + 1) * bs]), own)
+            node = self.cache.insert(req.prefix_namespace, parent, tuple(tokens[j * bs : (j + 1) * bs]), own)
             if node.block_id != own:
                 self.pool.incref([node.block_id])
                 req.block_ids[j] = node.block_id

@@ -10,6 +10,9 @@ tokens. The alternative, a root per salt, needs a second lifecycle (create a roo
 first block, free it when its last child is evicted) that every path out of the tree must get
 right; left undone, a salt per user or per request grew the tree without bound. With one root a
 salt costs exactly its cached blocks, and eviction stays the only way anything leaves the tree.
+The "salt" the manager passes is a request's namespace (Request.prefix_namespace): its cache salt,
+paired with its LoRA adapter's key when it runs under one, so K/V computed under one adapter is
+never served to another or to the base model.
 
 The tree holds no references of its own: a node's block is in use while some request's block
 table holds it, and cached (evictable) when none does. Eviction takes unreferenced leaves, least

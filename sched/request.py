@@ -75,6 +75,11 @@ class Request:
     # that asks for prompt logprobs needs every prompt row's logits. Its blocks still enter the
     # cache for others.
     skip_reading_prefix_cache: bool = False
+    # the LoRA adapter it runs under (None: the base model): its name, and the key of the weights
+    # registered under it (a name registered again gets a new key: KV computed under the old
+    # weights is never served to the new ones). lora_slots.py gives it a device slot.
+    lora_name: str | None = None
+    lora_key: str | None = None
 
     # ---- state, mutated by the scheduler ----
     output_token_ids: list[int] = field(default_factory=list)
@@ -100,6 +105,12 @@ class Request:
     # the KV load in flight (kv_connector.py): its generation and the tokens it brings
     kv_load_generation: int = 0
     kv_load_tokens: int = 0
+
+    @property
+    def prefix_namespace(self) -> object:
+        """What the prefix cache keys this request's blocks under: its cache salt (a tenant), and
+        its adapter, whose K/V differ from the base model's for the same tokens."""
+        return self.cache_salt if self.lora_key is None else (self.cache_salt, self.lora_key)
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str):

@@ -47,6 +47,7 @@ from jaxserve.sched.kv_cache_manager import KVCacheManager, SharedPrefix, cdiv
 from jaxserve.sched.kv_connector import HeldBlocks, KVConnector, KVLoading
 from jaxserve.sched.limits import RequestLimits
 from jaxserve.sched.admission import Admission
+from jaxserve.sched.lora_slots import LoRASlots
 from jaxserve.sched.preemption import Preemption
 from jaxserve.sched.policy import FairShare, pick_victim
 from jaxserve.sched.request import FINISH_REASONS, Request, RequestStatus
@@ -121,6 +122,8 @@ class Scheduler:
         self.speculation = Speculation(config, draft_proposer) if config.speculation is not None else None
         # KV from elsewhere and KV held for a receiver (kv_connector.py); off until a connector is attached
         self.kv_loads = KVLoading(config, self.kv, self.admission)
+        # LoRA adapters' device slots (lora_slots.py); None: the engine serves no adapters
+        self.lora_slots = LoRASlots(config.max_loras) if config.max_loras else None
 
     # ---- the door -----------------------------------------------------------------------------
     def _validate(self, req: Request) -> None:
@@ -162,6 +165,9 @@ class Scheduler:
         parent = self._requests.get(parent_id)
         if parent is None:
             raise ValueError(f"fork_request: parent {parent_id!r} is not a live request")
+        if child.lora_key != parent.lora_key:
+            raise ValueError(f"fork_request: child adapter {child.lora_name!r} differs from the parent's "
+                             f"{parent.lora_name!r}; a fork shares its parent's adapter")
         if child.cache_salt != parent.cache_salt:
             raise ValueError(
                 f"fork_request: child cache_salt {child.cache_salt!r} differs from the parent's "
@@ -205,6 +211,7 @@ class Scheduler:
             swap_in=tuple((h - 1, d) for h, d in st.swap_in),
             predicted_s=self._predicted_seconds(st),
             kv_connector_ops=self.kv_loads.take_ops(),
+            lora_loads=self.lora_slots.take_loads() if self.lora_slots is not None else (),
         )
 
     def _predicted_seconds(self, st: _Step) -> float | None:
@@ -296,6 +303,13 @@ class Scheduler:
             if req.remote_kv is not None:
                 j += 1  # its KV comes from elsewhere once blocks allow (kv_connector.py)
                 continue
+            if self.lora_slots is not None and not self.lora_slots.can_admit(req):
+                # every LoRA slot is held by running requests: it waits, others go past it until
+                # it starves, then nothing is admitted behind it and the slots drain (lora_slots.py)
+                if self._step - req.arrival_step >= c.starvation_steps:
+                    break
+                j += 1
+                continue
             starving = self._step - req.arrival_step >= c.starvation_steps
             swapped = req.status is RequestStatus.SWAPPED
             prefix = SharedPrefix(num_tokens=req.num_computed_tokens) if swapped else self._shared_prefix(req, st)
@@ -331,6 +345,8 @@ class Scheduler:
                 self._fair.admitted(req.queue_key[0])
             req.status = RequestStatus.RUNNING
             self.running.append(req)
+            if self.lora_slots is not None:
+                self.lora_slots.acquire(req)   # its adapter's slot, loaded into one if not resident
             st.admitted.add(req.request_id)
             self._add_scheduled(req, n, st)
 
@@ -441,6 +457,7 @@ class Scheduler:
             num_output_tokens=req.num_outputs_with_pending,
             sampling=req.sampling,
             num_draft_tokens=len(draft) if draft else 0,
+            lora_slot=self.lora_slots.slot_of(req) if self.lora_slots is not None else 0,
         )
         st.budget -= n if draft else self._charge(n)
         if draft or (n == 1 and req.num_outputs_with_pending > 0):
@@ -475,6 +492,8 @@ class Scheduler:
             pending_copy = len(kept) != len(st.copies)
             st.copies[:] = kept
         self.running.remove(victim)
+        if self.lora_slots is not None:
+            self.lora_slots.release(victim)
         # swap-outs run before the step's copies and swap-ins: a block still waiting for its
         # content cannot be saved, so such a victim is recomputed
         eviction = self.preemption.evict(victim, may_swap=not (pending_copy or rid in st.admitted))
@@ -493,6 +512,8 @@ class Scheduler:
             if req.num_pending_output_tokens:
                 raise RuntimeError(f"request {req.request_id!r} has a token in flight; collect the step first")
             self.running.remove(req)
+            if self.lora_slots is not None:
+                self.lora_slots.release(req)
             self.preemption.evict(req, may_swap=False)
             self.waiting.push(req, req.queue_key)
             moved += 1
@@ -584,6 +605,8 @@ class Scheduler:
             self.running.remove(req)
         elif req.status is not RequestStatus.WAITING_FOR_REMOTE_KVS:
             self.waiting.remove(req)
+        if self.lora_slots is not None:
+            self.lora_slots.release(req)
         if not self.kv_loads.on_finish(req, reason):
             self.kv.free(req)
         if req.host_block_ids:

@@ -67,6 +67,8 @@ class SchedulerConfig:
     decode_step_seconds: tuple[tuple[int, float], ...] = ()
     # (requests bucket, seconds of one decode step of the draft model): method draft_model
     draft_step_seconds: tuple[tuple[int, float], ...] = ()
+    # LoRA adapters' device slots a request must hold to run under one (lora_slots.py); 0 = none served
+    max_loras: int = 0
 
     def prefill_cap_beside(self, num_decodes: int) -> int:
         """Most prompt tokens of one request in a step that carries num_decodes > 0 decodes (0 = no cap)."""

@@ -33,6 +33,8 @@ class ScheduledRequest:
     # token as a decode row and samples at each; update() keeps the guesses that each equal the
     # token sampled the row before, and the token sampled after the last one kept.
     num_draft_tokens: int = 0
+    # the LoRA slot its rows compute under (lora_slots.py); 0: the base model
+    lora_slot: int = 0
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -90,6 +92,8 @@ class SchedulerOutput:
     # the KV connector's runner-side work (kv_connector.py): loads to write, held blocks to gather,
     # after the swaps and before the copies
     kv_connector_ops: KVConnectorOps | None = None
+    # (slot, adapter key): LoRA adapters to write into device slots before the step (lora_slots.py)
+    lora_loads: tuple[tuple[int, str], ...] = ()
 
     def __post_init__(self) -> None:
         total = sum(len(r.token_ids) for r in self.requests)
