@@ -24,6 +24,7 @@ _EXPORTS = {
     "OutputKind": "jaxserve.sampling_params",
     "Overloaded": "jaxserve.sched.errors",
     "reference_logprobs": "jaxserve.replay",
+    "LoRARequest": "jaxserve.lora.request",
 }
 
 __all__ = sorted(_EXPORTS)

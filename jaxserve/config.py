@@ -148,6 +148,16 @@ class EngineConfig:
         False, "serve embeddings (LLM.embed, /v1/embeddings, the Embed RPC): the steps also return their hidden "
                "states (as for prompt logprobs) and one more small function per step row count is compiled at "
                "start-up (the pooled sums); off, an embedding request is refused and nothing more is compiled")
+    enable_lora: bool = _f(
+        False, "serve LoRA adapters (PEFT directories) per request beside the base model: max_loras device slots "
+               "of rank max_lora_rank beside every projection, one batch mixing adapters freely; adapters register "
+               "by LLM/Engine.add_lora or a request's LoRARequest; speculation only by ngram, one device, no "
+               "batch_invariant (docs/design.md, LoRA adapters)")
+    max_loras: int = _f(1, "enable_lora: adapters resident on the device at once (device slots); more registered "
+                           "adapters wait on the host and take a slot when a request needs one (least recently "
+                           "used idle slot evicted)")
+    max_lora_rank: int = _f(16, "enable_lora: the largest adapter rank served (every slot has this rank; "
+                                "smaller ranks are padded with zeros, larger ones refused)")
     chat_template: str | None = _f(
         None, "a Jinja chat template (a file, or the template text) used instead of the model's own: e.g. one "
               "that renders tools for a model whose template does not")
@@ -208,6 +218,12 @@ class EngineConfig:
                              "outside the steps the other hosts mirror)")
         if self.batch_invariant:
             self._check_batch_invariant()
+        for name in ("max_loras", "max_lora_rank"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"{name}={v!r} must be a positive integer")
+        if self.enable_lora:
+            self._check_lora()
         if not 0 <= self.kv_watermark < 1:
             raise ValueError(f"kv_watermark={self.kv_watermark} must be in [0, 1)")
         if self.priority_weight_base < 1:
@@ -259,6 +275,22 @@ class EngineConfig:
         if bad:
             raise ValueError(f"batch_invariant=True computes float weights and KV on one device without "
                              f"speculation; unset {', '.join(bad)}")
+
+    def _check_lora(self) -> None:
+        # what LoRA slots are not built for is refused here, before anything loads
+        spec = self.speculative_config
+        refused = {
+            "speculative_config with a draft model (ngram speculation works: the adapted model verifies "
+            "its guesses; a draft model would guess without the adapter)": spec is not None and spec.method != "ngram",
+            "batch_invariant (the LoRA delta is not row-tiled)": self.batch_invariant,
+            "tensor_parallel_size > 1 (slots are not sharded with their projections yet)": self.tensor_parallel_size > 1,
+            "expert_parallel_size > 1": self.expert_parallel_size > 1,
+            "num_hosts > 1 (slot writes run outside the steps other hosts mirror)": self.num_hosts > 1,
+            "role prefill or decode (KV moved between engines carries no adapter)": self.role != "both",
+        }
+        bad = [name for name, on in refused.items() if on]
+        if bad:
+            raise ValueError("enable_lora=True is not supported with " + "; ".join(bad))
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "EngineConfig":

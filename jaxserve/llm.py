@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from jax.sharding import Mesh
 
     from jaxserve.engine.engine import WeightUpdate
+    from jaxserve.lora.request import LoRARequest
     from jaxserve.models.custom import CustomModel
     from jaxserve.runner.sleep import SleepReport, WakeUpReport
 
@@ -96,15 +97,20 @@ class LLM:
 
     # -- generation --------------------------------------------------------------------------
     def generate(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
-                 use_tqdm: bool = True, priority: int | Sequence[int] = 0) -> list[RequestOutput]:
+                 use_tqdm: bool = True, priority: int | Sequence[int] = 0,
+                 lora_request: "LoRARequest | Sequence[LoRARequest | None] | None" = None) -> list[RequestOutput]:
         """Run prompts to completion; returns one RequestOutput per prompt, in input order.
 
         prompts: a string, a dict ({"prompt": str} or {"prompt_token_ids": [...]}, optionally
         "cache_salt"), or a list of those. sampling_params: one for all, or one per prompt.
+        lora_request: the LoRA adapter for all prompts, or one per prompt (None: the base model);
+        needs enable_lora=True.
         """
-        return self._submit(prompts, sampling_params, priority, use_tqdm, "sampling_params", SamplingParams())
+        return self._submit(prompts, sampling_params, priority, use_tqdm, "sampling_params", SamplingParams(),
+                            lora_request)
 
-    def _submit(self, prompts, params, priority, use_tqdm: bool, params_name: str, default_params) -> list:
+    def _submit(self, prompts, params, priority, use_tqdm: bool, params_name: str, default_params,
+                lora_request=None) -> list:
         """Queue every prompt with its params (SamplingParams, or PoolingParams for embeddings) and
         run them to completion; a bad prompt rejects the whole call."""
         if self.engine.paused or self.engine.pausing:
@@ -117,10 +123,11 @@ class LLM:
         n = len(prompts)
         params = self._per_prompt(params, n, params_name, default_params)
         priorities = self._per_prompt(priority, n, "priority", 0)
+        loras = self._per_prompt(lora_request, n, "lora_request", None)
         ids = []
         try:
-            for prompt, p, prio in zip(prompts, params, priorities):
-                ids.append(self.engine.add_request(None, prompt, p, priority=prio))
+            for prompt, p, prio, lora in zip(prompts, params, priorities, loras):
+                ids.append(self.engine.add_request(None, prompt, p, priority=prio, lora_request=lora))
         except Exception:
             self.engine.abort(ids)   # a bad prompt rejects the whole call; nothing stays queued
             raise
@@ -140,7 +147,8 @@ class LLM:
     def chat(self, messages, sampling_params=None, *, use_tqdm: bool = True, add_generation_prompt: bool = True,
              chat_template: str | None = None, tools: Sequence[dict] | None = None, tool_choice: Any = None,
              parallel_tool_calls: bool = True, tool_call_parser: str | None = None,
-             reasoning_parser: str | None = None, chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+             reasoning_parser: str | None = None, chat_template_kwargs: dict | None = None,
+             lora_request: "LoRARequest | Sequence[LoRARequest | None] | None" = None) -> list[RequestOutput]:
         """messages: one conversation (a list of {"role", "content"} dicts, assistant messages
         with "tool_calls" and "tool" messages as transformers' templates take them) or a list of them.
 
@@ -191,7 +199,7 @@ class LLM:
                                  "it cannot be combined with SamplingParams.structured_outputs")
             sampling_params = ([dataclasses.replace(p, **changes) for p in given] if isinstance(given, (list, tuple))
                                else dataclasses.replace(given, **changes))
-        outs = self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        outs = self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
         if spec.active:
             for out, opened in zip(outs, opens):
                 for o in out.outputs:
@@ -244,6 +252,17 @@ class LLM:
         return [value] * n
 
     # -- weights and pause (docs/rl.md) ------------------------------------------------------
+    # -- LoRA adapters (enable_lora=True; Engine.add_lora and friends) ------------------------
+    def add_lora(self, lora_request: "LoRARequest") -> bool:
+        """Register an adapter (a PEFT directory) on the host; False: registered already."""
+        return self.engine.add_lora(lora_request)
+
+    def remove_lora(self, name_or_id: str | int) -> bool:
+        return self.engine.remove_lora(name_or_id)
+
+    def list_loras(self) -> list["LoRARequest"]:
+        return self.engine.list_loras()
+
     def update_weights(self, params: Any, *, version: int | str | None = None) -> "WeightUpdate":
         """Serve new weights in place, without a restart or a compile: `params` is a pytree with
         the structure, shapes and dtypes of `engine.runner.params` (placed onto the engine's

@@ -166,7 +166,7 @@ class AsyncEngine:
     # -- the asyncio side --------------------------------------------------------------------
     async def generate(self, prompt: Any, params: SamplingParams | None = None, *, request_id: str | None = None,
                        priority: int = 0, arrival_time: float | None = None,
-                       kv_transfer: Any = None) -> AsyncIterator[RequestOutput]:
+                       kv_transfer: Any = None, lora_request: Any = None) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs. A bad request raises ValueError (NotImplementedError for what
         the engine lacks, the scheduler's Overloaded for a full waiting queue) from the first iteration.
         `arrival_time` (time.perf_counter(); default: now) starts the request's latency metrics."""
@@ -187,7 +187,8 @@ class AsyncEngine:
             else:
                 self._check_prompt_token_count(prompt)
             door = self.engine.input_processor
-            request = await self._off_step_thread(door.process, prompt, params, priority=priority)
+            request = await self._off_step_thread(door.process, prompt, params, priority=priority,
+                                                  lora_request=lora_request)
             if self._error is None and not self._stopped:   # else the queue holds the error or the abort
                 self._commands.put(_Add(request_id, request, arrival_time, kv_transfer))
                 added = True
@@ -272,6 +273,16 @@ class AsyncEngine:
             return await fut
         finally:
             self._calls.discard(fut)
+
+    # LoRA adapters (Engine.add_lora and friends), run on the step thread between steps
+    async def add_lora(self, lora_request) -> bool:
+        return await self.call(lambda engine: engine.add_lora(lora_request))
+
+    async def remove_lora(self, name_or_id: str | int) -> bool:
+        return await self.call(lambda engine: engine.remove_lora(name_or_id))
+
+    async def list_loras(self) -> list:
+        return await self.call(lambda engine: engine.list_loras())
 
     async def stats(self) -> EngineStats:
         return await self.call(lambda engine: engine.stats())

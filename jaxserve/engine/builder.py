@@ -36,6 +36,7 @@ from jaxserve.engine.draft_proposer import DraftModelProposer
 from jaxserve.engine.chat_template import apply_chat_template_override
 from jaxserve.engine.engine import Engine
 from jaxserve.engine.startup_timings import PhaseClock, StartupTimings
+from jaxserve.lora import engine_lora as lora_engine
 from jaxserve.models import custom
 from jaxserve.models.config import ModelConfig
 from jaxserve.models.custom import CustomModel
@@ -158,6 +159,8 @@ def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, 
     with clock.phase("params"):
         params, quant = checkpoint_params(config, ckpt, model_config, dtype, layout, mesh, cache_dir)
         ckpt = quant.checkpoint
+        if config.enable_lora:   # empty slots beside every projection: the steps compile with them
+            params = lora_engine.slotted_params(params, model_config, config.max_loras, config.max_lora_rank)
     source_config = model_config
     if layout is not None:   # the runner's model has the replicated KV heads (parallel/layout.py)
         model_config = dataclasses.replace(model_config, num_key_value_heads=layout.kv_heads)
@@ -168,6 +171,8 @@ def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, 
     engine = _serve(config, model_config, params, dtype=dtype, kv_dtype=quant.kv_dtype, mesh=mesh, hosts=hosts,
                     clock=clock, identity=ckpt.identity, tokenizer=ckpt.tokenizer, eos_token_ids=eos,
                     model_name=os.path.basename(ckpt.source.rstrip("/")), cache_dir=cache_dir, progress=progress)
+    if config.enable_lora:
+        lora_engine.attach(engine, model_config, config.max_loras, config.max_lora_rank)
     if config.quantization != "none":
         # a weight update of a quantized engine goes through the same pass (engine/weight_update.py)
         engine.requantize = functools.partial(_requantized_params, config, dict(ckpt.config), source_config, dtype,
@@ -246,6 +251,8 @@ def build_custom_engine(config: EngineConfig, model: CustomModel, params, tokeni
         refused.append(f"role={config.role!r} (disaggregated prefill/decode is not built for custom models)")
     if _uses_draft_model(config):
         refused.append("speculative decoding with a draft model (n-gram speculation works)")
+    if config.enable_lora:
+        refused.append("enable_lora (LoRA slots sit beside the registry architectures' projections)")
     if refused:
         raise ValueError(f"not supported for a custom model ({model.name}): " + "; ".join(refused))
     vocab = len(tokenizer)
@@ -423,6 +430,7 @@ def _scheduler(config: EngineConfig, runner: ModelRunner, max_model_len: int, ch
         decode_step_seconds=(runner.decode_step_seconds if config.speculative_config is not None
                              and config.speculative_config.adaptive else ()),
         draft_step_seconds=draft.decode_step_seconds if draft is not None else (),
+        max_loras=config.max_loras if config.enable_lora else 0,
     ), draft_proposer=DraftModelProposer(draft) if draft is not None else None)
 
 
@@ -456,6 +464,9 @@ def _engine_on_shared_runner(config: EngineConfig, other: Engine) -> Engine:
     that cache is emptied first (its KV would no longer be what its keys say)."""
     if other.has_unfinished_requests():
         raise ValueError("cannot share the runner of an engine that still has requests")
+    if config.enable_lora or getattr(other, "lora", None) is not None:
+        # the slots' contents follow one engine's registry and scheduler
+        raise ValueError("an engine with enable_lora=True does not share its runner (nor takes another's)")
     other.reset_prefix_cache()
     # the runner is the same, so are its measurements (kept on it): resolve_chunk_policy reads
     # them, and measures only what the other engine's policy did not need

@@ -28,6 +28,7 @@ from jaxserve.engine.detokenizer import IncrementalDetokenizer
 from jaxserve.engine import weight_update
 from jaxserve.engine.draft_proposer import draft_sampling
 from jaxserve.engine.expert_load import ExpertLoad
+from jaxserve.lora.request import LoRARequest
 from jaxserve.engine.input_processor import EngineRequest, InputProcessor
 from jaxserve.engine.output_processor import OutputProcessor
 from jaxserve.engine.pooled_embedding import PooledEmbedding
@@ -114,17 +115,22 @@ class Engine:
         self._drained: list[RequestOutput] = []   # outputs of a step collected outside step()
         # a quantized engine's pass from checkpoint-named float tensors to its params (builder.py)
         self.requantize = None
+        # LoRA adapters (lora/engine_lora.py): set by the builder with enable_lora, else None
+        self.lora = None
 
     # -- the door ----------------------------------------------------------------------------
     def new_request_id(self) -> str:
         return f"req-{next(self._ids)}"
 
     def add_request(self, request_id: str | None, prompt: Any, params: SamplingParams | None = None,
-                    *, priority: int = 0, arrival_time: float | None = None) -> str:
+                    *, priority: int = 0, arrival_time: float | None = None,
+                    lora_request: LoRARequest | None = None) -> str:
         """Validate and queue a request; raises ValueError (bad input, with the numbers) or
-        Overloaded (the waiting queue is full). n > 1 queues n samples sharing the prompt."""
+        Overloaded (the waiting queue is full). n > 1 queues n samples sharing the prompt.
+        lora_request: the adapter it runs under (registered from its path if it is not yet)."""
         with compile_counter.attributed_to(self._compilations):
-            return self.add_processed(request_id, self.input_processor.process(prompt, params, priority=priority),
+            return self.add_processed(request_id, self.input_processor.process(prompt, params, priority=priority,
+                                                                               lora_request=lora_request),
                                       arrival_time=arrival_time)
 
     def add_processed(self, request_id: str | None, req: EngineRequest, *, arrival_time: float | None = None,
@@ -141,6 +147,7 @@ class Engine:
             return request_id
         now = time.perf_counter() if arrival_time is None else arrival_time
         params = req.params
+        adapter = self._adapter(req.lora_request)   # a bad adapter fails here, before anything is queued
         ids = [request_id] if params.n == 1 else [f"{request_id}#{i}" for i in range(params.n)]
         # an embedding's one token is never shown: nothing to detokenize
         detok = self._detokenizer if req.pooling is None else (lambda _: None)
@@ -159,7 +166,9 @@ class Engine:
                                           pooling=req.pooling.pooling if req.pooling is not None else None),
                 # prompt logprobs need every prompt position's logits, embeddings its hidden
                 # states: no prefix-cache hit
-                skip_reading_prefix_cache=params.prompt_logprobs is not None or req.pooling is not None)
+                skip_reading_prefix_cache=params.prompt_logprobs is not None or req.pooling is not None,
+                lora_name=adapter.request.lora_name if adapter is not None else None,
+                lora_key=adapter.key if adapter is not None else None)
             if isinstance(sched_req.sampling, AdjustedSamplingOptions) and sched_req.sampling.adjust is not None:
                 sched_req.sampling.adjust.tokens.request = sched_req   # the penalties read its tokens
             if kv_transfer is not None:
@@ -175,6 +184,32 @@ class Engine:
                                       pooled=(PooledEmbedding(req.pooling, len(req.prompt_token_ids))
                                               if req.pooling is not None else None)))
         return request_id
+
+    def _adapter(self, lora_request: LoRARequest | None):
+        if lora_request is None:
+            return None
+        if self.lora is None:
+            raise ValueError(f"lora_request {lora_request.lora_name!r} needs an engine built with enable_lora=True "
+                             f"(jaxserve serve --enable-lora)")
+        return self.lora.resolve(lora_request)
+
+    # -- LoRA adapters (lora/engine_lora.py; vLLM's names) ----------------------------------
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Register an adapter from its PEFT directory on the host (read and checked now; a device
+        slot is given when a request needs it). False: that adapter is registered already."""
+        if self.lora is None:
+            raise ValueError("add_lora needs an engine built with enable_lora=True")
+        return self.lora.add(lora_request)
+
+    def remove_lora(self, name_or_id: str | int) -> bool:
+        """Unregister an adapter by name or lora_int_id. False: no such adapter. ValueError while
+        requests under it are live."""
+        if self.lora is None:
+            return False
+        return self.lora.remove(name_or_id)
+
+    def list_loras(self) -> list[LoRARequest]:
+        return [] if self.lora is None else self.lora.list()
 
     def _mark_kv_transfer(self, sched_req: Request, kv_transfer, n: int) -> None:
         side = "send" if kv_transfer == "send" else "load"
@@ -272,6 +307,8 @@ class Engine:
     def _dispatch(self, sched_out: SchedulerOutput) -> _InFlight | None:
         self.runner.owner = self     # whose block ids the arena's contents now follow
         self.outputs.mark_scheduled((r.request_id for r in sched_out.requests), time.perf_counter())
+        if sched_out.lora_loads:     # adapters this step's schedule put into slots, written first
+            self.lora.apply_loads(sched_out.lora_loads)
         if self.draft_runner is None:
             handle = self.runner.dispatch(sched_out)   # block operations run even with no request
         else:

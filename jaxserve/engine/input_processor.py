@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jaxserve.engine.grammar import GrammarCompiler
+from jaxserve.lora.request import LoRARequest
 from jaxserve.pooling_params import PoolingParams
 from jaxserve.runner.token_mask import TokenConstraint
 from jaxserve.sampling_params import SamplingParams
@@ -35,6 +36,8 @@ class EngineRequest:
     # structured output: one grammar state per sample, built here (off the step thread)
     constraints: tuple[TokenConstraint, ...] = ()
     pooling: PoolingParams | None = None   # an embedding request (params: its one dropped token)
+    # the LoRA adapter it runs under (None: the base model); the engine resolves it in its registry
+    lora_request: LoRARequest | None = None
 
 
 _PROMPT_KEYS = {"prompt", "prompt_token_ids", "cache_salt"}
@@ -52,8 +55,10 @@ class InputProcessor:
         self.grammars = GrammarCompiler(tokenizer, vocab_size, self.eos_token_ids)
 
     def process(self, prompt: Any, params: SamplingParams | PoolingParams | None = None, *,
-                priority: int = 0) -> EngineRequest:
+                priority: int = 0, lora_request: LoRARequest | None = None) -> EngineRequest:
         params = SamplingParams() if params is None else params
+        if lora_request is not None and not isinstance(lora_request, LoRARequest):
+            raise ValueError(f"lora_request must be a jaxserve.LoRARequest, got {type(lora_request).__name__}")
         pooling = None
         if isinstance(params, PoolingParams):   # an embedding: the prompt and one dropped token
             if not self.embeddings:
@@ -95,7 +100,7 @@ class InputProcessor:
         if params.structured_outputs is not None:
             grammar = self.grammars.compile(params.structured_outputs)
             constraints = tuple(self.grammars.constraint(grammar) for _ in range(params.n))
-        return EngineRequest(text, ids, cache_salt, params, max_tokens, priority, constraints, pooling)
+        return EngineRequest(text, ids, cache_salt, params, max_tokens, priority, constraints, pooling, lora_request)
 
     def banned_before_min_tokens(self, params: SamplingParams) -> tuple[int, ...]:
         eos = set() if params.ignore_eos else set(self.eos_token_ids)

@@ -7,7 +7,8 @@ so a step is compiled for exactly one form):
     int4   qweight uint8 [in // 2, out], scale f32 [G, out], offset f32 [G, out] (Q4_1 form only)
     fp8    qweight float8_e4m3fn [in, out], scale f32 [1, out], act_scale f32 []
     w8a8   qweight int8 [out, in], scale f32 [1, out], act_smooth f32 [in]
-(the values: models/quantized_tensor.py). A fused projection (`parts`: q | k | v, gate | up)
+(the values: models/quantized_tensor.py). With LoRA slots (`lora_a`, `lora_b` beside the weight)
+each row's adapter delta is added to the result (models/lora_delta.py). A fused projection (`parts`: q | k | v, gate | up)
 returns its parts; under tensor parallelism (`shards` > 1) its columns are stored shard-major
 (each shard's slice of every part together: parallel/layout.py), and the split is taken per
 shard. Its input's per-channel maximum is recorded (flax `sow`, collection "intermediates")
@@ -39,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxserve.models import batch_invariant
+from jaxserve.models.lora_delta import current_rows, has_lora, lora_delta
 
 E4M3_MAX = 448.0
 
@@ -183,6 +185,10 @@ class Linear(nn.Module):
         if self.is_mutable_collection("intermediates"):
             self.sow("intermediates", "input_absmax", jnp.max(jnp.abs(x.reshape(-1, x.shape[-1])), axis=0))
         y = matmul(x, p, self.dtype, matmul_precision(self.dtype))   # [..., out]
+        if has_lora(p) and current_rows() is not None:
+            # LoRA slots (models/lora_delta.py): each row's adapter delta, in float, on top of
+            # whatever form the base weight has; fused parts get theirs through their own columns
+            y = y + lora_delta(x, p, current_rows(), self.dtype, matmul_precision(self.dtype))
         if self.use_bias:
             y = y + p["bias"].astype(self.dtype)
         if self.parts:

@@ -11,7 +11,8 @@ keeps the guesses that each equal the token sampled the row before (model_runner
 Padding rows read the null block and write their K/V into it; their outputs are discarded.
 A placeholder token (one the previous step sampled, not yet known on the host) gets its row's
 `token_src` = the previous step's logits row; the step reads the id there from the previous
-step's sampled tokens, on the device. Other rows have token_src = -1.
+step's sampled tokens, on the device. Other rows have token_src = -1. `lora_slots [T]` is each
+row's LoRA adapter slot (ScheduledRequest.lora_slot; 0: the base model, and every padding row).
 Everything here is numpy on the host; the arrays go to the device once per step.
 """
 
@@ -69,6 +70,7 @@ def pack_step(sched_out, shapes: RunnerShapes, prev_rows: Mapping[str, int] | No
     pre_lens = np.zeros(P, np.int32)
     pre_tables = np.zeros((P, table_width), np.int32)
     logits_rows = np.zeros(R, np.int32)
+    lora_slots = np.zeros(T, np.int32)     # each row's LoRA slot (models/lora_delta.py); 0: none
     row_sampling: list = [None] * R
     sample_rows = []
     drafts = {}
@@ -92,6 +94,7 @@ def pack_step(sched_out, shapes: RunnerShapes, prev_rows: Mapping[str, int] | No
             # one decode row per token, each seeing the context through its own position
             rows = np.arange(d, d + n)
             input_ids[rows] = ids
+            lora_slots[rows] = req.lora_slot
             positions[rows] = pos
             slots[rows] = token_slots
             dec_lens[rows] = pos + 1
@@ -107,6 +110,7 @@ def pack_step(sched_out, shapes: RunnerShapes, prev_rows: Mapping[str, int] | No
         if n == 1:
             row = d
             input_ids[row] = ids[0]
+            lora_slots[row] = req.lora_slot
             if holes[0]:
                 token_src[row] = prev_rows[req.request_id]
             positions[row] = start
@@ -118,6 +122,7 @@ def pack_step(sched_out, shapes: RunnerShapes, prev_rows: Mapping[str, int] | No
         else:
             base = D + p * tile
             input_ids[base:base + n] = ids
+            lora_slots[base:base + n] = req.lora_slot
             if holes[-1]:
                 token_src[base + n - 1] = prev_rows[req.request_id]
             tiles = num_tiles(n, tile)
@@ -140,7 +145,7 @@ def pack_step(sched_out, shapes: RunnerShapes, prev_rows: Mapping[str, int] | No
         input_ids=input_ids, token_src=token_src, positions=positions, slot_mapping=slots,
         dec_kv_lens=dec_lens, dec_tables=dec_tables, dec_num=np.array([d], np.int32),
         pre_kv_lens=pre_lens, pre_tables=pre_tables, pre_num=np.array([p], np.int32),
-        logits_rows=logits_rows,
+        logits_rows=logits_rows, lora_slots=lora_slots,
     )
     return PackedStep((D, P), arrays, sampling_arrays(row_sampling, R, history_len=shapes.max_model_len,
                                                       mask_words=mask_words),
@@ -155,5 +160,5 @@ def batch_shapes(D: int, P: int, *, tile: int, table_width: int) -> dict[str, tu
         input_ids=((T,), i32), token_src=((T,), i32), positions=((T,), i32), slot_mapping=((T,), i32),
         dec_kv_lens=((D,), i32), dec_tables=((D, table_width), i32), dec_num=((1,), i32),
         pre_kv_lens=((P,), i32), pre_tables=((P, table_width), i32), pre_num=((1,), i32),
-        logits_rows=((R,), i32),
+        logits_rows=((R,), i32), lora_slots=((T,), i32),
     )

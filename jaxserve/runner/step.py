@@ -24,6 +24,7 @@ from jax.sharding import Mesh
 
 from jaxserve.models import registry
 from jaxserve.models.config import LayerAttention, ModelConfig
+from jaxserve.models.lora_delta import lora_rows
 from jaxserve.models.invariant_attention import grouped_attention, groups_to_tiles, tiles_to_groups
 from jaxserve.parallel.attention import per_shard
 from jaxserve.parallel.experts import ExpertParallel, dispatch_for
@@ -137,12 +138,14 @@ def make_step(config: ModelConfig, attention_impl: Callable, *, decode_rows: int
             out, k_cache, v_cache = runs[spec](q, k, v, cache[0], cache[1], kv_scales(params, layer), arrays)
             return out, (k_cache, v_cache)
 
-        if counts_experts:
-            hidden, kv_caches, routed = model.forward(params, config, input_ids, b["positions"], kv_caches,
-                                                      attention, shards=shards, return_routing=True, **experts)
-        else:
-            hidden, kv_caches = model.forward(params, config, input_ids, b["positions"], kv_caches, attention,
-                                              shards=shards, **experts)
+        # each row's LoRA slot reaches the projections that have slots (models/lora_delta.py)
+        with lora_rows(b.get("lora_slots")):
+            if counts_experts:
+                hidden, kv_caches, routed = model.forward(params, config, input_ids, b["positions"], kv_caches,
+                                                          attention, shards=shards, return_routing=True, **experts)
+            else:
+                hidden, kv_caches = model.forward(params, config, input_ids, b["positions"], kv_caches, attention,
+                                                  shards=shards, **experts)
         logits = model.compute_logits(params, config, hidden[b["logits_rows"]])   # [R, V] float32
         out = (kv_caches, logits) + ((hidden,) if return_hidden else ())
         if counts_experts:
