@@ -131,3 +131,53 @@ def test_a_request_waits_for_a_slot_and_runs_when_one_frees(llm, adapter_dirs, h
     assert outputs["waiter"].outputs[0].finish_reason == "length"
     assert llm.stats().num_compilations_after_warmup == 0
     check_invariants(engine.scheduler)
+
+
+def test_the_async_engine_serves_adapters_and_their_registry(llm, adapter_dirs, hf_tokens):
+    import asyncio
+
+    from jaxserve.engine.async_engine import AsyncEngine
+
+    async def main():
+        aengine = AsyncEngine(llm.engine)
+        try:
+            assert await aengine.add_lora(lora(adapter_dirs, "mlp2", 3)) in (True, False)
+            names = {r.lora_name for r in await aengine.list_loras()}
+            final = {}
+
+            async def one(name, i):
+                req = None if name is None else lora(adapter_dirs, name, i)
+                async for out in aengine.generate({"prompt_token_ids": PROMPT}, GREEDY, lora_request=req):
+                    final[name] = out
+            await asyncio.wait_for(asyncio.gather(one("mlp2", 3), one("qv4", 1), one(None, 0)), 120)
+            with pytest.raises(ValueError, match="has no lora_path"):
+                async for _ in aengine.generate({"prompt_token_ids": PROMPT}, GREEDY,
+                                                lora_request=LoRARequest("ghost", 9)):
+                    pass
+            return names, final
+        finally:
+            await aengine.shutdown()
+
+    names, final = asyncio.run(main())
+    assert "mlp2" in names
+    for name, out in final.items():
+        assert list(out.outputs[0].token_ids) == hf_tokens[name], name
+    assert llm.stats().num_compilations_after_warmup == 0
+
+
+def test_ngram_speculation_verifies_with_the_adapter(tiny_llama_dir, adapter_dirs):
+    # ngram guesses are checked by the target model, adapter included: the tokens stay the adapter's
+    spec = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1, "prompt_lookup_max": 2,
+            "adaptive": False}
+    llm = LLM(tiny_llama_dir, **dict(LORA_ENGINE, speculative_config=spec))
+    prompt = PROMPT * 3
+    params = SamplingParams(temperature=0, max_tokens=12, min_tokens=12)
+    names = ["all8", "qv4", None]
+    loras = [None if n is None else lora(adapter_dirs, n, i + 1) for i, n in enumerate(names)]
+    for name, req in zip(names, loras):       # one at a time: decode-only steps, where guesses run
+        out = llm.generate([{"prompt_token_ids": prompt}], params, lora_request=req, use_tqdm=False)[0]
+        expected = hf_peft_greedy(tiny_llama_dir, req and req.lora_path, prompt, 12)
+        assert list(out.outputs[0].token_ids) == expected, name
+    stats = llm.stats()
+    assert stats.spec_num_draft_tokens > 0 and stats.num_compilations_after_warmup == 0
+    check_invariants(llm.engine.scheduler)
