@@ -60,7 +60,7 @@ class Completion:
 
 
 def build_request(prompt: Any, *, request_id: str = "", priority: int = 0, cache_salt: str | None = None,
-                  **sampling: Any) -> pb.GenerateRequest:
+                  lora_name: str | None = None, **sampling: Any) -> pb.GenerateRequest:
     unknown = set(sampling) - set(_SCALARS) - {"stop", "stop_token_ids", "logit_bias", "structured_outputs"}
     if unknown:
         raise ValueError(f"unknown sampling argument(s) {sorted(unknown)}")
@@ -82,6 +82,8 @@ def build_request(prompt: Any, *, request_id: str = "", priority: int = 0, cache
     req = pb.GenerateRequest(request_id=request_id, sampling_params=sp, priority=priority)
     if cache_salt is not None:
         req.cache_salt = cache_salt
+    if lora_name is not None:      # a LoRA adapter the server has loaded (None: the base model)
+        req.lora_name = lora_name
     if isinstance(prompt, str):
         req.text = prompt
     elif isinstance(prompt, Sequence) and prompt and all(isinstance(m, dict) for m in prompt):
@@ -196,6 +198,20 @@ class GenerationClient:
         return self._stub.UpdateWeights(pb.UpdateWeightsRequest(model_path=model_path, version=version),
                                         timeout=self.timeout, metadata=self._md)
 
+    # LoRA adapters (a server with --enable-lora): load a PEFT directory on the server's disk
+    # under a name, drop one, list them
+    def load_lora_adapter(self, lora_name: str, lora_path: str) -> None:
+        self._stub.LoadLoRAAdapter(pb.LoadLoRAAdapterRequest(lora_name=lora_name, lora_path=lora_path),
+                                   timeout=self.timeout, metadata=self._md)
+
+    def unload_lora_adapter(self, lora_name: str) -> None:
+        self._stub.UnloadLoRAAdapter(pb.UnloadLoRAAdapterRequest(lora_name=lora_name), timeout=self.timeout,
+                                     metadata=self._md)
+
+    def list_lora_adapters(self) -> list[pb.LoRAAdapter]:
+        return list(self._stub.ListLoRAAdapters(pb.ListLoRAAdaptersRequest(), timeout=self.timeout,
+                                                metadata=self._md).adapters)
+
     def close(self) -> None:
         self._channel.close()
 
@@ -268,6 +284,19 @@ class AsyncGenerationClient:
     async def update_weights(self, model_path: str, *, version: str | None = None) -> pb.UpdateWeightsReply:
         return await self._stub.UpdateWeights(pb.UpdateWeightsRequest(model_path=model_path, version=version),
                                               timeout=self.timeout, metadata=self._md)
+
+    async def load_lora_adapter(self, lora_name: str, lora_path: str) -> None:
+        await self._stub.LoadLoRAAdapter(pb.LoadLoRAAdapterRequest(lora_name=lora_name, lora_path=lora_path),
+                                         timeout=self.timeout, metadata=self._md)
+
+    async def unload_lora_adapter(self, lora_name: str) -> None:
+        await self._stub.UnloadLoRAAdapter(pb.UnloadLoRAAdapterRequest(lora_name=lora_name), timeout=self.timeout,
+                                           metadata=self._md)
+
+    async def list_lora_adapters(self) -> list[pb.LoRAAdapter]:
+        reply = await self._stub.ListLoRAAdapters(pb.ListLoRAAdaptersRequest(), timeout=self.timeout,
+                                                  metadata=self._md)
+        return list(reply.adapters)
 
     async def close(self) -> None:
         await self._channel.close()

@@ -6,6 +6,48 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class LoadLoRAAdapterRequest(_message.Message):
+    __slots__ = ("lora_name", "lora_path")
+    LORA_NAME_FIELD_NUMBER: _ClassVar[int]
+    LORA_PATH_FIELD_NUMBER: _ClassVar[int]
+    lora_name: str
+    lora_path: str
+    def __init__(self, lora_name: _Optional[str] = ..., lora_path: _Optional[str] = ...) -> None: ...
+
+class LoadLoRAAdapterReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class UnloadLoRAAdapterRequest(_message.Message):
+    __slots__ = ("lora_name",)
+    LORA_NAME_FIELD_NUMBER: _ClassVar[int]
+    lora_name: str
+    def __init__(self, lora_name: _Optional[str] = ...) -> None: ...
+
+class UnloadLoRAAdapterReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListLoRAAdaptersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class LoRAAdapter(_message.Message):
+    __slots__ = ("lora_name", "lora_path", "lora_int_id")
+    LORA_NAME_FIELD_NUMBER: _ClassVar[int]
+    LORA_PATH_FIELD_NUMBER: _ClassVar[int]
+    LORA_INT_ID_FIELD_NUMBER: _ClassVar[int]
+    lora_name: str
+    lora_path: str
+    lora_int_id: int
+    def __init__(self, lora_name: _Optional[str] = ..., lora_path: _Optional[str] = ..., lora_int_id: _Optional[int] = ...) -> None: ...
+
+class ListLoRAAdaptersReply(_message.Message):
+    __slots__ = ("adapters",)
+    ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    adapters: _containers.RepeatedCompositeFieldContainer[LoRAAdapter]
+    def __init__(self, adapters: _Optional[_Iterable[_Union[LoRAAdapter, _Mapping]]] = ...) -> None: ...
+
 class EmbedInput(_message.Message):
     __slots__ = ("text", "token_ids")
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -216,7 +258,7 @@ class ChoiceList(_message.Message):
     def __init__(self, choices: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "text", "token_ids", "chat", "sampling_params", "priority", "cache_salt", "kv_transfer")
+    __slots__ = ("request_id", "text", "token_ids", "chat", "sampling_params", "priority", "cache_salt", "kv_transfer", "lora_name")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -225,6 +267,7 @@ class GenerateRequest(_message.Message):
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     KV_TRANSFER_FIELD_NUMBER: _ClassVar[int]
+    LORA_NAME_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     token_ids: TokenIds
@@ -233,7 +276,8 @@ class GenerateRequest(_message.Message):
     priority: int
     cache_salt: str
     kv_transfer: KVTransfer
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[Chat, _Mapping]] = ..., sampling_params: _Optional[_Union[SamplingParams, _Mapping]] = ..., priority: _Optional[int] = ..., cache_salt: _Optional[str] = ..., kv_transfer: _Optional[_Union[KVTransfer, _Mapping]] = ...) -> None: ...
+    lora_name: str
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[Chat, _Mapping]] = ..., sampling_params: _Optional[_Union[SamplingParams, _Mapping]] = ..., priority: _Optional[int] = ..., cache_salt: _Optional[str] = ..., kv_transfer: _Optional[_Union[KVTransfer, _Mapping]] = ..., lora_name: _Optional[str] = ...) -> None: ...
 
 class KVTransfer(_message.Message):
     __slots__ = ("send", "load")
@@ -244,28 +288,32 @@ class KVTransfer(_message.Message):
     def __init__(self, send: _Optional[bool] = ..., load: _Optional[_Union[RemoteKV, _Mapping]] = ...) -> None: ...
 
 class RemoteKV(_message.Message):
-    __slots__ = ("peer", "transfer_id", "generation", "num_tokens")
+    __slots__ = ("peer", "transfer_id", "generation", "num_tokens", "lora_name")
     PEER_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LORA_NAME_FIELD_NUMBER: _ClassVar[int]
     peer: str
     transfer_id: str
     generation: int
     num_tokens: int
-    def __init__(self, peer: _Optional[str] = ..., transfer_id: _Optional[str] = ..., generation: _Optional[int] = ..., num_tokens: _Optional[int] = ...) -> None: ...
+    lora_name: str
+    def __init__(self, peer: _Optional[str] = ..., transfer_id: _Optional[str] = ..., generation: _Optional[int] = ..., num_tokens: _Optional[int] = ..., lora_name: _Optional[str] = ...) -> None: ...
 
 class KVLease(_message.Message):
-    __slots__ = ("transfer_id", "generation", "num_tokens", "lease_s")
+    __slots__ = ("transfer_id", "generation", "num_tokens", "lease_s", "lora_name")
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     LEASE_S_FIELD_NUMBER: _ClassVar[int]
+    LORA_NAME_FIELD_NUMBER: _ClassVar[int]
     transfer_id: str
     generation: int
     num_tokens: int
     lease_s: float
-    def __init__(self, transfer_id: _Optional[str] = ..., generation: _Optional[int] = ..., num_tokens: _Optional[int] = ..., lease_s: _Optional[float] = ...) -> None: ...
+    lora_name: str
+    def __init__(self, transfer_id: _Optional[str] = ..., generation: _Optional[int] = ..., num_tokens: _Optional[int] = ..., lease_s: _Optional[float] = ..., lora_name: _Optional[str] = ...) -> None: ...
 
 class Chunk(_message.Message):
     __slots__ = ("token_ids", "text", "index", "prompt_logprobs")

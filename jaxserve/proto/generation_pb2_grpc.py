@@ -74,6 +74,21 @@ class GenerationStub:
                 request_serializer=jaxserve_dot_proto_dot_generation__pb2.EmbedRequest.SerializeToString,
                 response_deserializer=jaxserve_dot_proto_dot_generation__pb2.EmbedResponse.FromString,
                 _registered_method=True)
+        self.LoadLoRAAdapter = channel.unary_unary(
+                '/jaxserve.v1.Generation/LoadLoRAAdapter',
+                request_serializer=jaxserve_dot_proto_dot_generation__pb2.LoadLoRAAdapterRequest.SerializeToString,
+                response_deserializer=jaxserve_dot_proto_dot_generation__pb2.LoadLoRAAdapterReply.FromString,
+                _registered_method=True)
+        self.UnloadLoRAAdapter = channel.unary_unary(
+                '/jaxserve.v1.Generation/UnloadLoRAAdapter',
+                request_serializer=jaxserve_dot_proto_dot_generation__pb2.UnloadLoRAAdapterRequest.SerializeToString,
+                response_deserializer=jaxserve_dot_proto_dot_generation__pb2.UnloadLoRAAdapterReply.FromString,
+                _registered_method=True)
+        self.ListLoRAAdapters = channel.unary_unary(
+                '/jaxserve.v1.Generation/ListLoRAAdapters',
+                request_serializer=jaxserve_dot_proto_dot_generation__pb2.ListLoRAAdaptersRequest.SerializeToString,
+                response_deserializer=jaxserve_dot_proto_dot_generation__pb2.ListLoRAAdaptersReply.FromString,
+                _registered_method=True)
 
 
 class GenerationServicer:
@@ -136,6 +151,28 @@ class GenerationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadLoRAAdapter(self, request, context):
+        """LoRA adapters (a server started with --enable-lora; docs/server.md), behind the API key:
+        register a PEFT directory under a name, drop one, list them. INVALID_ARGUMENT for a name in
+        use, an adapter that does not fit the model, or a server without --enable-lora; NOT_FOUND for
+        an unknown name. A request names its adapter in GenerateRequest.lora_name.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadLoRAAdapter(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListLoRAAdapters(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GenerationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -178,6 +215,21 @@ def add_GenerationServicer_to_server(servicer, server):
                     servicer.Embed,
                     request_deserializer=jaxserve_dot_proto_dot_generation__pb2.EmbedRequest.FromString,
                     response_serializer=jaxserve_dot_proto_dot_generation__pb2.EmbedResponse.SerializeToString,
+            ),
+            'LoadLoRAAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadLoRAAdapter,
+                    request_deserializer=jaxserve_dot_proto_dot_generation__pb2.LoadLoRAAdapterRequest.FromString,
+                    response_serializer=jaxserve_dot_proto_dot_generation__pb2.LoadLoRAAdapterReply.SerializeToString,
+            ),
+            'UnloadLoRAAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadLoRAAdapter,
+                    request_deserializer=jaxserve_dot_proto_dot_generation__pb2.UnloadLoRAAdapterRequest.FromString,
+                    response_serializer=jaxserve_dot_proto_dot_generation__pb2.UnloadLoRAAdapterReply.SerializeToString,
+            ),
+            'ListLoRAAdapters': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListLoRAAdapters,
+                    request_deserializer=jaxserve_dot_proto_dot_generation__pb2.ListLoRAAdaptersRequest.FromString,
+                    response_serializer=jaxserve_dot_proto_dot_generation__pb2.ListLoRAAdaptersReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -396,6 +448,87 @@ class Generation:
             '/jaxserve.v1.Generation/Embed',
             jaxserve_dot_proto_dot_generation__pb2.EmbedRequest.SerializeToString,
             jaxserve_dot_proto_dot_generation__pb2.EmbedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadLoRAAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/jaxserve.v1.Generation/LoadLoRAAdapter',
+            jaxserve_dot_proto_dot_generation__pb2.LoadLoRAAdapterRequest.SerializeToString,
+            jaxserve_dot_proto_dot_generation__pb2.LoadLoRAAdapterReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadLoRAAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/jaxserve.v1.Generation/UnloadLoRAAdapter',
+            jaxserve_dot_proto_dot_generation__pb2.UnloadLoRAAdapterRequest.SerializeToString,
+            jaxserve_dot_proto_dot_generation__pb2.UnloadLoRAAdapterReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListLoRAAdapters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/jaxserve.v1.Generation/ListLoRAAdapters',
+            jaxserve_dot_proto_dot_generation__pb2.ListLoRAAdaptersRequest.SerializeToString,
+            jaxserve_dot_proto_dot_generation__pb2.ListLoRAAdaptersReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -108,5 +108,6 @@ async def run_prefill(replica, rate: PrefillRate, fwd: pb.GenerateRequest, num_t
     if lease is None:
         return PrefillHop(None, PREFILL_UNAVAILABLE, f"prefill engine {replica.target} ended the hop without a lease")
     rate.observe(uncached + ahead, clock() - started)
+    # the lease names the adapter the K/V was computed under; the decode engine checks it
     return PrefillHop(pb.RemoteKV(peer=replica.target, transfer_id=lease.transfer_id, generation=lease.generation,
-                                  num_tokens=lease.num_tokens), KV_HANDED_OVER)
+                                  num_tokens=lease.num_tokens, lora_name=lease.lora_name), KV_HANDED_OVER)

@@ -3,7 +3,9 @@
 A radix tree over the token ids the router sent that replica, in chunks of `chunk_tokens` ids (a
 node is one chunk; its path from the root spells the prefix). The cache salt is part of the first
 chunk's key, as in the replica's own PrefixCache (sched/prefix_cache.py), so two tenants never
-match each other's prefixes and a salt costs only its own nodes.
+match each other's prefixes and a salt costs only its own nodes. The "salt" here is the request's
+cache namespace (router/servicer.py cache_namespace: the salt, with the LoRA adapter when the
+request names one), so prefixes under different adapters never match either.
 
 It is an estimate: the replica evicts by its own LRU, which the router cannot see. So the index is
 bounded (`max_tokens`) and evicts its least recently used leaves, and a replica that restarts (or

@@ -47,6 +47,14 @@ _SUMMED = ("num_kv_blocks_total", "num_kv_blocks_free", "num_kv_blocks_cached", 
            "generation_tokens_total", "num_requests_finished")
 
 
+
+def cache_namespace(request: pb.GenerateRequest):
+    """What keys a request's prefix in the replicas' caches, and so in the router's index: its cache
+    salt, and its LoRA adapter when it names one (K/V under one adapter never serves another)."""
+    salt = request.cache_salt if request.HasField("cache_salt") else None
+    lora = request.lora_name if request.HasField("lora_name") and request.lora_name else None
+    return salt if lora is None else (salt, lora)
+
 class RouterState:
     """What the servicer, health and shutdown share."""
 
@@ -137,7 +145,7 @@ class RouterServicer(pb_grpc.GenerationServicer):
     async def _generate(self, request: pb.GenerateRequest, context):
         arrival = self.clock()
         fwd, ids = await self._prompt_ids(request)
-        salt = request.cache_salt if request.HasField("cache_salt") else None
+        salt = cache_namespace(request)
         request_id = request.request_id or uuid.uuid4().hex
         if request_id in self.live:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request_id {request_id!r} is already in use")

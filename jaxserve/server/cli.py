@@ -73,6 +73,10 @@ def add_server_parsers(subparsers) -> None:
     g.add_argument("--reasoning-parser", default=None, choices=sorted(REASONING_PARSERS),
                    help="split a thinking model's reasoning (qwen3: <think>...</think>) into message.reasoning "
                         "and reasoning_content (default: not split, the reasoning stays in content)")
+    g.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
+                   help="LoRA adapters (PEFT directories) to serve from the start, each as `model` NAME on "
+                        "HTTP and lora_name NAME on gRPC (needs --enable-lora; more at run time with "
+                        "POST /v1/load_lora_adapter or the LoadLoRAAdapter RPC)")
     g.add_argument("--responses-store-size", type=int, default=1024,
                    help="finished /v1/responses kept in memory (least recently used dropped first) for "
                         "GET /v1/responses/{id} and previous_response_id; 0 keeps none")
@@ -96,6 +100,7 @@ def add_server_parsers(subparsers) -> None:
 
 
 def server_config_from_args(args: argparse.Namespace):
+    from jaxserve.server.lora_adapters import parse_lora_modules
     from jaxserve.server.request_caps import RequestCaps
     from jaxserve.server.server import ServerConfig
 
@@ -109,6 +114,7 @@ def server_config_from_args(args: argparse.Namespace):
                         tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
                         http_header_timeout=args.http_header_timeout, http_body_timeout=args.http_body_timeout,
                         lenient_api=args.lenient_api, chat_content_special_tokens=args.chat_content_special_tokens,
+                        lora_modules=tuple(parse_lora_modules(getattr(args, "lora_modules", None))),
                         limits=RequestCaps(max_n=args.max_n, max_tokens=args.max_tokens_limit,
                                            max_prompts=args.max_prompts))
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from jaxserve.config import EngineConfig
+from jaxserve.server.lora_adapters import LoRAModule, register_now
 from jaxserve.server.metrics import ServerMetrics
 from jaxserve.server.request_caps import RequestCaps
 from jaxserve.server.state import Phase, ServerState
@@ -64,6 +65,7 @@ class ServerConfig:
     http_body_timeout: float = 60.0      # seconds a request's body may take (408 after)
     lenient_api: bool = False            # HTTP: unknown request fields dropped with a warning, not a 400
     chat_content_special_tokens: bool = False   # special-token text in chat contents is control tokens
+    lora_modules: tuple[LoRAModule, ...] = ()    # LoRA adapters registered before SERVING (--lora-modules)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -170,7 +172,7 @@ async def run_server(config: ServerConfig, engine_config: EngineConfig, *, progr
         build_engine = default_build
     t0 = time.perf_counter()
     # a prefill or decode engine comes with its KV connector (the builder reads the role settings)
-    built = _build_in_thread(lambda: build_engine(engine_config, progress=progress))
+    built = _build_in_thread(lambda: _with_adapters(build_engine(engine_config, progress=progress), config.lora_modules))
     stopper = asyncio.ensure_future(stop.wait())
     await asyncio.wait({built, stopper}, return_when=asyncio.FIRST_COMPLETED)
     if not built.done():      # a signal during warmup: nothing is in flight
@@ -228,6 +230,14 @@ def _lease_reaper(aengine, engine_config: EngineConfig):
     from jaxserve.disagg.service import reap_leases
 
     return asyncio.ensure_future(reap_leases(aengine, min(1.0, engine_config.kv_lease_s / 4)))
+
+
+def _with_adapters(engine, modules: tuple[LoRAModule, ...]):
+    """The built engine with its --lora-modules registered (read and checked now: a bad adapter
+    fails the start, as a bad model does)."""
+    for m in modules:
+        register_now(engine, m.name, m.path)
+    return engine
 
 
 async def _drain(state: ServerState, grpc_front, http, grace_period: float) -> None:

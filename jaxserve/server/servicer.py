@@ -22,7 +22,7 @@ from grpc import aio
 from jaxserve.chat_output import ChatOutputSpec
 from jaxserve.engine.async_engine import AsyncEngine, EngineDeadError, EngineStoppedError
 from jaxserve.reasoning_parsers import reasoning_parser as reasoning_parser_named
-from jaxserve.server import convert
+from jaxserve.server import convert, lora_adapters
 from jaxserve.server.chat_prompt import render_chat
 from jaxserve.server.chat_tools_proto import CompleteSplitter, tool_plan_from_proto
 from jaxserve.server.metrics import ServerMetrics
@@ -98,6 +98,10 @@ class GenerationServicer(pb_grpc.GenerationServicer):
                     splitter = CompleteSplitter(spec, opens, params.n)
             else:
                 prompt = convert.prompt_from_proto(request)
+            lora_request = _lora_request(aengine, request)
+        except lora_adapters.AdapterNotFound as e:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"lora_name {e.args[0]!r}: no LoRA adapter is loaded "
+                                                           f"under that name (LoadLoRAAdapter, --lora-modules)")
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except EngineDeadError as e:
@@ -111,14 +115,14 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         kv_transfer = _kv_transfer(request)
         try:
             stream = aengine.generate(prompt, params, request_id=request.request_id or None,
-                                      priority=request.priority, arrival_time=arrival,
+                                      priority=request.priority, arrival_time=arrival, lora_request=lora_request,
                                       **({"kv_transfer": kv_transfer} if kv_transfer is not None else {}))
             try:
                 async for out in stream:
                     last = out
                     for response in sent.responses(out):
                         if kv_transfer == "send" and response.HasField("complete"):
-                            await self._attach_lease(aengine, out.request_id, response)
+                            await self._attach_lease(aengine, out.request_id, response, request.lora_name)
                         yield response
             finally:
                 await stream.aclose()   # on cancel: aborts the request before the next step
@@ -147,13 +151,16 @@ class GenerationServicer(pb_grpc.GenerationServicer):
                 self.metrics.observe(last.metrics if last is not None else None, arrival_time=arrival,
                                      ended_at=time.perf_counter())
 
-    async def _attach_lease(self, aengine: AsyncEngine, request_id: str, response: pb.GenerateResponse) -> None:
+    async def _attach_lease(self, aengine: AsyncEngine, request_id: str, response: pb.GenerateResponse,
+                            lora_name: str) -> None:
         from jaxserve.disagg.service import lease_of
 
         lease = await aengine.call(lambda e: lease_of(e, request_id))
         if lease is not None:     # none when the request was aborted: nothing was held
+            # the adapter goes with the lease: the decode engine refuses K/V computed under another
             response.complete.kv_lease.CopyFrom(pb.KVLease(transfer_id=lease.transfer_id, generation=lease.generation,
-                                                           num_tokens=lease.num_tokens, lease_s=lease.lease_s))
+                                                           num_tokens=lease.num_tokens, lease_s=lease.lease_s,
+                                                           lora_name=lora_name))
 
     async def _render_chat(self, aengine: AsyncEngine, request: pb.GenerateRequest,
                            template_kwargs: dict | None = None) -> dict:
@@ -189,6 +196,26 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         from jaxserve.server.embed_rpc import embed    # server/embed_rpc.py
 
         return await embed(self, request, context)
+
+    # -- LoRA adapters (server/lora_adapters.py; the HTTP front's /v1/load_lora_adapter) -------
+    async def LoadLoRAAdapter(self, request: pb.LoadLoRAAdapterRequest, context) -> pb.LoadLoRAAdapterReply:
+        aengine = await self.serving_engine(context)
+        await _control(lora_adapters.load_adapter(aengine, request.lora_name, request.lora_path), context)
+        return pb.LoadLoRAAdapterReply()
+
+    async def UnloadLoRAAdapter(self, request: pb.UnloadLoRAAdapterRequest, context) -> pb.UnloadLoRAAdapterReply:
+        aengine = await self.serving_engine(context)
+        try:
+            await _control(lora_adapters.unload_adapter(aengine, request.lora_name), context)
+        except lora_adapters.AdapterNotFound as e:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+        return pb.UnloadLoRAAdapterReply()
+
+    async def ListLoRAAdapters(self, request: pb.ListLoRAAdaptersRequest, context) -> pb.ListLoRAAdaptersReply:
+        aengine = await self.serving_engine(context)
+        loras = await aengine.list_loras()
+        return pb.ListLoRAAdaptersReply(adapters=[pb.LoRAAdapter(lora_name=r.lora_name, lora_path=r.lora_path,
+                                                                 lora_int_id=r.lora_int_id) for r in loras])
 
     async def GetModelInfo(self, request, context) -> pb.ModelInfo:
         aengine = self.state.aengine
@@ -231,6 +258,21 @@ def _with_tools(params, plan):
     if plan.skip_special_tokens is not None:
         changes["skip_special_tokens"] = plan.skip_special_tokens
     return dataclasses.replace(params, **changes) if changes else params
+
+
+def _lora_request(aengine: AsyncEngine, request: pb.GenerateRequest):
+    """The adapter a request runs under (None: the base model). A KV load must come from a prefill
+    under the same adapter: K/V computed under one adapter is never served to another."""
+    name = request.lora_name if request.HasField("lora_name") else None
+    lora = lora_adapters.adapter_for(aengine.engine, name)
+    if request.HasField("kv_transfer") and request.kv_transfer.WhichOneof("direction") == "load":
+        mine = "" if lora is None else lora.lora_name
+        theirs = request.kv_transfer.load.lora_name
+        if theirs != mine:
+            raise ValueError(f"kv_transfer.load: the prompt's K/V was computed under "
+                             f"{'LoRA adapter ' + repr(theirs) if theirs else 'the base model'}, this request runs "
+                             f"under {'LoRA adapter ' + repr(mine) if mine else 'the base model'}")
+    return lora
 
 
 def _kv_transfer(request: pb.GenerateRequest):

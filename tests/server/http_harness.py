@@ -32,10 +32,13 @@ class HTTPServer:
     listener_options: dict = {}
 
     def __init__(self, tiny_llm, *, api_key: str | None = API_KEY, max_n: int = 4, max_body_bytes: int = 1 << 20,
-                 tool_call_parser: str | None = None, reasoning_parser: str | None = None, **engine_overrides):
+                 tool_call_parser: str | None = None, reasoning_parser: str | None = None, share_runner: bool = True,
+                 **engine_overrides):
+        """share_runner=False: serve `tiny_llm`'s own engine (one that cannot share its runner, e.g.
+        with LoRA slots); the LLM must then not be used while the server runs, and `reference` is off."""
         self.max_body_bytes = max_body_bytes
-        self._shared = tiny_llm
-        self.engine = LLM.sharing_runner(tiny_llm, **engine_overrides).engine
+        self._shared = tiny_llm if share_runner else None
+        self.engine = LLM.sharing_runner(tiny_llm, **engine_overrides).engine if share_runner else tiny_llm.engine
         self.gate = StepGate(self.engine, closed=False)
         self.state = ServerState()
         self.loop = asyncio.new_event_loop()
@@ -105,7 +108,8 @@ class HTTPServer:
         self.run(self.state.aengine.shutdown())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(HANG_GUARD_S)
-        self._shared.engine.reset_prefix_cache()   # this server wrote into blocks it may index
+        if self._shared is not None:
+            self._shared.engine.reset_prefix_cache()   # this server wrote into blocks it may index
 
 
 def blocks_all_free(stats) -> bool:

@@ -26,6 +26,7 @@ from jaxserve.server.http.body_limit import BodyLimit
 from jaxserve.server.http.request_checks import LenientAPI
 from jaxserve.server.http.control import add_control_routes
 from jaxserve.server.http.embeddings import add_embeddings_route
+from jaxserve.server.http.lora_routes import add_lora_routes
 from jaxserve.server.http.openai_front import OpenAIFront
 from jaxserve.server.http.responses import add_responses_routes
 from jaxserve.server.http.responses_store import ResponseStore
@@ -102,11 +103,11 @@ def create_app(front: OpenAIFront, *, api_key: str | None = None, max_body_bytes
 
     @app.get("/v1/models", dependencies=[Depends(authorized)], response_model=ModelList)
     async def models():
-        return front.models()
+        return await front.models()
 
     @app.get("/v1/models/{model_id:path}", dependencies=[Depends(authorized)], response_model=ModelCard)
     async def model(model_id: str):
-        return front.model_card(model_id)
+        return await front.model_card(model_id)
 
     @app.post("/v1/completions", dependencies=[Depends(authorized)])
     async def completions(req: CompletionRequest, request: Request):
@@ -135,6 +136,7 @@ def create_app(front: OpenAIFront, *, api_key: str | None = None, max_body_bytes
 
     add_control_routes(app, front, authorized)   # /pause, /resume, /update_weights_from_disk (docs/rl.md)
     add_embeddings_route(app, front, authorized)   # POST /v1/embeddings (http/embeddings.py)
+    add_lora_routes(app, front, authorized)   # POST /v1/load_lora_adapter, /v1/unload_lora_adapter (http/lora_routes.py)
     # /v1/responses (http/responses.py); stored responses kept in memory, the store's size a server setting
     add_responses_routes(app, front, authorized, responses_store if responses_store is not None else ResponseStore())
     return app

@@ -63,7 +63,7 @@ async def embeddings(front, req: EmbeddingRequest, http: Request):
     """The route's handler (front: the OpenAIFront, whose engine, state and model check it shares)."""
     arrival = time.perf_counter()
     aengine = front.engine()
-    model = front.check_model(req.model, aengine)
+    model = front.check_model(req.model, aengine, adapters=False)   # embeddings come from the base model
     if not aengine.engine.input_processor.embeddings:
         raise errors.bad_request("this server does not serve embeddings: start it with --enable-embeddings "
                                  "(EngineConfig.enable_embeddings)")

@@ -52,11 +52,13 @@ class EngineRun:
 
     @classmethod
     async def start(cls, aengine: AsyncEngine, prompts: list[Any], params: SamplingParams, *, request_id: str,
-                    priority: int, metrics: ServerMetrics | None, arrival: float) -> "EngineRun":
+                    priority: int, metrics: ServerMetrics | None, arrival: float,
+                    lora_request=None) -> "EngineRun":
         run = cls(aengine, params, metrics)
         for i, prompt in enumerate(prompts):
             rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
-            stream = aengine.generate(prompt, params, request_id=rid, priority=priority, arrival_time=arrival)
+            stream = aengine.generate(prompt, params, request_id=rid, priority=priority, arrival_time=arrival,
+                                      lora_request=lora_request)
             run.prompts.append(_Prompt(i, stream, SampleDeltas(params.n), arrival))
         try:
             # return_exceptions: every first step ends before the streams are closed (a generator

@@ -21,6 +21,7 @@ from jaxserve.engine.async_engine import AsyncEngine, EngineDeadError, EngineSto
 from jaxserve.reasoning_parsers import reasoning_parser as reasoning_parser_named
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.server.chat_prompt import render_chat
+from jaxserve.server import lora_adapters
 from jaxserve.server.http import errors
 from jaxserve.server.http.chat_tools import assistant_message, chat_tool_plan, delta_message, joined
 from jaxserve.server.http.disconnect import ClientDisconnected, unless_disconnected
@@ -109,23 +110,44 @@ class OpenAIFront:
     def model_name(self, aengine: AsyncEngine) -> str:
         return aengine.engine.model_name
 
-    def check_model(self, model: str | None, aengine: AsyncEngine) -> str:
+    def check_model(self, model: str | None, aengine: AsyncEngine, *, adapters: bool = True) -> str:
+        """The model a request names: the base model (also when it names none) or, with
+        `adapters`, a LoRA adapter the server has loaded; 404 for anything else."""
         served = self.model_name(aengine)
-        if model is not None and model != served:
-            raise errors.model_not_found(model, served)
-        return served
+        if model is None or model == served:
+            return served
+        if adapters and lora_adapters.registered(aengine.engine, model) is not None:
+            return model
+        raise errors.model_not_found(model, served)
 
-    def models(self) -> ModelList:
+    def lora_request(self, model: str | None, aengine: AsyncEngine):
+        """The LoRARequest a request's `model` runs under (None: the base model); 404 when the
+        adapter was unloaded since the request's model was checked."""
+        try:
+            return lora_adapters.adapter_for(aengine.engine, model)
+        except lora_adapters.AdapterNotFound:
+            raise errors.model_not_found(model, self.model_name(aengine)) from None
+
+    async def models(self) -> ModelList:
+        """The base model, then each loaded LoRA adapter (its `parent` the base model, its `root`
+        the directory it was loaded from), as vLLM lists them."""
         aengine = self.engine()
         e = aengine.engine
-        return ModelList(data=[ModelCard(id=self.model_name(aengine), created=now(), max_model_len=e.max_model_len)])
+        base = self.model_name(aengine)
+        cards = [ModelCard(id=base, created=now(), max_model_len=e.max_model_len, root=base)]
+        if getattr(e, "lora", None) is not None:
+            loras = await aengine.list_loras()   # read on the step thread: the registry changes there
+            cards += [ModelCard(id=r.lora_name, created=now(), max_model_len=e.max_model_len, root=r.lora_path,
+                                parent=base) for r in loras]
+        return ModelList(data=cards)
 
-    def model_card(self, model_id: str) -> ModelCard:
-        """GET /v1/models/{id}: the served model's card, or 404 for any other id."""
-        card = self.models().data[0]
-        if model_id != card.id:
-            raise errors.model_not_found(model_id, card.id)
-        return card
+    async def model_card(self, model_id: str) -> ModelCard:
+        """GET /v1/models/{id}: the base model's or a loaded adapter's card, or 404 for any other id."""
+        cards = (await self.models()).data
+        for card in cards:
+            if card.id == model_id:
+                return card
+        raise errors.model_not_found(model_id, cards[0].id)
 
     # -- the two generation endpoints --------------------------------------------------------
     async def completions(self, req: CompletionRequest, http: Request):
@@ -202,7 +224,8 @@ class OpenAIFront:
             if not isinstance(got, list):
                 got = await got
             return await EngineRun.start(aengine, got, params, request_id=req.request_id or new_id("req"),
-                                         priority=req.priority, metrics=self.metrics, arrival=arrival)
+                                         priority=req.priority, metrics=self.metrics, arrival=arrival,
+                                         lora_request=self.lora_request(req.model, aengine))
         except Exception as e:
             err = engine_error(e)
             if err is None:

@@ -145,7 +145,8 @@ class ResponsesAPI:
             if reasoning is not None and sampling.tools.structured_outputs is None:   # a tag and its newlines
                 opens_reasoning[0] = reasoning.prompt_opens_reasoning(tok.decode(prompt["prompt_token_ids"][-8:]))
             return await EngineRun.start(aengine, [prompt], sampling.params, request_id=req.request_id or response_id,
-                                         priority=req.priority, metrics=self.front.metrics, arrival=arrival)
+                                         priority=req.priority, metrics=self.front.metrics, arrival=arrival,
+                                         lora_request=self.front.lora_request(req.model, aengine))
         except Exception as e:
             err = engine_error(e)
             if err is None:

@@ -328,6 +328,8 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "jaxserve"
     max_model_len: int
+    root: str | None = None      # vLLM's: the base model's name, or the directory an adapter was loaded from
+    parent: str | None = None    # a LoRA adapter's base model; None for the base model itself
 
 
 class ModelList(BaseModel):
