@@ -163,8 +163,11 @@ class EngineConfig:
               "that renders tools for a model whose template does not")
     warm_up: str = _f(
         "all", "first runs before requests: all (every step is loaded and run once before the engine takes a "
-               "request, so none pays a step's slow first run) or none (steps load at first use; for callers that "
-               "warm what their first requests need, as `jaxserve generate` does)", choices=("all", "none"))
+               "request, so none pays a step's slow first run), background (the engine is ready once the steps "
+               "of one request with a short chunk are warm, and warms the rest in a thread; steps are capped to "
+               "warm ones meanwhile: `jaxserve serve`'s default) or none (steps load at first use; for callers "
+               "that warm what their first requests need, as `jaxserve generate` does)",
+        choices=("all", "background", "none"))
     role: str = _f("both", "disaggregated serving: prefill (compute prompts, hold their KV for decode engines under a "
                            "lease), decode (load prompts' KV from prefill engines, stream the rest), or both (a "
                            "colocated engine)", choices=("both", "prefill", "decode"))
@@ -235,7 +238,8 @@ class EngineConfig:
         for name, allowed in (("role", ("both", "prefill", "decode")),
                               ("kv_load_failure_policy", ("recompute", "fail")),
                               ("scheduling_policy", ("fcfs", "priority")),
-                              ("preemption_mode", ("auto", "recompute", "swap")), ("warm_up", ("all", "none")),
+                              ("preemption_mode", ("auto", "recompute", "swap")),
+                              ("warm_up", ("all", "background", "none")),
                               ("logprobs_mode", ("raw", "processed")),
                               ("expert_dispatch", ("auto", "all_gather", "all_to_all"))):
             if getattr(self, name) not in allowed:

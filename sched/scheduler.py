@@ -56,6 +56,7 @@ from jaxserve.sched.scheduler_config import SchedulerConfig
 from jaxserve.sched.scheduler_output import PLACEHOLDER_TOKEN, RequestUpdate, ScheduledRequest, SchedulerOutput
 from jaxserve.sched.scheduler_stats import SchedulerStats, snapshot
 from jaxserve.sched.speculative_scheduling import Speculation
+from jaxserve.sched.step_cap import StepCap
 from jaxserve.sched.step_budget import StepTimeScale, chunk_within, step_allowance
 from jaxserve.sched.stop_conditions import check_stop
 
@@ -124,6 +125,9 @@ class Scheduler:
         self.kv_loads = KVLoading(config, self.kv, self.admission)
         # LoRA adapters' device slots (lora_slots.py); None: the engine serves no adapters
         self.lora_slots = LoRASlots(config.max_loras) if config.max_loras else None
+        # a bound below max_num_seqs and max_num_batched_tokens while buckets still warm up
+        # (step_cap.py; set and raised by the engine's background warm-up); None: no bound
+        self.step_cap: StepCap | None = None
 
     # ---- the door -----------------------------------------------------------------------------
     def _validate(self, req: Request) -> None:
@@ -189,7 +193,9 @@ class Scheduler:
         turns out decode-only. The caller must not schedule the next step before this one's
         update(): how many tokens a verification yields is known only then."""
         self._step += 1
-        st = _Step(self.config.max_num_batched_tokens)
+        cap = self.step_cap
+        budget = self.config.max_num_batched_tokens
+        st = _Step(budget if cap is None else min(cap.tokens, budget))
         self.kv.begin_step(st.swap_out, st.swap_in)
         for req in self.kv_loads.step(self.waiting, self.running):
             self._finish(req, "abort", None)   # a failed load under policy "fail" (engine: UNAVAILABLE)
@@ -286,13 +292,18 @@ class Scheduler:
     def _may_admit(self) -> bool:
         """A request waits and a seat is free: the step may take in a prompt, which guesses would
         only delay (with every seat taken, guesses are what the step can add)."""
-        return bool(self.waiting) and len(self.running) < self.config.max_num_seqs
+        return bool(self.waiting) and len(self.running) < self._seats()
+
+    def _seats(self) -> int:
+        cap = self.step_cap
+        return self.config.max_num_seqs if cap is None else min(cap.seats, self.config.max_num_seqs)
 
     def _schedule_waiting(self, st: _Step) -> None:
         c = self.config
         j = 0
         made_room_for = None  # the request less urgent ones were just evicted for
-        while j < len(self.waiting) and st.budget > 0 and len(self.running) < c.max_num_seqs:
+        seats = self._seats()
+        while j < len(self.waiting) and st.budget > 0 and len(self.running) < seats:
             req = self.waiting[j]
             if req.request_id in st.preempted:
                 j += 1  # evicted in this step: it does not come straight back

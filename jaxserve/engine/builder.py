@@ -36,6 +36,7 @@ from jaxserve.engine.draft_proposer import DraftModelProposer
 from jaxserve.engine.chat_template import apply_chat_template_override
 from jaxserve.engine.engine import Engine
 from jaxserve.engine.startup_timings import PhaseClock, StartupTimings
+from jaxserve.engine import warm_start
 from jaxserve.lora import engine_lora as lora_engine
 from jaxserve.models import custom
 from jaxserve.models.config import ModelConfig
@@ -292,6 +293,12 @@ def _serve(config: EngineConfig, model_config: ModelConfig, params, *, dtype: st
     `kv_dtype` says otherwise); `model`: the runner's forward (None: the config's architecture in
     the registry)."""
     tp = config.tensor_parallel_size
+    if config.warm_up == "background":
+        refusal = warm_start.background_refusal(config, multi_host=hosts is not None)
+        if refusal is not None:
+            log.info("warm_up='background' is not built for %s: every bucket warms before the engine is ready",
+                     refusal)
+            config = dataclasses.replace(config, warm_up="all")
     max_model_len = config.max_model_len or min(model_config.max_position_embeddings, MAX_DEFAULT_MODEL_LEN)
     if max_model_len > model_config.max_position_embeddings:
         raise ValueError(f"max_model_len={max_model_len} exceeds the model's max_position_embeddings="
@@ -321,8 +328,10 @@ def _serve(config: EngineConfig, model_config: ModelConfig, params, *, dtype: st
                 runner.load_executables(progress=progress)   # compiled here while rank 0 compiles its own
             hosts.follow_then_exit(runner)    # until rank 0 ends (or the watchdog ends this process)
         lead(hosts, runner)                   # from here every step rank 0 runs, the followers run too
-    if config.warm_up == "all":
-        report = warm_up(runner, progress=progress)
+    stages = warm_start.plan(config, runner) if config.warm_up == "background" else None
+    if config.warm_up == "all" or stages is not None:
+        # background: only the first stage's buckets now, the rest once the engine serves
+        report = warm_up(runner, stages[0].buckets if stages is not None else None, progress=progress)
         clock.add("executables", report.load_seconds)
         clock.add("warm_up", report.run_seconds)
 
@@ -341,6 +350,8 @@ def _serve(config: EngineConfig, model_config: ModelConfig, params, *, dtype: st
     )
     engine.startup_timings = clock.timings()
     log.info("%s", engine.startup_timings.describe())
+    if stages is not None:
+        warm_start.start(engine, stages)
     return engine
 
 

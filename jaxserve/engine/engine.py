@@ -115,6 +115,8 @@ class Engine:
         self._drained: list[RequestOutput] = []   # outputs of a step collected outside step()
         # a quantized engine's pass from checkpoint-named float tensors to its params (builder.py)
         self.requantize = None
+        # warm_up="background": the thread warming the buckets not needed yet (engine/warm_start.py)
+        self.background_warm_up = None
         # LoRA adapters (lora/engine_lora.py): set by the builder with enable_lora, else None
         self.lora = None
 
@@ -476,6 +478,8 @@ class Engine:
                                "their memory)")
         if self.kv_connector is not None:
             raise RuntimeError("sleep is not built for disaggregated prefill/decode roles (leases hold arena blocks)")
+        if self.background_warm_up is not None:
+            self.background_warm_up.join()    # its first runs read the weights that sleep lets go
         t0 = time.perf_counter()
         self._drain()
         self.scheduler.recompute_all()

@@ -56,9 +56,16 @@ def compilations() -> int:
     return _count
 
 
+def current() -> CompileCounter | None:
+    """The counter this thread's compilations are attributed to now (None: none), for work the
+    thread hands to a pool: the pool's threads carry the mark on (executables.py)."""
+    return getattr(_current, "counter", None)
+
+
 @contextlib.contextmanager
-def attributed_to(counter: CompileCounter) -> Iterator[None]:
-    """Count the compilations this thread triggers inside the block in `counter` too."""
+def attributed_to(counter: CompileCounter | None) -> Iterator[None]:
+    """Count the compilations this thread triggers inside the block in `counter` too (None: in no
+    owner's count)."""
     install()
     outer = getattr(_current, "counter", None)
     _current.counter = counter

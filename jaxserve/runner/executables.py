@@ -69,8 +69,11 @@ def compile_to_keep(lowered, compiler_options: dict | None = None) -> tuple[obje
 
     _hits.count = 0
     fresh = compile_counter.CompileCounter()
+    outer = compile_counter.current()
     with jax_config.persistent_cache_min_compile_time_secs(float("inf")), compile_counter.attributed_to(fresh):
         compiled = lowered.compile(compiler_options=compiler_options or None)
+    if outer is not None:       # the mark above replaced the caller's: its owner counts these too
+        outer.count += fresh.count
     # Keep only what XLA compiled here and now: an executable JAX handed back from its in-memory
     # cache may itself have come from the persistent cache (a test or an earlier engine in the same
     # process set its folder: that setting is process-wide), and such a copy serializes broken.
@@ -179,8 +182,16 @@ class ExecutableStore(Mapping):
         for k in keys:
             if k not in self._keys:
                 raise KeyError(k)
+        from jaxserve.runner import compile_counter
+
+        owner = compile_counter.current()     # a compile in the pool counts where the caller's would
+
+        def ensure(key):
+            with compile_counter.attributed_to(owner):
+                return self._ensure(key)
+
         with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-            for key, exe in zip(keys, pool.map(self._ensure, keys)):
+            for key, exe in zip(keys, pool.map(ensure, keys)):
                 if on_loaded is not None:
                     on_loaded(key, exe)
         return time.perf_counter() - t0

@@ -20,7 +20,8 @@ import platform
 # must not throw away every cached executable.
 TRACED_PACKAGES = ("jaxserve.models", "jaxserve.parallel", "jaxserve.runner", "jaxserve.sched", "pallas_kernels")
 TRACED_MODULES = ("jaxserve.sampling_params",)
-UNTRACED_MODULES = ("calibration", "compile_counter", "executables", "fingerprint", "scratch", "warmup")
+UNTRACED_MODULES = ("background_warmup", "calibration", "compile_counter", "executables", "fingerprint", "scratch",
+                    "warm_plan", "warmup")
 VERSIONED_DISTRIBUTIONS = ("jax", "jaxlib", "flax", "numpy", "ml_dtypes")
 
 

@@ -256,6 +256,11 @@ class ModelRunner:
         extra = extra + (self.pooling._compiled.loaded_on_demand if self.pooling is not None else [])
         return self._compiled.loaded_on_demand + self._samplers.loaded_on_demand + extra
 
+    def step_and_sampler(self, bucket: tuple[int, int]) -> tuple:
+        """The loaded step of `bucket` and the sampler of its logits rows, for a warm-up that runs
+        them outside the engine's arena (runner/background_warmup.py); loaded here if not yet."""
+        return self._compiled[bucket], self._samplers[sample_rows_bucket(*bucket)]
+
     def _step_key(self, bucket: tuple[int, int]) -> dict:
         # a step that returns its hidden states is another program (an engine without prompt
         # logprobs or embeddings keeps the keys it always had)

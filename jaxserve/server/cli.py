@@ -124,6 +124,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from jaxserve.server.server import run_server
 
+    if getattr(args, "warm_up", None) is None:
+        # a server turns ready once one request's steps are warm and warms the rest while it
+        # serves (engine/warm_start.py); --warm-up all waits for every step
+        args.warm_up = "background"
     engine_config = engine_config_from_args(args)
     config = server_config_from_args(args)
     ensure_info_handler()

@@ -4,7 +4,11 @@ engine, stream count: server/state.py) and one Prometheus registry; either may b
 The gRPC front lives in grpc_front.py and the HTTP front in http/; neither imports the other.
 
 Order of life: listen first (health NOT_SERVING, Generate UNAVAILABLE), build and compile the
-engine in a thread, then SERVING. SIGTERM or SIGINT: NOT_SERVING and UNAVAILABLE for new calls,
+engine in a thread, then SERVING. With warm_up="background" (`jaxserve serve`'s default) SERVING
+comes once the steps of a lone request are warm; the engine's step cap keeps every step within
+warm buckets while the rest warm in a thread (engine/warm_start.py), so a request never meets a
+cold step, and the log counts the buckets as they become ready.
+SIGTERM or SIGINT: NOT_SERVING and UNAVAILABLE for new calls,
 in-flight streams get `grace_period` seconds to finish, the rest are aborted (their streams end
 with finish_reason "abort"), then the server stops and `serve()` returns 0.
 """
@@ -213,10 +217,17 @@ async def run_server(config: ServerConfig, engine_config: EngineConfig, *, progr
     timings = getattr(engine, "startup_timings", None)     # a test's stand-in engine may have none
     where = ", ".join(([f"{config.host}:{grpc_front.port}"] if grpc_front is not None else [])
                       + ([f"http://{config.host}:{http.port}/v1"] if http is not None else []))
-    log.info("jaxserve ready on %s: model %s (%s), warmup %.1f s%s", where, engine.model_name,
-             engine.checkpoint_identity[:12], time.perf_counter() - t0, f"; {timings.describe()}" if timings else "")
+    warming = getattr(engine, "background_warm_up", None)   # warm_up="background": engine/warm_start.py
+    log.info("jaxserve ready on %s: model %s (%s), warmup %.1f s%s%s", where, engine.model_name,
+             engine.checkpoint_identity[:12], time.perf_counter() - t0, f"; {timings.describe()}" if timings else "",
+             f"; {warming.readiness.describe()}, the rest warming in the background"
+             if warming is not None and warming.running else "")
 
     await stopper
+    if warming is not None:
+        # no new bucket starts; the one in progress ends before the process does (a compile cannot
+        # be cut short), so the wait is bounded by one bucket
+        await asyncio.to_thread(warming.stop)
     if reaper is not None:
         reaper.cancel()
     await _drain(state, grpc_front, http, config.grace_period)

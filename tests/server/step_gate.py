@@ -62,7 +62,10 @@ class StepGate:
         s = self._engine.stats()
         waiting, running = s.num_requests_waiting, s.num_requests_running
         admitted_but_silent = len(self._silent) > waiting   # every waiting request is still silent
-        a_seat_for_a_waiter = waiting > 0 and running < self._max_num_seqs
+        # seats: max_num_seqs, or fewer while buckets still warm in the background (sched/step_cap.py)
+        cap = getattr(self._engine.scheduler, "step_cap", None)
+        seats = self._max_num_seqs if cap is None else min(cap.seats, self._max_num_seqs)
+        a_seat_for_a_waiter = waiting > 0 and running < seats
         return admitted_but_silent or a_seat_for_a_waiter
 
 

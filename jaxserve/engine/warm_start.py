@@ -1,0 +1,62 @@
+"""warm_up="background": ready after the first warm-up stage, the rest warmed beside serving.
+
+The builder warms the first stage's buckets (runner/warm_plan.py) before it returns the engine,
+sets the scheduler's step cap to that stage's, and starts the thread that warms the rest
+(runner/background_warmup.py); each stage it completes raises the cap, the last removes it.
+What the cap cannot bound falls back to warm_up="all" (everything warm before the engine
+returns), with the reason logged:
+- speculative decoding: a verification's guesses are extra decode rows beyond the seats;
+- prompt logprobs and embeddings: their functions per step row count would warm too;
+- several hosts: the followers mirror every program the leader runs, and the thread's runs are
+  not steps they could mirror;
+- a prefill or decode role: the KV connector admits requests by max_num_seqs itself.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from jaxserve.config import EngineConfig
+from jaxserve.runner.background_warmup import BackgroundWarmUp
+from jaxserve.runner.warm_plan import BucketReadiness, WarmStage, warm_stages
+
+log = logging.getLogger(__name__)
+
+
+def background_refusal(config: EngineConfig, multi_host: bool) -> str | None:
+    """Why this engine cannot warm in the background (None: it can)."""
+    if config.speculative_config is not None:
+        return "speculative decoding (its guesses are decode rows beyond the seats a cap bounds)"
+    if config.enable_prompt_logprobs or config.enable_embeddings:
+        return "prompt logprobs or embeddings (their per-row-count functions are warmed with the steps)"
+    if multi_host:
+        return "several hosts (the followers mirror only the steps the leader runs)"
+    if config.role != "both":
+        return f"role={config.role!r} (the KV connector admits requests by max_num_seqs)"
+    if config.max_num_batched_tokens < config.prefill_tile:
+        return "a token budget under one prefill tile"
+    return None
+
+
+def plan(config: EngineConfig, runner) -> list[WarmStage]:
+    return warm_stages(runner.shapes, max_num_seqs=config.max_num_seqs,
+                       max_num_batched_tokens=config.max_num_batched_tokens)
+
+
+def start(engine, stages: list[WarmStage]) -> BackgroundWarmUp:
+    """Cap the engine's scheduler at the first stage (whose buckets the caller warmed) and start
+    warming the rest. The engine keeps the thread as `engine.background_warm_up`."""
+    scheduler = engine.scheduler
+
+    def on_cap(cap) -> None:
+        scheduler.step_cap = cap            # one attribute: the step thread reads it whole
+        log.info("warm-up: %s", readiness.describe())
+
+    readiness = BucketReadiness(stages)
+    readiness.mark_ready(stages[0].buckets)
+    scheduler.step_cap = readiness.cap
+    readiness.on_cap = on_cap
+    warming = BackgroundWarmUp(engine.runner, readiness)
+    engine.background_warm_up = warming
+    log.info("warm-up: %s; the other buckets warm in the background", readiness.describe())
+    return warming.start()

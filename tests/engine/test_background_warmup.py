@@ -1,0 +1,113 @@
+"""warm_up="background": an engine that serves while its buckets still warm. The warm-up thread is
+held at points the test chooses (never timed); every step the engine dispatches is checked, when
+it is dispatched, against the buckets ready at that moment."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from jaxserve import LLM, SamplingParams
+from jaxserve.runner import background_warmup
+from jaxserve.runner.batch import bucket_for
+from jaxserve.runner.model_runner import ModelRunner
+from tests.conftest import TINY_ENGINE
+
+GUARD_S = 600   # a warm-up that never gets there fails the test instead of hanging it
+
+
+@pytest.fixture
+def held(monkeypatch):
+    """Permits for the warm-up thread: each lets it start one more bucket."""
+    permits = threading.Semaphore(0)
+    monkeypatch.setattr(background_warmup, "before_bucket", lambda bucket: permits.acquire())
+    return permits
+
+
+@pytest.fixture
+def dispatched(monkeypatch):
+    """(bucket, ready when dispatched) for every step the engine's runner dispatches."""
+    seen: list[tuple[tuple[int, int], bool]] = []
+    dispatch = ModelRunner.dispatch
+
+    def recording(self, sched_out, *args, **kwargs):
+        if sched_out.requests and getattr(self, "readiness_under_test", None) is not None:
+            bucket = bucket_for(sched_out, self.shapes)
+            seen.append((bucket, self.readiness_under_test.is_ready(bucket)))
+        return dispatch(self, sched_out, *args, **kwargs)
+
+    monkeypatch.setattr(ModelRunner, "dispatch", recording)
+    return seen
+
+
+def _wait(condition, what: str) -> None:
+    deadline = time.monotonic() + GUARD_S
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.01)
+
+
+def _prompts(seed: int, n: int):
+    rng = np.random.default_rng(seed)
+    return [{"prompt_token_ids": rng.integers(3, 200, int(rng.integers(2, 60))).tolist()} for _ in range(n)]
+
+
+def test_a_held_warm_up_serves_on_ready_buckets_then_lifts_the_cap(tiny_llama_dir, held, dispatched):
+    llm = LLM(tiny_llama_dir, **{**TINY_ENGINE, "warm_up": "background", "swap_space": 0})
+    engine, runner = llm.engine, llm.engine.runner
+    warming = engine.background_warm_up
+    readiness = warming.readiness
+    runner.readiness_under_test = readiness
+    first = set(readiness.stages[0].buckets)
+    assert {b for b in runner.shapes.buckets() if readiness.is_ready(b)} == first
+    assert engine.scheduler.step_cap == readiness.stages[0].cap and engine.scheduler.step_cap.seats == 1
+
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    prompts = _prompts(seed=0, n=3)
+    held_out = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert [len(t) for t in held_out] == [6, 6, 6]
+    assert dispatched and all(ready for _, ready in dispatched)
+    assert {b for b, _ in dispatched} <= first
+    assert readiness.num_ready == len(first)          # held: nothing else became ready meanwhile
+
+    # one stage more: two seats; four requests at once step only in what is ready
+    second = readiness.stages[1]
+    for _ in second.buckets:
+        held.release()
+    _wait(lambda: readiness.num_ready == len(first) + len(second.buckets), "the second stage")
+    assert engine.scheduler.step_cap == second.cap
+    dispatched.clear()
+    out = llm.generate(_prompts(seed=1, n=4), params, use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in out] == [6] * 4
+    assert dispatched and all(ready for _, ready in dispatched)
+
+    for _ in range(readiness.total):
+        held.release()
+    assert warming.join(GUARD_S)
+    assert readiness.all_ready and engine.scheduler.step_cap is None and warming.failed == []
+    assert readiness.num_ready == readiness.total == len(runner.shapes.buckets())
+
+    # fully warm: each prompt alone steps in the buckets it stepped in while held, so its greedy
+    # tokens are the same bits; then a batch may use every bucket
+    alone = [llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
+    assert alone == held_out
+    dispatched.clear()
+    out = llm.generate(_prompts(seed=2, n=8), SamplingParams(max_tokens=12, ignore_eos=True), use_tqdm=False)
+    assert all(len(o.outputs[0].token_ids) == 12 for o in out)
+    assert all(ready for _, ready in dispatched)
+    assert runner.executables_loaded_on_demand() == []
+    # the thread compiled the buckets it warmed (no executable cache here); the serving path nothing
+    assert warming.compilations.count > 0
+    assert llm.stats().num_compilations_after_warmup == 0
+
+
+def test_background_falls_back_to_warming_everything_where_a_cap_cannot_bound_the_steps(tiny_llama_dir):
+    from jaxserve.config import EngineConfig
+    from jaxserve.engine.warm_start import background_refusal
+
+    assert background_refusal(EngineConfig(**{k: v for k, v in TINY_ENGINE.items() if k != "progress"}),
+                              multi_host=False) is None
+    config = EngineConfig(**{k: v for k, v in TINY_ENGINE.items() if k != "progress"}, enable_prompt_logprobs=True)
+    assert "prompt logprobs" in background_refusal(config, multi_host=False)
+    assert "hosts" in background_refusal(EngineConfig(), multi_host=True)
