@@ -287,7 +287,6 @@ class EngineConfig:
             "speculative_config with a draft model (ngram speculation works: the adapted model verifies "
             "its guesses; a draft model would guess without the adapter)": spec is not None and spec.method != "ngram",
             "batch_invariant (the LoRA delta is not row-tiled)": self.batch_invariant,
-            "tensor_parallel_size > 1 (slots are not sharded with their projections yet)": self.tensor_parallel_size > 1,
             "expert_parallel_size > 1": self.expert_parallel_size > 1,
             "num_hosts > 1 (slot writes run outside the steps other hosts mirror)": self.num_hosts > 1,
             "role prefill or decode (KV moved between engines carries no adapter)": self.role != "both",

@@ -161,7 +161,8 @@ def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, 
         params, quant = checkpoint_params(config, ckpt, model_config, dtype, layout, mesh, cache_dir)
         ckpt = quant.checkpoint
         if config.enable_lora:   # empty slots beside every projection: the steps compile with them
-            params = lora_engine.slotted_params(params, model_config, config.max_loras, config.max_lora_rank)
+            params = lora_engine.slotted_params(params, model_config, config.max_loras, config.max_lora_rank,
+                                                layout, mesh)
     source_config = model_config
     if layout is not None:   # the runner's model has the replicated KV heads (parallel/layout.py)
         model_config = dataclasses.replace(model_config, num_key_value_heads=layout.kv_heads)
@@ -173,7 +174,8 @@ def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, 
                     clock=clock, identity=ckpt.identity, tokenizer=ckpt.tokenizer, eos_token_ids=eos,
                     model_name=os.path.basename(ckpt.source.rstrip("/")), cache_dir=cache_dir, progress=progress)
     if config.enable_lora:
-        lora_engine.attach(engine, model_config, config.max_loras, config.max_lora_rank)
+        # the checkpoint's config (adapters name its unreplicated heads) and the stored layout
+        lora_engine.attach(engine, source_config, config.max_loras, config.max_lora_rank, layout, mesh)
     if config.quantization != "none":
         # a weight update of a quantized engine goes through the same pass (engine/weight_update.py)
         engine.requantize = functools.partial(_requantized_params, config, dict(ckpt.config), source_config, dtype,

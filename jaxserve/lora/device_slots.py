@@ -11,23 +11,34 @@ place, never a compilation while serving. The host values come from the registry
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxserve.lora.slot_layout import LORA_A, LORA_B, empty_slots
 from jaxserve.lora.targets import LoRATargets
 from jaxserve.models.tensor_layout import Path
 
 
-def with_empty_slots(params: dict, targets: LoRATargets, max_loras: int, max_rank: int) -> dict:
-    """params with zero LoRA slot arrays beside every projection's weight (on the device of the
-    module's first leaf), in the model's dtype."""
+def with_empty_slots(params: dict, targets: LoRATargets, max_loras: int, max_rank: int, mesh=None) -> dict:
+    """params with zero LoRA slot arrays beside every projection's weight, in the model's dtype;
+    with a mesh, split with their projections (parallel/sharding.py)."""
     dtype = params["embed_tokens"]["embedding"].dtype
     for path, arrays in empty_slots(targets, max_loras, max_rank, np.float32).items():
         module = _module(params, path)
         for leaf, host in arrays.items():
-            module[leaf] = jax.device_put(host.astype(dtype))
+            module[leaf] = jax.device_put(host.astype(dtype), _sharding(mesh, targets, path, leaf, host.shape))
     return params
+
+
+def _sharding(mesh, targets: LoRATargets, path: Path, leaf: str, shape) -> NamedSharding | None:
+    if mesh is None:
+        return None
+    from jaxserve.models.tensor_layout import Projection
+    from jaxserve.parallel.sharding import param_spec
+
+    module = targets.modules[path]
+    spec = Projection(module.parts, module.in_features, module.parallel)
+    return NamedSharding(mesh, param_spec(spec, leaf, tuple(shape), vocab_split=False))
 
 
 def _module(params: dict, path: Path) -> dict:
@@ -49,9 +60,10 @@ def _write(slots: dict, slot: jax.Array, values: dict) -> dict:
 class DeviceLoRASlots:
     """What each slot holds on the device, and the compiled writer."""
 
-    def __init__(self, targets: LoRATargets, max_loras: int) -> None:
+    def __init__(self, targets: LoRATargets, max_loras: int, mesh=None) -> None:
         self.paths = list(targets.modules)
         self.max_loras = max_loras
+        self.mesh = mesh           # tensor parallelism: the slots stay split as the steps read them
         self.resident: dict[int, str] = {}      # slot -> adapter key written there
         self._writer = None
 
@@ -63,10 +75,15 @@ class DeviceLoRASlots:
         step another thread runs meanwhile (background warm-up) keeps its inputs."""
         tree = self._tree(params)
         shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
-        values = {name: (jax.ShapeDtypeStruct(a.shape[:1] + a.shape[2:], np.float32),
-                         jax.ShapeDtypeStruct(b.shape[1:], np.float32)) for name, (a, b) in tree.items()}
-        self._writer = jax.jit(_write, donate_argnums=(0,)).lower(
-            shapes, jax.ShapeDtypeStruct((), np.int32), values).compile()
+        # the host values arrive whole (replicated over a mesh); the slots keep their shardings
+        whole = None if self.mesh is None else NamedSharding(self.mesh, PartitionSpec())
+        values = {name: (jax.ShapeDtypeStruct(a.shape[:1] + a.shape[2:], np.float32, sharding=whole),
+                         jax.ShapeDtypeStruct(b.shape[1:], np.float32, sharding=whole))
+                  for name, (a, b) in tree.items()}
+        slot = jax.ShapeDtypeStruct((), np.int32, sharding=whole)
+        out_shardings = jax.tree.map(lambda x: x.sharding, tree)
+        self._writer = jax.jit(_write, donate_argnums=(0,), out_shardings=out_shardings).lower(
+            shapes, slot, values).compile()
         return params
 
     def write(self, params: dict, slot: int, key: str, values: dict[Path, tuple[np.ndarray, np.ndarray]]) -> dict:

@@ -19,13 +19,15 @@ from jaxserve.lora.targets import LoRATargets
 from jaxserve.models import registry as model_registry
 
 
-def lora_targets(model_config) -> LoRATargets:
-    return LoRATargets.from_layout(model_registry.for_config(model_config).layout(model_config))
+def lora_targets(model_config, heads=None) -> LoRATargets:
+    """model_config: the checkpoint's (KV heads not replicated); heads: the tensor-parallel
+    HeadLayout the params are stored in, or None on one device."""
+    return LoRATargets.from_layout(model_registry.for_config(model_config).layout(model_config), heads)
 
 
-def slotted_params(params: dict, model_config, max_loras: int, max_rank: int) -> dict:
-    """The base params with empty LoRA slots beside every projection."""
-    return with_empty_slots(params, lora_targets(model_config), max_loras, max_rank)
+def slotted_params(params: dict, model_config, max_loras: int, max_rank: int, heads=None, mesh=None) -> dict:
+    """The base params with empty LoRA slots beside every projection (split over `mesh` with them)."""
+    return with_empty_slots(params, lora_targets(model_config, heads), max_loras, max_rank, mesh)
 
 
 @dataclass
@@ -82,9 +84,9 @@ class EngineLoRA:
                          slots.num_evictions)
 
 
-def attach(engine, model_config, max_loras: int, max_rank: int) -> None:
+def attach(engine, model_config, max_loras: int, max_rank: int, heads=None, mesh=None) -> None:
     """Give a built engine its adapters: the registry, and the slot writer compiled now."""
-    targets = lora_targets(model_config)
-    device = DeviceLoRASlots(targets, max_loras)
+    targets = lora_targets(model_config, heads)
+    device = DeviceLoRASlots(targets, max_loras, mesh)
     engine.runner.params = device.warm(engine.runner.params)
     engine.lora = EngineLoRA(LoRARegistry(targets, max_rank), device, engine.runner, engine.scheduler)

@@ -6,7 +6,10 @@ Per projection (models/lora_delta.py reads them), with N slots of rank R and P f
                                and part i's output columns; everything else zero
 A smaller rank is padded with zero columns / rows (they add nothing), a part or a projection the
 adapter does not target stays zero, and the scale is folded into B, so the step's arithmetic is
-the same for every adapter. An adapter's slot values are built once, on the host, when it is
+the same for every adapter. Under tensor parallelism lora_b's columns follow the base kernel's
+shard-major order (lora/targets.py), and the arrays split with their projection
+(parallel/sharding.py): a column-parallel one's A replicated and B split by output columns, a
+row-parallel one's A split by input rows and B replicated. An adapter's slot values are built once, on the host, when it is
 registered (`slot_values`), and loading it into a slot is a copy of them (lora/device_slots.py).
 """
 
@@ -27,7 +30,7 @@ def empty_slots(targets: LoRATargets, max_loras: int, max_rank: int, dtype) -> d
     for path, module in targets.modules.items():
         pr = len(module.parts) * max_rank
         out[path] = {LORA_A: np.zeros((module.in_features, max_loras, pr), dtype),
-                     LORA_B: np.zeros((max_loras, pr, module.out_features), dtype)}
+                     LORA_B: np.zeros((max_loras, pr, module.stored_out_features), dtype)}
     return out
 
 
@@ -42,4 +45,6 @@ def slot_values(adapter: PeftAdapter, targets: LoRATargets, max_rank: int) -> di
         rows = slice(part.index * max_rank, part.index * max_rank + f.rank)
         a[:, rows] = f.a.T
         b[rows, part.column:part.column + part.out_features] = f.b.T * np.float32(f.scale)
-    return values
+    # tensor parallelism: lora_b's columns in the base kernel's shard-major order
+    return {path: (a, b if targets.modules[path].columns is None else np.ascontiguousarray(b[:, targets.modules[path].columns]))
+            for path, (a, b) in values.items()}

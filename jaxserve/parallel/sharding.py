@@ -9,6 +9,8 @@ after the MLP per layer, for the Llama family:
     embedding, LM head           split by vocabulary (VOCAB_ROWS / VOCAB_COLUMNS) when S divides V,
                                  else replicated
     norms, row-parallel biases   replicated (the bias is added once, after the sum)
+    LoRA slots                   a column-parallel projection's lora_a replicated, lora_b split on
+                                 out; a row-parallel one's lora_a split on in, lora_b replicated
     stacked experts              [E, ...] split on "expert", their gate|up columns (shard-major) and
                                  down rows on "model" (parallel/experts.py, expert_leaf_spec)
 
@@ -54,6 +56,13 @@ def param_spec(spec: Projection | Weight, leaf: str, shape: tuple[int, ...], voc
     if isinstance(spec, Projection):
         if leaf == "act_scale":
             return P()
+        if leaf in ("lora_a", "lora_b"):
+            # LoRA slots (lora/slot_layout.py): a [in, N, P*R], b [N, P*R, out], split with their
+            # projection (column: b by output columns; row: a by input rows, the partial xa summed)
+            column = spec.parallel == COLUMN
+            if leaf == "lora_a":
+                return P() if column else P(MODEL_AXIS, None, None)
+            return P(None, None, MODEL_AXIS) if column else P()
         if spec.parallel == COLUMN:
             return P(*([None] * (len(shape) - 1)), MODEL_AXIS)
         if leaf == "bias" or shape[0] == 1:          # bias, per-channel scale: after the sum
