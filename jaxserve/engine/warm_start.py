@@ -35,6 +35,8 @@ def background_refusal(config: EngineConfig, multi_host: bool) -> str | None:
         return f"role={config.role!r} (the KV connector admits requests by max_num_seqs)"
     if config.max_num_batched_tokens < config.prefill_tile:
         return "a token budget under one prefill tile"
+    if config.enable_lora:
+        return "LoRA adapters (a slot write donates the slot arrays a warming step may be reading)"
     return None
 
 
