@@ -9,7 +9,8 @@ Two forms of update (`new_params`):
   params pytree). It is the engine's own layout: on a tensor-parallel engine the fused
   projections' columns are shard-major and the KV heads replicated, as `runner.params` holds them
   (parallel/layout.py). The runner's own leaves (`kv_scales`, a quantized KV cache's scales) may
-  be left out: the ones the engine has are kept.
+  be left out: the ones the engine has are kept, and so may LoRA slots (`lora_a`, `lora_b` beside
+  a projection's weight, lora/slot_layout.py): the resident adapters stay.
 - **(HF tensor name, array) pairs** with the checkpoint's names, in the checkpoint's single-device
   layout and orientation (linear weights [out, in]), as models/params.py converts them at load;
   on a tensor-parallel engine the shard-major reorder (parallel/sharding.py `to_shard_major`) is
@@ -64,14 +65,31 @@ def new_params(runner, update: Any, *, requantize: Callable[[dict], Any] | None 
                              "LLM(model=CustomModel(...), params=...) took), not with checkpoint tensor names")
         return {custom.PARAMS_KEY: from_pytree(current[custom.PARAMS_KEY], update)}
     if _is_named(update) and _is_quantized(current):
-        return from_named_quantized(runner, current, update, requantize)
+        return with_lora_slots(current, from_named_quantized(runner, current, update, requantize))
     if _is_named(update):
         return from_named(runner, current, update)
     if isinstance(update, Mapping) and isinstance(current, Mapping):
         # the runner's own leaves may be left out: the engine's are kept
         kept = {k: current[k] for k in RUNNER_LEAVES if k in current and k not in update}
-        update = {**update, **kept}
+        update = with_lora_slots(current, {**update, **kept})
     return from_pytree(current, update)
+
+
+LORA_LEAVES = ("lora_a", "lora_b")
+
+
+def with_lora_slots(current: Mapping, update: Mapping) -> Mapping:
+    """`update` with the engine's LoRA slot arrays (lora/slot_layout.py) wherever it leaves them
+    out: an update replaces base weights, and the adapters resident in the slots stay."""
+    if not isinstance(current, Mapping) or not isinstance(update, Mapping):
+        return update
+    out = dict(update)
+    for key, node in current.items():
+        if key in LORA_LEAVES and key not in out:
+            out[key] = node
+        elif isinstance(node, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = with_lora_slots(node, out[key])
+    return out
 
 
 def _is_named(update: Any) -> bool:

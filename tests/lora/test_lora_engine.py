@@ -181,3 +181,21 @@ def test_ngram_speculation_verifies_with_the_adapter(tiny_llama_dir, adapter_dir
     stats = llm.stats()
     assert stats.spec_num_draft_tokens > 0 and stats.num_compilations_after_warmup == 0
     check_invariants(llm.engine.scheduler)
+
+
+def test_a_weight_update_keeps_the_resident_adapters(llm, adapter_dirs, hf_tokens):
+    import jax
+
+    params = llm.engine.runner.params
+    base = jax.tree_util.tree_map_with_path(lambda path, x: x, params)        # a copy of the structure
+    for layer in [k for k in base if k.startswith("layers_")]:                  # the base weights only
+        for module in base[layer].values():
+            if isinstance(module, dict):
+                for proj in module.values():
+                    if isinstance(proj, dict):
+                        proj.pop("lora_a", None), proj.pop("lora_b", None)
+    llm.update_weights(base)                                                     # the same weights
+    names = [None, "qv4", "all8"]
+    tokens, _ = _generate(llm, [None if n is None else lora(adapter_dirs, n, i + 1) for i, n in enumerate(names)])
+    assert tokens == [hf_tokens[n] for n in names]
+    assert llm.stats().num_compilations_after_warmup == 0
