@@ -29,7 +29,8 @@ from jaxserve.models.batch_invariant import batch_invariant as batch_invariant_m
 from jaxserve.models.config import ModelConfig
 from jaxserve.runner import compile_counter
 from jaxserve.runner.attention import select_attention
-from jaxserve.runner.batch import batch_shapes, pack_step, sample_rows_bucket
+from jaxserve.runner.batch import batch_shapes, sample_rows_bucket
+from jaxserve.runner.persistent_batch import PersistentBatch
 from jaxserve.runner.buckets import RunnerShapes
 from jaxserve.runner.sampler import neutral_adjustment_arrays, sample, sampling_arrays
 from jaxserve.runner.token_mask import mask_words
@@ -160,6 +161,9 @@ class ModelRunner:
                                       padded_tokens=jnp.full((self.max_sample_rows,), -1, jnp.int32))
                                  if coupled_with_draft else None)
         self.mask_words = mask_words(model_config.vocab_size)   # a structured-output token mask's width
+        # per-request host state kept between steps (block tables, sampling values): a step packs
+        # what changed since the last, not every request again (runner/persistent_batch.py)
+        self._batch = PersistentBatch(shapes, mask_words=self.mask_words)
         self.compiler_options = ({} if xla_optimization_level is None
                                  else {"xla_backend_optimization_level": xla_optimization_level})
         # None: no prompt logprobs (the steps return only logits, as they always did)
@@ -375,7 +379,7 @@ class ModelRunner:
         token ids are read from the previous dispatched step's sampled tokens. draft_sample: a draft
         model's sampler outputs for the same step (`StepHandle.sampler_out`), when coupled."""
         inputs = StepInputs(tuple(sched_out.swap_out), tuple(sched_out.swap_in), tuple(sched_out.block_copies),
-                            pack_step(sched_out, self.shapes, self._prev_rows, mask_words=self.mask_words)
+                            self._batch.pack(sched_out, self._prev_rows)
                             if sched_out.requests else None,
                             kv_connector_ops=getattr(sched_out, "kv_connector_ops", None))
         if self.prompt_logprobs is not None and inputs.packed is not None:
@@ -448,24 +452,29 @@ class ModelRunner:
         if not handle.sample_rows:
             return ModelRunnerOutput(prompt_logprobs=prompt, pooled=pooled, routed_tokens=routed)
         out, wants = handle.sampler_out, handle.want_logprobs
-        tokens = np.asarray(out["tokens"])
+        # Python ints once for the whole step (indexing a numpy array per row costs more)
+        tokens = np.asarray(out["tokens"]).tolist()
+        drafts = handle.drafts or {}
+        if not drafts and not wants.any():
+            # the common step: one plain token per request
+            return ModelRunnerOutput({rid: [SampledToken(tokens[row])] for rid, row in handle.sample_rows},
+                                     prompt, pooled, routed)
         lp = top_ids = top_lp = None
         if wants.any():
             lp, top_ids, top_lp = (np.asarray(out[k]) for k in ("logprob", "top_ids", "top_logprobs"))
         def token(row: int) -> SampledToken:
             if wants[row]:
-                return SampledToken(int(tokens[row]), float(lp[row]),
+                return SampledToken(tokens[row], float(lp[row]),
                                     tuple(zip(top_ids[row].tolist(), top_lp[row].tolist())))
-            return SampledToken(int(tokens[row]))
+            return SampledToken(tokens[row])
 
         sampled = {}
-        drafts = handle.drafts or {}
         for request_id, row in handle.sample_rows:
             guesses = drafts.get(request_id, ())
             # row j sampled the token after guess j - 1: guess j is kept while it equals the token
             # row j sampled, so each kept token is exactly what one-token steps would have sampled
             kept = 0
-            while kept < len(guesses) and int(tokens[row + kept]) == guesses[kept]:
+            while kept < len(guesses) and tokens[row + kept] == guesses[kept]:
                 kept += 1
             sampled[request_id] = [token(row + j) for j in range(kept + 1)]
         return ModelRunnerOutput(sampled, prompt, pooled, routed)

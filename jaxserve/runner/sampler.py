@@ -97,6 +97,12 @@ def neutral_adjustment_arrays(num_rows: int, history_len: int, mask_words: int =
             if k in ADJUSTMENT_ARRAYS}
 
 
+def adjustment_arrays(adjusting: list, num_rows: int, history_len: int, mask_words: int = 1) -> dict[str, np.ndarray]:
+    """The logit-adjustment and token-mask arrays of `num_rows` rows; adjusting: (row, its
+    AdjustedSamplingOptions, in-flight index) for the rows that have some."""
+    return _adjustment_arrays(adjusting, num_rows, history_len, mask_words)
+
+
 def _adjustment_arrays(adjusting: list, num_rows: int, history_len: int, mask_words: int) -> dict[str, np.ndarray]:
     masked = np.zeros(num_rows, bool)
     token_mask = np.zeros((num_rows, mask_words), np.int32)    # bit t of word t // 32: token t allowed
