@@ -13,12 +13,14 @@ a part of a stop string that the final text does not have.
 from __future__ import annotations
 
 from bisect import bisect_right
+from typing import Callable
 
 
 class IncrementalDetokenizer:
     def __init__(self, tokenizer, prompt_ids: list[int], *, skip_special_tokens: bool = True,
                  stop: tuple[str, ...] | None = None, include_stop_str_in_output: bool = False):
         self._tok = tokenizer
+        self._decode_ids = _decoder(tokenizer)
         self._skip = skip_special_tokens
         self._stop = tuple(stop or ())
         self._include_stop = include_stop_str_in_output
@@ -33,7 +35,7 @@ class IncrementalDetokenizer:
         self._text_ends: list[int] = []
 
     def _decode(self, ids: list[int]) -> str:
-        return self._tok.decode(ids, skip_special_tokens=self._skip, clean_up_tokenization_spaces=False)
+        return self._decode_ids(ids, self._skip)
 
     def append(self, token_ids) -> str:
         """Add sampled tokens; returns the new text. Sets `stopped_by` when a stop string appears
@@ -91,3 +93,27 @@ class IncrementalDetokenizer:
                 self.text = self.text[: i + len(s)] if self._include_stop else self.text[:i]
                 return True
         return False
+
+
+def _decoder(tok) -> Callable[[list[int], bool], str]:
+    """How to decode ids with `tok`, found once per tokenizer object. A transformers fast tokenizer
+    whose decode is the library's own decodes with its `tokenizers` backend directly: what its
+    decode returns with clean-up off, without the per-call argument conversion (about 3/4 of a
+    decode's time, twice per token). Anything else goes through its `decode`."""
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is not None and _library_decode(tok):
+        return lambda ids, skip: backend.decode(ids, skip_special_tokens=skip)
+    return lambda ids, skip: tok.decode(ids, skip_special_tokens=skip, clean_up_tokenization_spaces=False)
+
+
+def _library_decode(tok) -> bool:
+    """Whether tok's decode and _decode are transformers' fast-tokenizer ones (no override that
+    could change the text)."""
+    try:
+        from transformers import PreTrainedTokenizerFast
+    except ImportError:
+        return False
+    cls = type(tok)
+    return (isinstance(tok, PreTrainedTokenizerFast)
+            and getattr(cls, "decode", None) is getattr(PreTrainedTokenizerFast, "decode", None)
+            and getattr(cls, "_decode", None) is getattr(PreTrainedTokenizerFast, "_decode", None))

@@ -165,7 +165,9 @@ class OutputProcessor:
             completions = [_completion(state.samples[0], kind)]
         else:  # n > 1 outputs are cumulative whatever the kind: each completion carries its index
             completions = [_completion(s, OutputKind.CUMULATIVE) for s in state.samples if s.started]
-        return RequestOutput(state.request_id, state.prompt, list(state.prompt_token_ids), completions, done,
+        # every output of a request carries the same list (one copy, made at the door), not a
+        # fresh copy of the prompt per streamed output
+        return RequestOutput(state.request_id, state.prompt, state.prompt_token_ids, completions, done,
                              num_cached_tokens=state.num_cached_tokens, metrics=state.metrics,
                              prompt_logprobs=_prompt_logprobs(state, kind))
 
@@ -186,14 +188,13 @@ def _completion(s: SampleState, kind: OutputKind) -> CompletionOutput:
     # a running sample shows its tokens and text up to what is sendable (a possible stop string's
     # beginning waits), so cumulative outputs only grow and deltas never send text the end cuts
     num_tokens, num_chars = s.sendable()
-    ids, text, logprobs = s.token_ids[:num_tokens], s.text[:num_chars], s.logprobs
-    logprobs = logprobs[:num_tokens] if logprobs is not None else None
+    # one slice each, of what the output carries: a delta copies only its new tokens and text,
+    # never the whole output so far
+    first_token, first_char = (s.sent_tokens, s.sent_text) if kind is OutputKind.DELTA else (0, 0)
+    logprobs = s.logprobs[first_token:num_tokens] if s.logprobs is not None else None
     if kind is OutputKind.DELTA:
-        ids, text = ids[s.sent_tokens:], text[s.sent_text:]
-        logprobs = logprobs[s.sent_tokens:] if logprobs is not None else None
         s.sent_tokens, s.sent_text = num_tokens, num_chars
     return CompletionOutput(
-        index=s.index, text=text, token_ids=list(ids),
-        finish_reason=s.finish_reason, stop_reason=s.stop_reason,
-        logprobs=list(logprobs) if logprobs is not None else None,
+        index=s.index, text=s.text[first_char:num_chars], token_ids=s.token_ids[first_token:num_tokens],
+        finish_reason=s.finish_reason, stop_reason=s.stop_reason, logprobs=logprobs,
         cumulative_logprob=s.cumulative_logprob)

@@ -91,7 +91,10 @@ class RequestState:
 
     @property
     def finished(self) -> bool:
-        return all(s.finished for s in self.samples)
+        samples = self.samples
+        if len(samples) == 1:      # n = 1, nearly every request: no generator per step
+            return samples[0].finish_reason is not None
+        return all(s.finished for s in samples)
 
     @property
     def finish_reason(self) -> str | None:
