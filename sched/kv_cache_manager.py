@@ -248,11 +248,11 @@ class KVCacheManager:
         if num_full <= len(nodes):
             return
         bs = self.block_size
-        tokens = req.all_token_ids
         for j in range(len(nodes), num_full):
             parent = nodes[-1] if nodes else None
             own = req.block_ids[j]
-            node = self.cache.insert(req.prefix_namespace, parent, tuple(tokens[j * bs : (j + 1) * bs]), own)
+            # the block's own tokens only, not a copy of prompt + outputs
+            node = self.cache.insert(req.prefix_namespace, parent, req.token_slice(j * bs, (j + 1) * bs), own)
             if node.block_id != own:
                 self.pool.incref([node.block_id])
                 req.block_ids[j] = node.block_id

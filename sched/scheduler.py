@@ -550,9 +550,10 @@ class Scheduler:
             if sr.sample:
                 if sr.request_id not in sampled:
                     raise ValueError(f"update(): no sampled token for request {sr.request_id!r}")
-                new = tuple(int(t) for t in sampled[sr.request_id])
+                new = tuple(map(int, sampled[sr.request_id]))
                 k = sr.num_draft_tokens
-                if not 1 <= len(new) <= 1 + k or new[:-1] != sr.draft_token_ids[:len(new) - 1]:
+                if (len(new) != 1 if not k else
+                        not 1 <= len(new) <= 1 + k or new[:-1] != sr.draft_token_ids[:len(new) - 1]):
                     raise ValueError(f"update(): request {sr.request_id!r} got tokens {new} for guesses "
                                      f"{sr.draft_token_ids}: expected the accepted guesses and one sampled token")
                 if req.num_pending_output_tokens < 1:

@@ -37,7 +37,8 @@ class DraftModelProposer:
 
     def __call__(self, batch: list[tuple[Request, int]]) -> dict[str, list[int]]:
         """batch: (request, k): k guesses after each request's last token, one draft step each."""
-        last = {req.request_id: req.all_token_ids[req.num_computed_tokens] for req, _ in batch}
+        last = {req.request_id: req.token_slice(req.num_computed_tokens, req.num_computed_tokens + 1)[0]
+                for req, _ in batch}   # one token, not a copy of prompt + outputs
         guesses: dict[str, list[int]] = {req.request_id: [] for req, _ in batch}
         for j in range(max((k for _, k in batch), default=0)):
             rows = tuple(
