@@ -6,7 +6,10 @@ is ready, from empty caches (cold) and from the caches a first start left (warm)
 
 Each start is a fresh process, run the way a user runs it, with `--log-level INFO`; the wall clock
 is taken from spawning it to its exit (generate: the answer is printed) or to its log line
-"jaxserve ready" (serve; it is then stopped with SIGTERM). The per-phase seconds come from the
+"jaxserve ready" (serve). A server that warms its other buckets in the background after it is
+ready (warm_up="background", `serve`'s default) then runs until it logs that all are ready
+("all warm s": from the spawn; with --no-wait-all-warm it is stopped at ready, and a cold start
+then leaves a partly filled cache for the warm ones); then it is stopped with SIGTERM. The per-phase seconds come from the
 start-up line the engine logs (jaxserve.engine.startup_timings); "outside build" is the wall clock
 the build does not account for: the interpreter and imports, tokenizing, generating, exiting.
 Cold starts get empty `--compilation-cache-dir` and `--cache-dir` folders; the warm starts of a
@@ -36,6 +39,9 @@ if _ROOT not in sys.path:
 from jaxserve.engine.startup_timings import StartupTimings  # noqa: E402
 
 READY = "jaxserve ready"
+ALL_WARM = "warm-up: all"                 # engine/background_warmup.py, once every bucket is ready
+WARM_UP_ENDED = ("warm-up stopped", ALL_WARM)
+BACKGROUND = "warming in the background"  # the ready line of a server that is still warming
 DEFAULT_PROMPT = "Tell me about tides."
 
 
@@ -84,6 +90,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="use the cache folders an earlier run left here (its MODE/xla, MODE/cache), e.g. with "
                         "--cold-repeats 0 to time warm starts only")
     p.add_argument("--output", default=None, help="JSON results file")
+    p.add_argument("--no-wait-all-warm", dest="wait_all_warm", action="store_false",
+                   help="serve: stop a server at ready, without waiting for its background warm-up")
     p.add_argument("engine_args", nargs=argparse.REMAINDER, help="after --: engine flags for both commands")
     return p
 
@@ -99,7 +107,7 @@ def _start(jaxserve: list[str], mode: str, args, engine_args: list[str]) -> dict
     load = os.getloadavg()
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    lines, wall = [], None
+    lines, wall, all_warm = [], None, None
     try:
         if mode == "generate":
             out, err = proc.communicate(timeout=args.timeout)
@@ -115,6 +123,11 @@ def _start(jaxserve: list[str], mode: str, args, engine_args: list[str]) -> dict
                 lines.append(line.rstrip("\n"))
                 if READY in line:
                     wall = time.perf_counter() - t0
+                    if not (args.wait_all_warm and BACKGROUND in line):
+                        break
+                if wall is not None and any(m in line for m in WARM_UP_ENDED):
+                    if ALL_WARM in line:
+                        all_warm = time.perf_counter() - t0
                     break
                 if time.perf_counter() > deadline:
                     break
@@ -126,11 +139,12 @@ def _start(jaxserve: list[str], mode: str, args, engine_args: list[str]) -> dict
         if proc.poll() is None:
             proc.kill()
     timings = _last_timings(lines)
-    return {"mode": mode, "command": shlex.join(cmd), "wall_s": wall, "load_average_1m": load[0],
+    return {"mode": mode, "command": shlex.join(cmd), "wall_s": wall, "all_warm_s": all_warm,
+            "load_average_1m": load[0],
             "startup": None if timings is None else {**timings.phases(), "total": timings.total},
             "outside_build_s": None if timings is None else wall - timings.total,
             "log": [ln for ln in lines if "start-up" in ln or "calibration" in ln or "warmed" in ln
-                    or READY in ln or "not loaded ahead" in ln],
+                    or READY in ln or "not loaded ahead" in ln or "warm-up" in ln],
             "answer": answer}
 
 
@@ -146,8 +160,10 @@ def _summary(runs: list[dict]) -> list[dict]:
             group = [r for r in runs if r["mode"] == mode and r["kind"] == kind]
             if not group:
                 continue
+            warm_all = [r["all_warm_s"] for r in group if r.get("all_warm_s") is not None]
             row = {"mode": mode, "kind": kind, "runs": len(group),
                    "wall_s": statistics.median(r["wall_s"] for r in group),
+                   "all_warm_s": statistics.median(warm_all) if warm_all else None,
                    "load_average_1m": statistics.median(r["load_average_1m"] for r in group)}
             timed = [r for r in group if r["startup"]]
             for name in StartupTimings.phase_names() + ("total",):
@@ -159,10 +175,10 @@ def _summary(runs: list[dict]) -> list[dict]:
 
 def markdown_table(summary: list[dict]) -> str:
     phases = StartupTimings.phase_names()
-    head = ["start", "runs", "wall s", *phases, "build total", "outside build", "load avg"]
+    head = ["start", "runs", "wall s", "all warm s", *phases, "build total", "outside build", "load avg"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in summary:
-        cells = [f"`{r['mode']}` {r['kind']}", str(r["runs"]), f"{r['wall_s']:.1f}",
+        cells = [f"`{r['mode']}` {r['kind']}", str(r["runs"]), f"{r['wall_s']:.1f}", _num(r.get("all_warm_s")),
                  *(_num(r[p]) for p in phases), _num(r["total"]), _num(r["outside_build_s"]),
                  f"{r['load_average_1m']:.1f}"]
         rows.append("| " + " | ".join(cells) + " |")
@@ -175,7 +191,8 @@ def _num(x) -> str:
 
 def _row(run: dict) -> str:
     s = run["startup"] or {}
-    return (f"{run['mode']:8s} {run['kind']} #{run['round']}: {run['wall_s']:.1f} s wall, build "
+    warm = f", all warm at {run['all_warm_s']:.1f} s" if run.get("all_warm_s") is not None else ""
+    return (f"{run['mode']:8s} {run['kind']} #{run['round']}: {run['wall_s']:.1f} s wall{warm}, build "
             f"{s.get('total', float('nan')):.1f} s, load {run['load_average_1m']:.1f}")
 
 
