@@ -11,7 +11,7 @@ the delta is computed as two dense matmuls over every slot at once, the first on
 masked to the row's own slot:
     xa = x @ lora_a  [T, N * P * R],  zeroed outside the row's slot,  delta = xa @ lora_b
 so a batch mixes adapters and the base model freely and the program does not depend on which
-adapters are resident (loading one only writes slot arrays). Its cost grows with N * R (a gather
+adapters are resident (loading one only writes slot arrays). A step with no adapter row skips it. Its cost grows with N * R (a gather
 of each row's own factors would not, but materializes [T, in, R] per projection; at the few slots
 served here the dense form is the cheaper one on the CPU).
 
@@ -53,15 +53,22 @@ def has_lora(p: dict) -> bool:
 
 
 def lora_delta(x: jax.Array, p: dict, slots: jax.Array, dtype: Any, precision=None) -> jax.Array:
-    """x [T, in] (any float form), slots [T] -> the delta [T, out] in `dtype`, accumulated in float32."""
+    """x [T, in] (any float form), slots [T] -> the delta [T, out] in `dtype`, accumulated in float32.
+    A step where no row uses an adapter skips both matmuls (lax.cond: one branch runs), so the base
+    model's steps on a LoRA engine read no slot array."""
     a, b = p["lora_a"], p["lora_b"]                                 # [in, N, PR], [N, PR, out]
     n_in, n, pr = a.shape
+    out = b.shape[-1]
     rows = x.reshape(-1, n_in)
     t = rows.shape[0]
-    xa = jnp.matmul(rows.astype(a.dtype), a.reshape(n_in, n * pr), precision=precision,
-                    preferred_element_type=jnp.float32)              # [T, N * PR]
-    own = slots.reshape(t, 1) == jnp.arange(1, n + 1, dtype=slots.dtype)[None, :]      # [T, N]
-    xa = jnp.where(own[:, :, None], xa.reshape(t, n, pr), 0.0).reshape(t, n * pr)
-    delta = jnp.matmul(xa.astype(b.dtype), b.reshape(n * pr, b.shape[-1]), precision=precision,
-                       preferred_element_type=jnp.float32)           # [T, out]
-    return delta.reshape(*x.shape[:-1], b.shape[-1]).astype(dtype)
+
+    def delta() -> jax.Array:
+        xa = jnp.matmul(rows.astype(a.dtype), a.reshape(n_in, n * pr), precision=precision,
+                        preferred_element_type=jnp.float32)          # [T, N * PR]
+        own = slots.reshape(t, 1) == jnp.arange(1, n + 1, dtype=slots.dtype)[None, :]      # [T, N]
+        xa = jnp.where(own[:, :, None], xa.reshape(t, n, pr), 0.0).reshape(t, n * pr)
+        return jnp.matmul(xa.astype(b.dtype), b.reshape(n * pr, out), precision=precision,
+                          preferred_element_type=jnp.float32).astype(dtype)       # [T, out]
+
+    d = jax.lax.cond(jnp.any(slots > 0), delta, lambda: jnp.zeros((t, out), dtype))
+    return d.reshape(*x.shape[:-1], out)
