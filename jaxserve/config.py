@@ -289,7 +289,6 @@ class EngineConfig:
             "batch_invariant (the LoRA delta is not row-tiled)": self.batch_invariant,
             "expert_parallel_size > 1": self.expert_parallel_size > 1,
             "num_hosts > 1 (slot writes run outside the steps other hosts mirror)": self.num_hosts > 1,
-            "role prefill or decode (KV moved between engines carries no adapter)": self.role != "both",
         }
         bad = [name for name, on in refused.items() if on]
         if bad:

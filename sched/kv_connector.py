@@ -202,6 +202,9 @@ class KVLoading:
         self.num_stale_results = 0
         self._ops_loads: list[KVLoad] = []       # the next step's runner-side work (KVConnectorOps)
         self._ops_saves: list[HeldBlocks] = []
+        # LoRA slots (lora_slots.py; the scheduler sets it): a loaded request under an adapter is
+        # seated with its adapter's slot, or waits for one
+        self.lora_slots = None
 
     def attach(self, connector: KVConnector, failure_policy: str = "recompute") -> None:
         if failure_policy not in LOAD_FAILURE_POLICIES:
@@ -267,10 +270,15 @@ class KVLoading:
             elif self._fallback(req, res.reason, res.detail, waiting):
                 failed.append(req)
         while self._loaded and len(running) < self.config.max_num_seqs:
-            req = self._loaded.pop(0)
+            req = self._loaded[0]
+            if self.lora_slots is not None and not self.lora_slots.can_admit(req):
+                break     # every slot is held by running requests: seated once one frees
+            self._loaded.pop(0)
             req.status = RequestStatus.RUNNING
             req.remote_kv = None
             running.append(req)
+            if self.lora_slots is not None:
+                self.lora_slots.acquire(req)
         return failed
 
     def _start(self, req: Request, waiting: WaitingQueue, running: list[Request]) -> bool:

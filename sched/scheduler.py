@@ -125,6 +125,7 @@ class Scheduler:
         self.kv_loads = KVLoading(config, self.kv, self.admission)
         # LoRA adapters' device slots (lora_slots.py); None: the engine serves no adapters
         self.lora_slots = LoRASlots(config.max_loras) if config.max_loras else None
+        self.kv_loads.lora_slots = self.lora_slots      # requests seated after a KV load take one too
         # a bound below max_num_seqs and max_num_batched_tokens while buckets still warm up
         # (step_cap.py; set and raised by the engine's background warm-up); None: no bound
         self.step_cap: StepCap | None = None

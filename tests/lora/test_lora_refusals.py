@@ -77,8 +77,7 @@ def test_configurations_lora_is_not_built_for_are_refused():
     for kw, what in ((dict(speculative_config={"method": "draft_model", "model": "x", "num_speculative_tokens": 2}),
                       "draft model"),
                      (dict(batch_invariant=True), "batch_invariant"),
-                     (dict(expert_parallel_size=2), "expert_parallel_size"),
-                     (dict(role="prefill"), "role")):
+                     (dict(expert_parallel_size=2), "expert_parallel_size")):
         with pytest.raises(ValueError, match=f"enable_lora=True is not supported with .*{what}"):
             EngineConfig(enable_lora=True, **kw)
     EngineConfig(enable_lora=True, speculative_config={"method": "ngram", "num_speculative_tokens": 2})
