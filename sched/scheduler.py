@@ -238,9 +238,16 @@ class Scheduler:
 
     def _schedule_running(self, st: _Step, drafts: bool = False) -> None:
         # a request whose pending tokens reach its limits ends at its update: nothing to schedule
-        live = [r for r in self.running if not self._ends_with_pending(r)]
-        decodes = [r for r in live if r.num_tokens_with_pending - r.num_computed_tokens == 1]
-        prefills = [r for r in live if r.num_tokens_with_pending - r.num_computed_tokens > 1]
+        decodes: list[Request] = []
+        prefills: list[Request] = []
+        for r in self.running:     # one pass: each request's counts read once
+            if r.num_pending_output_tokens and self._ends_with_pending(r):
+                continue
+            ahead = r.num_tokens_with_pending - r.num_computed_tokens
+            if ahead == 1:
+                decodes.append(r)
+            elif ahead > 1:
+                prefills.append(r)
         guesses = self.speculation.plan(decodes) if drafts and not prefills and not self._may_admit() else {}
         by_model: list[tuple[Request, int]] = []   # draft_model: guesses to ask for once blocks are there
         for req in decodes + prefills:
