@@ -96,7 +96,7 @@ class IncrementalDetokenizer:
 
 
 def _decoder(tok) -> Callable[[list[int], bool], str]:
-    """How to decode ids with `tok`, found once per tokenizer object. A transformers fast tokenizer
+    """How to decode ids with `tok` (found when a detokenizer starts). A transformers fast tokenizer
     whose decode is the library's own decodes with its `tokenizers` backend directly: what its
     decode returns with clean-up off, without the per-call argument conversion (about 3/4 of a
     decode's time, twice per token). Anything else goes through its `decode`."""

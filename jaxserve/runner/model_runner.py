@@ -31,6 +31,7 @@ from jaxserve.runner import compile_counter
 from jaxserve.runner.attention import select_attention
 from jaxserve.runner.batch import batch_shapes, sample_rows_bucket
 from jaxserve.runner.persistent_batch import PersistentBatch
+from jaxserve.runner.flat_step import FlatStep, lower_flat
 from jaxserve.runner.buckets import RunnerShapes
 from jaxserve.runner.sampler import neutral_adjustment_arrays, sample, sampling_arrays
 from jaxserve.runner.token_mask import mask_words
@@ -183,7 +184,7 @@ class ModelRunner:
         prev = self._input((self.max_sample_rows,), jnp.int32)
         if self.mesh is None:
             kv = self.arena_spec.shape_dtype()
-            return jax.jit(fn, donate_argnums=(1,)).lower(self.params, kv, specs, prev)
+            return lower_flat(fn, (self.params, kv, specs, prev), donate=1)
         split = arena_sharding(self.mesh)
         kv = self.arena_spec.shape_dtype(split)
         # the arena stays split (donated in place); the logits leave replicated, for the sampler
@@ -192,7 +193,7 @@ class ModelRunner:
             out_shardings += (replicated(self.mesh),)     # the hidden states, for prompt logprobs or pooling
         if self.counts_experts:
             out_shardings += (replicated(self.mesh),)     # the routed tokens per (MoE layer, expert)
-        return jax.jit(fn, donate_argnums=(1,), out_shardings=out_shardings).lower(self.params, kv, specs, prev)
+        return lower_flat(fn, (self.params, kv, specs, prev), donate=1, out_shardings=out_shardings)
 
     def _input(self, shape, dtype) -> jax.ShapeDtypeStruct:
         """A compiled function's host-packed input: on the device, or replicated over the mesh."""
@@ -268,7 +269,9 @@ class ModelRunner:
     def _step_key(self, bucket: tuple[int, int]) -> dict:
         # a step that returns its hidden states is another program (an engine without prompt
         # logprobs or embeddings keeps the keys it always had)
-        return {"kind": "step", "bucket": bucket, **({"hidden": True} if self.returns_hidden else {})}
+        # flat: called with flat leaves (flat_step.py), another calling convention than entries
+        # kept before it
+        return {"kind": "step", "bucket": bucket, "flat": True, **({"hidden": True} if self.returns_hidden else {})}
 
     @property
     def counts_experts(self) -> bool:
@@ -281,8 +284,26 @@ class ModelRunner:
         embeddings read them (one program for both)."""
         return self.prompt_logprobs is not None or getattr(self, "pooling", None) is not None
 
-    def _build_step(self, bucket: tuple[int, int]):
-        return self._load_or_compile(self._step_key(bucket), lambda: self._lower(bucket))
+    def _build_step(self, bucket: tuple[int, int], reuse: bool = True):
+        compiled = self._load_or_compile(self._step_key(bucket), lambda: self._lower(bucket), reuse=reuse)
+        return FlatStep(compiled, batch_shapes(*bucket, tile=self.shapes.prefill_tile,
+                                               table_width=self.shapes.table_width))
+
+    @property
+    def params(self):
+        return self._params
+
+    @params.setter
+    def params(self, params) -> None:
+        # every writer (weight updates, sleep, LoRA slot writes) goes through here, so the
+        # leaves the steps are called with are never stale
+        self._params = params
+        self._param_leaves = None
+
+    def _flat_params(self) -> list:
+        if self._param_leaves is None:
+            self._param_leaves = jax.tree.leaves(self._params)
+        return self._param_leaves
 
     def _build_sampler(self, rows: int):
         return self._load_or_compile({"kind": "sampler", "rows": rows}, lambda: self._lower_sampler(rows))
@@ -292,8 +313,7 @@ class ModelRunner:
         entries, compile them here, and start from a fresh arena (the failed run may have consumed
         the donated one; only start-up warm-up calls this, when the arena holds nothing)."""
         rows = sample_rows_bucket(*bucket)
-        self._compiled.replace(bucket, self._load_or_compile(self._step_key(bucket),
-                                                             lambda: self._lower(bucket), reuse=False))
+        self._compiled.replace(bucket, self._build_step(bucket, reuse=False))
         self._samplers.replace(rows, self._load_or_compile({"kind": "sampler", "rows": rows},
                                                            lambda: self._lower_sampler(rows), reuse=False))
         self.kv_caches = self._allocate_arena()
@@ -413,7 +433,8 @@ class ModelRunner:
         step = self._compiled.get(packed.bucket)
         if step is None:
             raise RuntimeError(f"bucket {packed.bucket} was not compiled at start-up")
-        self.kv_caches, logits, *extra = step(self.params, self.kv_caches, packed.arrays, self._prev_tokens)
+        self.kv_caches, logits, *extra = step(self._params, self.kv_caches, packed.arrays, self._prev_tokens,
+                                              param_leaves=self._flat_params())
         hidden = extra[:1] if self.returns_hidden else []
         routed = extra[-1] if self.counts_experts else None
         if routed is not None:
