@@ -19,14 +19,14 @@ from typing import Any
 
 
 def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
-    from jaxserve.bench import (cmd_accuracy, cmd_host, cmd_interference, cmd_latency, cmd_overlap,
+    from jaxserve.bench import (cmd_accuracy, cmd_host, cmd_interference, cmd_latency, cmd_lora, cmd_overlap,
                                 cmd_prefix, cmd_report, cmd_rollout, cmd_serve, cmd_sweep, cmd_throughput)
 
     p = subparsers.add_parser("bench", help="comparative benchmarks (jaxserve against the PyTorch path)")
     sub = p.add_subparsers(dest="bench_command", required=True,
-                           metavar="{throughput,latency,prefix,interference,serve,overlap,host,sweep,report,rollout}")
+                           metavar="{throughput,latency,prefix,interference,serve,overlap,host,sweep,report,rollout,lora}")
     for mod in (cmd_throughput, cmd_latency, cmd_prefix, cmd_interference, cmd_serve, cmd_overlap, cmd_host,
-                cmd_sweep, cmd_report, cmd_accuracy, cmd_rollout):
+                cmd_sweep, cmd_report, cmd_accuracy, cmd_rollout, cmd_lora):
         mod.add_parser(sub)
     return p
 
