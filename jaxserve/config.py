@@ -164,7 +164,7 @@ class EngineConfig:
     warm_up: str = _f(
         "all", "first runs before requests: all (every step is loaded and run once before the engine takes a "
                "request, so none pays a step's slow first run), background (the engine is ready once the steps "
-               "of one request with a short chunk are warm, and warms the rest in a thread; steps are capped to "
+               "of one request in 8-token chunks are warm, and warms the rest in a thread; steps are capped to "
                "warm ones meanwhile: `jaxserve serve`'s default) or none (steps load at first use; for callers "
                "that warm what their first requests need, as `jaxserve generate` does)",
         choices=("all", "background", "none"))

@@ -27,10 +27,12 @@ from jaxserve.sched.step_cap import StepCap
 
 log = logging.getLogger(__name__)
 
-# The first stage's prompt budget, in tiles: 4 tiles of 8 tokens is a chunk of 32 tokens, so a
-# first request's prompt runs in steps of up to 32 tokens until the next stages are warm (a few
-# seconds), and the engine turns ready after 4 buckets: (1, 0), (1, 1), (1, 2), (1, 4).
-FIRST_STAGE_TILES = 4
+# The first stage's prompt budget, in tiles: one tile of 8 tokens, so the engine turns ready after
+# 2 buckets, (1, 0) and (1, 1), and a first request's prompt runs in 8-token steps until the next
+# stages are warm (seconds: each bucket of a warm start loads and runs in about 1-3 s on the loaded
+# 2-core CPU). At 4 tiles (4 buckets: (1, 2) and (1, 4) too) a warm start spent 7.4 s loading and
+# 5.6 s in first runs before ready (load average 3.8; docs/benchmarks.md "Start-up").
+FIRST_STAGE_TILES = 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,6 +62,7 @@ def test_a_held_warm_up_serves_on_ready_buckets_then_lifts_the_cap(tiny_llama_di
     first = set(readiness.stages[0].buckets)
     assert {b for b in runner.shapes.buckets() if readiness.is_ready(b)} == first
     assert engine.scheduler.step_cap == readiness.stages[0].cap and engine.scheduler.step_cap.seats == 1
+    assert engine.scheduler.step_cap.tokens == TINY_ENGINE["prefill_tile"]    # one tile: 8-token prompt steps
 
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     prompts = _prompts(seed=0, n=3)
@@ -71,7 +72,7 @@ def test_a_held_warm_up_serves_on_ready_buckets_then_lifts_the_cap(tiny_llama_di
     assert {b for b, _ in dispatched} <= first
     assert readiness.num_ready == len(first)          # held: nothing else became ready meanwhile
 
-    # one stage more: two seats; four requests at once step only in what is ready
+    # one stage more (a 2-tile budget); four requests at once step only in what is ready
     second = readiness.stages[1]
     for _ in second.buckets:
         held.release()
@@ -88,8 +89,9 @@ def test_a_held_warm_up_serves_on_ready_buckets_then_lifts_the_cap(tiny_llama_di
     assert readiness.all_ready and engine.scheduler.step_cap is None and warming.failed == []
     assert readiness.num_ready == readiness.total == len(runner.shapes.buckets())
 
-    # fully warm: each prompt alone steps in the buckets it stepped in while held, so its greedy
-    # tokens are the same bits; then a batch may use every bucket
+    # fully warm: each prompt alone now runs in one or two steps, not 8-token ones, and gets the
+    # same greedy tokens (as the one-step-ahead loop's tests compare across batchings); then a
+    # batch may use every bucket
     alone = [llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
     assert alone == held_out
     dispatched.clear()

@@ -43,13 +43,13 @@ def test_stages_cover_every_bucket_once_and_each_cap_reaches_only_its_stages(sha
         if stage.cap is not None:
             assert _every_step(shapes, stage.cap.seats, stage.cap.tokens // shapes.prefill_tile) <= so_far
     # a first request is served after a few buckets: one seat, a short chunk
-    assert stages[0].cap == StepCap(1, 4 * shapes.prefill_tile) and len(stages[0].buckets) == 4
+    assert stages[0].cap == StepCap(1, shapes.prefill_tile) and len(stages[0].buckets) == 2
 
 
-def test_the_default_configuration_turns_ready_after_4_of_its_37_buckets():
+def test_the_default_configuration_turns_ready_after_2_of_its_37_buckets():
     stages = warm_stages(DEFAULT, max_num_seqs=32, max_num_batched_tokens=512)
     assert sum(len(s.buckets) for s in stages) == 37
-    assert stages[0].buckets == ((1, 0), (1, 1), (1, 2), (1, 4))
+    assert stages[0].buckets == ((1, 0), (1, 1))
 
 
 def test_readiness_raises_the_cap_stage_by_stage_and_in_order():
