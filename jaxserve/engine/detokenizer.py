@@ -1,7 +1,11 @@
 """Incremental detokenization and stop strings, on the engine side (sched has no tokenizer).
 
 Decoding only a short window of recent tokens each step keeps the cost per token constant; text
-is emitted only once it is stable (no trailing U+FFFD from a split multi-byte character).
+is emitted only once it is stable (no trailing U+FFFD from a split multi-byte character). With a
+byte-level tokenizer (GPT-2's decoder: SmolLM2, Llama 3, Qwen) the window lives in the
+`tokenizers` library's own `DecodeStream` (one call per token, the same algorithm in Rust: the
+same text, checked against the Python window in the tests); otherwise, and for a request whose
+prompt ends inside a split character, the window is kept here.
 
 A stop string can span several tokens, so text that might be its beginning is not yet sendable:
 `releasable` holds back the tail of the text that is a prefix of a stop string (and the tokens
@@ -13,7 +17,7 @@ a part of a stop string that the final text does not have.
 from __future__ import annotations
 
 from bisect import bisect_right
-from typing import Callable
+from typing import Any, Callable
 
 
 class IncrementalDetokenizer:
@@ -33,6 +37,7 @@ class IncrementalDetokenizer:
         self.num_consumed = 0   # tokens the last append() took (fewer than given after a stop string)
         # len(text) after each token taken: which tokens produced the text up to a given length
         self._text_ends: list[int] = []
+        self._stream, self._backend = _stream(tokenizer, self._ids, skip_special_tokens)
 
     def _decode(self, ids: list[int]) -> str:
         return self._decode_ids(ids, self._skip)
@@ -48,22 +53,45 @@ class IncrementalDetokenizer:
         for t in token_ids:
             self.num_consumed += 1
             self._ids.append(t)
-            prefix = self._decode(self._ids[self._prefix_offset:self._read_offset])
-            full = self._decode(self._ids[self._prefix_offset:])
-            if len(full) > len(prefix) and not full.endswith("\ufffd"):
-                self.text += full[len(prefix):]
-                self._prefix_offset = self._read_offset
-                self._read_offset = len(self._ids)
+            if self._stream is not None:
+                self._stream_step(t)
+            else:
+                self._window_step()
             self._text_ends.append(len(self.text))
             if self._stop and self._check_stop(before):
                 break
         return self.text[before:]
+
+    def _window_step(self) -> None:
+        """The last id of _ids was added: emit the text it made stable, if any."""
+        prefix = self._decode(self._ids[self._prefix_offset:self._read_offset])
+        full = self._decode(self._ids[self._prefix_offset:])
+        if len(full) > len(prefix) and not full.endswith("\ufffd"):
+            self.text += full[len(prefix):]
+            self._prefix_offset = self._read_offset
+            self._read_offset = len(self._ids)
+
+    def _stream_step(self, t: int) -> None:
+        try:
+            chunk = self._stream.step(self._backend, t)
+        except Exception:   # noqa: BLE001  (the library refuses a window it cannot extend)
+            # go on in Python from the same window (the offsets below are kept equal to the stream's)
+            self._stream = None
+            self._window_step()
+            return
+        if chunk is not None:
+            self.text += chunk
+            # the Python window's state after the same token: kept so a fallback resumes exactly
+            self._prefix_offset = self._read_offset
+            self._read_offset = len(self._ids)
 
     def releasable(self) -> tuple[int, int]:
         """(tokens, characters) of the output so far that can be sent: all of it, except a tail of
         the text that could be the start of a stop string, with the tokens that produced it (so
         the tokens sent always produced exactly the text sent). Once a stop string was found
         everything is releasable (the text was cut at it)."""
+        if not self._stop:
+            return len(self._text_ends), len(self.text)
         hold = self._stop_prefix_len() if self.stopped_by is None else 0
         if not hold:
             return len(self._text_ends), len(self.text)
@@ -104,6 +132,25 @@ def _decoder(tok) -> Callable[[list[int], bool], str]:
     if backend is not None and _library_decode(tok):
         return lambda ids, skip: backend.decode(ids, skip_special_tokens=skip)
     return lambda ids, skip: tok.decode(ids, skip_special_tokens=skip, clean_up_tokenization_spaces=False)
+
+
+def _stream(tok, context: list[int], skip: bool) -> tuple[Any, Any]:
+    """A `tokenizers.decoders.DecodeStream` primed with the prompt's tail, and the backend it
+    steps with; (None, None) where the Python window is used instead: not a library fast
+    tokenizer with a byte-level decoder (whose decoded windows always extend each other), no
+    DecodeStream in this `tokenizers`, or a context ending inside a split character (the stream
+    would later emit the prompt's own bytes, the Python window does not)."""
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is None or type(backend.decoder).__name__ != "ByteLevel" or not _library_decode(tok):
+        return None, None
+    try:
+        from tokenizers.decoders import DecodeStream
+    except ImportError:
+        return None, None
+    stream = DecodeStream(skip_special_tokens=skip)
+    if context and stream.step(backend, context) is None:
+        return None, None
+    return stream, backend
 
 
 def _library_decode(tok) -> bool:

@@ -1,0 +1,70 @@
+"""The detokenizer's two windows give the same text: the `tokenizers` library's DecodeStream
+(used for byte-level tokenizers) and the Python prefix/read window (used otherwise), token by
+token on random ids (which split multi-byte characters often), with special tokens skipped or
+kept, with and without a prompt, and with several tokens per append (speculation); a stream
+that raises mid-output goes on in the Python window without losing or repeating text."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from jaxserve.engine import detokenizer
+from jaxserve.engine.detokenizer import IncrementalDetokenizer
+from jaxserve.testing.tiny_models import make_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return make_tokenizer()
+
+
+def _python_window(tok, prompt, skip):
+    d = IncrementalDetokenizer(tok, prompt, skip_special_tokens=skip)
+    d._stream = None      # the Python window, as for a tokenizer without a byte-level decoder
+    return d
+
+
+def test_the_tests_tokenizer_takes_the_stream(tok):
+    assert IncrementalDetokenizer(tok, [])._stream is not None
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_stream_and_python_window_emit_the_same_text(tok, seed):
+    rng = random.Random(seed)
+    vocab = len(tok)
+    streamed = 0
+    for _ in range(60):
+        prompt = [rng.randrange(vocab) for _ in range(rng.randrange(0, 9))]
+        out = [rng.randrange(vocab) for _ in range(rng.randrange(1, 40))]
+        skip = rng.random() < 0.5
+        a = IncrementalDetokenizer(tok, prompt, skip_special_tokens=skip)
+        b = _python_window(tok, prompt, skip)
+        streamed += a._stream is not None
+        i = 0
+        while i < len(out):
+            k = rng.randrange(1, 4)
+            assert a.append(out[i:i + k]) == b.append(out[i:i + k])
+            assert a.releasable() == b.releasable()
+            i += k
+        assert a.text == b.text
+    assert streamed > 20     # most requests took the stream (a prompt ending mid-character does not)
+
+
+def test_a_stream_that_raises_goes_on_in_the_python_window(tok, monkeypatch):
+    rng = random.Random(7)
+    out = tok.encode("Hello there, héllo wörld! 12345 — done.", add_special_tokens=False)
+    out += [rng.randrange(len(tok)) for _ in range(20)]
+    want = _python_window(tok, [], True)
+    want.append(out)
+    d = IncrementalDetokenizer(tok, [], skip_special_tokens=True)
+    d.append(out[:9])
+
+    class Broken:
+        def step(self, backend, t):
+            raise Exception("Invalid prefix encountered")
+
+    d._stream = Broken()
+    d.append(out[9:])
+    assert d._stream is None and d.text == want.text
