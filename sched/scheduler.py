@@ -241,21 +241,23 @@ class Scheduler:
         decodes: list[Request] = []
         prefills: list[Request] = []
         for r in self.running:     # one pass: each request's counts read once
-            if r.num_pending_output_tokens and self._ends_with_pending(r):
+            pending = r.num_pending_output_tokens
+            if pending and self._ends_with_pending(r):
                 continue
-            ahead = r.num_tokens_with_pending - r.num_computed_tokens
+            ahead = len(r.prompt_token_ids) + len(r.output_token_ids) + pending - r.num_computed_tokens
             if ahead == 1:
                 decodes.append(r)
             elif ahead > 1:
                 prefills.append(r)
         guesses = self.speculation.plan(decodes) if drafts and not prefills and not self._may_admit() else {}
         by_model: list[tuple[Request, int]] = []   # draft_model: guesses to ask for once blocks are there
-        for req in decodes + prefills:
+        num_decodes = len(decodes)
+        for i, req in enumerate(decodes + prefills):
             if req.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this step
             if st.budget <= 0:
                 break
-            draft = guesses.get(req.request_id)
+            draft = guesses.get(req.request_id) if guesses else None
             if draft and st.budget >= 1 + len(draft) and self.kv.allocate_slots(req, 1 + len(draft), st.copies):
                 # blocks for the guesses come only from what is free: never preempt for a guess
                 if self.speculation.by_model:
@@ -264,7 +266,9 @@ class Scheduler:
                 else:
                     self._add_scheduled(req, 1 + len(draft), st, draft=draft)
                 continue
-            n = self._num_new_tokens(req, req.num_computed_tokens, st)
+            # a decode's one token is what _num_new_tokens gives it whenever budget is left (a
+            # one-token chunk is never capped, and costs 1); not asked per request
+            n = 1 if i < num_decodes else self._num_new_tokens(req, req.num_computed_tokens, st)
             if n == 0:
                 continue
             while not self.kv.allocate_slots(req, n, st.copies):
@@ -458,35 +462,37 @@ class Scheduler:
         """Put n of req's tokens in this step (its last known token and `draft`, the guesses after
         it, if any) and advance its state as if the step had run. A verification's guesses are
         taken back at update() as far as they were rejected."""
+        # the counts read once (this runs per running request per step)
         c0 = req.num_computed_tokens
-        known = req.num_tokens
+        num_prompt = len(req.prompt_token_ids)
+        num_outputs = len(req.output_token_ids) + req.num_pending_output_tokens   # pending included
+        known = num_prompt + len(req.output_token_ids)
+        with_pending = num_prompt + num_outputs
         end = c0 + n
         if draft:
             token_ids = req.token_slice(c0, known) + tuple(draft)
             sample = True
+        elif n == 1:    # a decode: its last known token, or the one the step in flight samples
+            if c0 >= known:
+                token_ids = (PLACEHOLDER_TOKEN,)
+            else:
+                token_ids = (req.prompt_token_ids[c0] if c0 < num_prompt else req.output_token_ids[c0 - num_prompt],)
+            sample = end == with_pending
         else:
             token_ids = req.token_slice(c0, min(end, known)) + (PLACEHOLDER_TOKEN,) * max(0, end - max(c0, known))
-            sample = end == req.num_tokens_with_pending
+            sample = end == with_pending
         st.scheduled[req.request_id] = ScheduledRequest(
-            request_id=req.request_id,
-            token_ids=token_ids,
-            num_computed_tokens=c0,
-            block_ids=tuple(req.block_ids),
-            sample=sample,
-            num_output_tokens=req.num_outputs_with_pending,
-            sampling=req.sampling,
-            num_draft_tokens=len(draft) if draft else 0,
-            lora_slot=self.lora_slots.slot_of(req) if self.lora_slots is not None else 0,
-        )
-        st.budget -= n if draft else self._charge(n)
-        if draft or (n == 1 and req.num_outputs_with_pending > 0):
+            req.request_id, token_ids, c0, tuple(req.block_ids), sample, num_outputs, req.sampling,
+            len(draft) if draft else 0, self.lora_slots.slot_of(req) if self.lora_slots is not None else 0)
+        st.budget -= n if draft or n == 1 else self._charge(n)
+        if draft or (n == 1 and num_outputs > 0):
             st.decodes += 1
             st.decode_reqs.append(req)
         elif self.config.step_cost is not None:
             tiles, items = self.config.step_cost.chunk_items(c0, n)
             st.prefill_tiles += tiles
             st.prefill_items += items
-        if end < req.num_tokens_with_pending and not draft:
+        if end < with_pending and not draft:
             st.partial.add(req.request_id)
         req.num_computed_tokens = end
         if sample:
@@ -556,10 +562,11 @@ class Scheduler:
             new: tuple[int, ...] = ()
             stop = None
             if sr.sample:
-                if sr.request_id not in sampled:
+                got = sampled.get(sr.request_id)
+                if got is None:
                     raise ValueError(f"update(): no sampled token for request {sr.request_id!r}")
-                new = tuple(map(int, sampled[sr.request_id]))
                 k = sr.num_draft_tokens
+                new = (int(got[0]),) if len(got) == 1 else tuple(map(int, got))
                 if (len(new) != 1 if not k else
                         not 1 <= len(new) <= 1 + k or new[:-1] != sr.draft_token_ids[:len(new) - 1]):
                     raise ValueError(f"update(): request {sr.request_id!r} got tokens {new} for guesses "
@@ -587,6 +594,9 @@ class Scheduler:
     def _append_until_stop(self, req: Request, new: tuple[int, ...]):
         """Append new tokens one at a time, as single steps would have: the first that ends the
         request is its last, and what a verification sampled after it is dropped."""
+        if len(new) == 1:   # one token: nearly every update
+            req.output_token_ids.append(new[0])
+            return new, check_stop(req, self.config.max_model_len)
         for i, t in enumerate(new):
             req.output_token_ids.append(t)
             stop = check_stop(req, self.config.max_model_len)

@@ -46,8 +46,8 @@ class DraftModelProposer:
                                  tuple(req.block_ids), True, req.num_output_tokens + j,
                                  draft_options(req.sampling))
                 for req, k in batch if k > j)
-            for rid, tokens in self.runner.execute(SchedulerOutput(rows, len(rows))).sampled.items():
-                last[rid] = tokens[0].token_id
+            for rid, tokens in self.runner.execute(SchedulerOutput(rows, len(rows))).token_ids.items():
+                last[rid] = tokens[0]
                 guesses[rid].append(last[rid])
         return guesses
 

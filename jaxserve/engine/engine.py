@@ -336,11 +336,10 @@ class Engine:
         self._last_done = done
         if result.routed_tokens is not None:
             self.expert_load.add(result.routed_tokens)
-        sampled_ids = {rid: [s.token_id for s in toks] for rid, toks in result.sampled.items()}
-        updates = self.scheduler.update(step.sched_out, sampled_ids)
+        updates = self.scheduler.update(step.sched_out, result.token_ids)
         if self._constrained:
             updates = self._advance_grammars(updates)
-        processed = self.outputs.process(updates, result.sampled, time.perf_counter(),
+        processed = self.outputs.process(updates, result.logprobs, time.perf_counter(),
                                          prompt_logprobs=getattr(result, "prompt_logprobs", None),
                                          pooled=getattr(result, "pooled", None))
         for hit in processed.stop_string_hits:

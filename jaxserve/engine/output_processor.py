@@ -89,10 +89,11 @@ class OutputProcessor:
                 entry[0].metrics.first_scheduled_time = now
 
     # ---- a step -------------------------------------------------------------------------------
-    def process(self, updates: Sequence[RequestUpdate], sampled: Mapping[str, Sequence], now: float, *,
+    def process(self, updates: Sequence[RequestUpdate], logprobs: Mapping[str, Sequence], now: float, *,
                 prompt_logprobs: Mapping | None = None, pooled: Mapping | None = None) -> ProcessedStep:
-        """`sampled[scheduler id]`: the runner's SampledTokens (with logprobs) of this step;
-        `prompt_logprobs[scheduler id]`: the prompt positions its rows described (a PromptLogprobChunk)."""
+        """`logprobs[scheduler id]`: the runner's SampledTokens of this step (with their logprobs),
+        for the samples that asked for logprobs; `prompt_logprobs[scheduler id]`: the prompt
+        positions its rows described (a PromptLogprobChunk)."""
         hits: list[StopStringHit] = []
         touched: dict[str, RequestState] = {}
         for sid, chunk in (prompt_logprobs or {}).items():
@@ -109,9 +110,11 @@ class OutputProcessor:
                 continue  # aborted since the step was scheduled
             state, sample = entry
             sample.started = True
-            state.num_cached_tokens = max(state.num_cached_tokens, u.request.num_cached_tokens)
-            if u.new_token_ids and not sample.finished and state.pooled is None:   # an embedding's token is dropped
-                self._append(state, sample, u.new_token_ids, sampled.get(u.request.request_id, ()), now)
+            if u.request.num_cached_tokens > state.num_cached_tokens:
+                state.num_cached_tokens = u.request.num_cached_tokens
+            if u.new_token_ids and sample.finish_reason is None and state.pooled is None:   # an embedding's token is dropped
+                self._append(state, sample, u.new_token_ids,
+                             logprobs.get(sample.scheduler_id, ()) if sample.logprobs is not None else (), now)
                 if sample.detok is not None and sample.detok.stopped_by is not None:
                     sample.finish("stop", sample.detok.stopped_by)  # a stop string wins over a limit
                     if not u.finished:
@@ -137,7 +140,10 @@ class OutputProcessor:
             token_ids = token_ids[:sample.detok.num_consumed]
             sampled_tokens = sampled_tokens[:len(token_ids)]
         self.counters.generation_tokens += len(token_ids)
-        state.metrics.token_times.extend([now] * len(token_ids))
+        if len(token_ids) == 1:
+            state.metrics.token_times.append(now)
+        else:
+            state.metrics.token_times.extend([now] * len(token_ids))
         if state.metrics.first_token_time is None:
             state.metrics.first_token_time = now
         sample.token_ids.extend(token_ids)
@@ -169,7 +175,7 @@ class OutputProcessor:
         # fresh copy of the prompt per streamed output
         return RequestOutput(state.request_id, state.prompt, state.prompt_token_ids, completions, done,
                              num_cached_tokens=state.num_cached_tokens, metrics=state.metrics,
-                             prompt_logprobs=_prompt_logprobs(state, kind))
+                             prompt_logprobs=None if state.prompt_logprobs is None else _prompt_logprobs(state, kind))
 
 
 def _prompt_logprobs(state: RequestState, kind: OutputKind) -> list | None:

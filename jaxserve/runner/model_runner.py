@@ -57,9 +57,12 @@ class SampledToken:
 
 @dataclass(frozen=True, slots=True)
 class ModelRunnerOutput:
-    # request id -> the tokens it sampled in the step, in order (one per step today; a
-    # multi-token step, e.g. speculative decoding, fills more)
-    sampled: dict[str, list[SampledToken]] = field(default_factory=dict)
+    # request id -> the token ids it sampled in the step, in order (one per step; a verification
+    # of speculative guesses gives the guesses kept and one more)
+    token_ids: dict[str, list[int]] = field(default_factory=dict)
+    # request id -> the same tokens with their logprobs, only for requests that asked for
+    # logprobs (a SampledToken per token costs ~0.5 us: not made for the others)
+    logprobs: dict[str, list[SampledToken]] = field(default_factory=dict)
     # request id -> the prompt positions its rows in the step described (prompt_logprobs.PromptLogprobChunk)
     prompt_logprobs: dict = field(default_factory=dict)
     # request id -> the summed hidden states of its rows in the step (pooling.PooledChunk)
@@ -476,20 +479,15 @@ class ModelRunner:
         # Python ints once for the whole step (indexing a numpy array per row costs more)
         tokens = np.asarray(out["tokens"]).tolist()
         drafts = handle.drafts or {}
-        if not drafts and not wants.any():
+        any_logprobs = bool(wants.any())
+        if not drafts and not any_logprobs:
             # the common step: one plain token per request
-            return ModelRunnerOutput({rid: [SampledToken(tokens[row])] for rid, row in handle.sample_rows},
+            return ModelRunnerOutput({rid: [tokens[row]] for rid, row in handle.sample_rows}, {},
                                      prompt, pooled, routed)
         lp = top_ids = top_lp = None
-        if wants.any():
+        if any_logprobs:
             lp, top_ids, top_lp = (np.asarray(out[k]) for k in ("logprob", "top_ids", "top_logprobs"))
-        def token(row: int) -> SampledToken:
-            if wants[row]:
-                return SampledToken(tokens[row], float(lp[row]),
-                                    tuple(zip(top_ids[row].tolist(), top_lp[row].tolist())))
-            return SampledToken(tokens[row])
-
-        sampled = {}
+        token_ids, logprobs = {}, {}
         for request_id, row in handle.sample_rows:
             guesses = drafts.get(request_id, ())
             # row j sampled the token after guess j - 1: guess j is kept while it equals the token
@@ -497,8 +495,12 @@ class ModelRunner:
             kept = 0
             while kept < len(guesses) and tokens[row + kept] == guesses[kept]:
                 kept += 1
-            sampled[request_id] = [token(row + j) for j in range(kept + 1)]
-        return ModelRunnerOutput(sampled, prompt, pooled, routed)
+            token_ids[request_id] = tokens[row:row + kept + 1]
+            if any_logprobs and wants[row]:
+                logprobs[request_id] = [
+                    SampledToken(tokens[r], float(lp[r]), tuple(zip(top_ids[r].tolist(), top_lp[r].tolist())))
+                    for r in range(row, row + kept + 1)]
+        return ModelRunnerOutput(token_ids, logprobs, prompt, pooled, routed)
 
     def copy_blocks(self, pairs) -> None:
         """Copy whole blocks (src -> dst) in every layer, COPY_BATCH pairs per compiled call;

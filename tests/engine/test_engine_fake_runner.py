@@ -5,7 +5,7 @@ changes the outputs."""
 import pytest
 
 from jaxserve.engine.engine import Engine
-from jaxserve.runner.model_runner import ModelRunnerOutput, SampledToken
+from jaxserve.runner.model_runner import ModelRunnerOutput
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.sched.scheduler import Scheduler
 from jaxserve.sched.scheduler_config import SchedulerConfig
@@ -37,9 +37,9 @@ class FakeRunner:
                     t = self._last[r.request_id]
                 ctx.append(t)
             if r.sample:
-                sampled[r.request_id] = [SampledToken(1 + sum((i + 1) * t for i, t in enumerate(ctx)) % (VOCAB - 1))]
+                sampled[r.request_id] = [1 + sum((i + 1) * t for i, t in enumerate(ctx)) % (VOCAB - 1)]
         if sched_out.requests:
-            self._last = {rid: toks[-1].token_id for rid, toks in sampled.items()}
+            self._last = {rid: toks[-1] for rid, toks in sampled.items()}
         return ModelRunnerOutput(sampled)
 
     def is_ready(self, handle):
