@@ -4,8 +4,8 @@ Decoding only a short window of recent tokens each step keeps the cost per token
 is emitted only once it is stable (no trailing U+FFFD from a split multi-byte character). With a
 byte-level tokenizer (GPT-2's decoder: SmolLM2, Llama 3, Qwen) the window lives in the
 `tokenizers` library's own `DecodeStream` (one call per token, the same algorithm in Rust: the
-same text, checked against the Python window in the tests); otherwise, and for a request whose
-prompt ends inside a split character, the window is kept here.
+same text, checked against the Python window in the tests); otherwise, and while the window's
+ids end inside a split character (a prompt's tail, say), the window is kept here.
 
 A stop string can span several tokens, so text that might be its beginning is not yet sendable:
 `releasable` holds back the tail of the text that is a prefix of a stop string (and the tokens
@@ -37,7 +37,11 @@ class IncrementalDetokenizer:
         self.num_consumed = 0   # tokens the last append() took (fewer than given after a stop string)
         # len(text) after each token taken: which tokens produced the text up to a given length
         self._text_ends: list[int] = []
-        self._stream, self._backend = _stream(tokenizer, self._ids, skip_special_tokens)
+        # the library's stream, where the tokenizer allows one (None: the Python window)
+        self._backend = _stream_backend(tokenizer)
+        self._stream = None
+        if self._backend is not None:
+            self._take_stream()
 
     def _decode(self, ids: list[int]) -> str:
         return self._decode_ids(ids, self._skip)
@@ -70,13 +74,27 @@ class IncrementalDetokenizer:
             self.text += full[len(prefix):]
             self._prefix_offset = self._read_offset
             self._read_offset = len(self._ids)
+            if self._backend is not None:
+                self._take_stream()
+
+    def _take_stream(self) -> None:
+        """Move the window into a DecodeStream if it can hold it exactly: primed with the ids the
+        next step's prefix decodes (ids[prefix_offset:read_offset]), a stream decodes the same two
+        strings as the Python window from then on. It cannot while those ids end inside a split
+        character (priming yields nothing: the stream would emit their bytes later, the Python
+        window never does); the Python window then goes on and tries again at its next text."""
+        stream = self._backend[1](skip_special_tokens=self._skip)
+        window = self._ids[self._prefix_offset:self._read_offset]
+        if not window or stream.step(self._backend[0], window) is not None:
+            self._stream = stream
 
     def _stream_step(self, t: int) -> None:
         try:
-            chunk = self._stream.step(self._backend, t)
+            chunk = self._stream.step(self._backend[0], t)
         except Exception:   # noqa: BLE001  (the library refuses a window it cannot extend)
-            # go on in Python from the same window (the offsets below are kept equal to the stream's)
-            self._stream = None
+            # go on in Python from the same window (the offsets below are kept equal to the
+            # stream's), for good: a tokenizer that refused once is not trusted with a stream again
+            self._stream = self._backend = None
             self._window_step()
             return
         if chunk is not None:
@@ -134,23 +152,18 @@ def _decoder(tok) -> Callable[[list[int], bool], str]:
     return lambda ids, skip: tok.decode(ids, skip_special_tokens=skip, clean_up_tokenization_spaces=False)
 
 
-def _stream(tok, context: list[int], skip: bool) -> tuple[Any, Any]:
-    """A `tokenizers.decoders.DecodeStream` primed with the prompt's tail, and the backend it
-    steps with; (None, None) where the Python window is used instead: not a library fast
-    tokenizer with a byte-level decoder (whose decoded windows always extend each other), no
-    DecodeStream in this `tokenizers`, or a context ending inside a split character (the stream
-    would later emit the prompt's own bytes, the Python window does not)."""
+def _stream_backend(tok) -> tuple[Any, Any] | None:
+    """(the `tokenizers` backend, DecodeStream) for a library fast tokenizer with a byte-level
+    decoder (whose decoded windows always extend each other: the stream never refuses one), None
+    where the Python window is used: another decoder, or no DecodeStream in this `tokenizers`."""
     backend = getattr(tok, "backend_tokenizer", None)
     if backend is None or type(backend.decoder).__name__ != "ByteLevel" or not _library_decode(tok):
-        return None, None
+        return None
     try:
         from tokenizers.decoders import DecodeStream
     except ImportError:
-        return None, None
-    stream = DecodeStream(skip_special_tokens=skip)
-    if context and stream.step(backend, context) is None:
-        return None, None
-    return stream, backend
+        return None
+    return backend, DecodeStream
 
 
 def _library_decode(tok) -> bool:
