@@ -16,9 +16,14 @@
 # too). Every step has a hard timeout inside a total budget (GPU_BENCH_BUDGET_S, default 540 s):
 # a step that fails or times out prints the tail of its stderr and the script goes on; a step
 # that no longer fits the budget is skipped. Exit status: 0 only if every step succeeded.
-# Usage: scripts/gpu_bench.sh [--moe] [--tensor-parallel-size 1,2,4] [python]
+# Usage: scripts/gpu_bench.sh [--host | --moe] [--tensor-parallel-size 1,2,4] [python]
 #   --tensor-parallel-size LIST: instead of c/d per backend, jaxserve alone at each tensor-parallel
 #   size of LIST (batch-1 decode and saturation per size, results gpu-{latency,throughput}-jaxserve-tpN);
+#   --host: instead of b-f, the host path against the device (`bench host`, issue 32): host ms per
+#   decode step and its parts against the device's wait, at 1/16/64/256 running requests, for a
+#   random model of the embedded model's shape in bfloat16 (GPU_BENCH_HOST_SHAPES, default
+#   smollm2-135m,tiny: the tiny one's device step is ~0, so its host figure is the host alone);
+#   results gpu-host-SHAPE.json in $RESULTS. About 2 minutes on a GPU.
 #   --moe: instead of b-f, the mixture-of-experts benchmark (scripts/bench_moe.py): a random
 #   Qwen3-30B-A3B-shaped MoE (30.5 B parameters, 3.3 B active; 61 GB in bfloat16, drawn on the GPU,
 #   no checkpoint written) against a dense model of its active parameters and against itself
@@ -47,6 +52,11 @@ cd "$(dirname "$0")/.."
 REPO="$PWD"
 TP_SIZES=""
 MOE=0
+HOST=0
+if [ "${1:-}" = "--host" ]; then
+  HOST=1
+  shift
+fi
 if [ "${1:-}" = "--moe" ]; then
   MOE=1
   shift
@@ -83,14 +93,14 @@ if [ "$SHAPE" = llama3-8b ]; then
   # compile to 4 step shapes, compiled once in the latency run and read back from the persistent
   # XLA cache by the throughput run (same flags = same executables).
   JAX_DEFAULT="--max-model-len 1024 --max-num-seqs 128 --max-num-batched-tokens 1024 --num-kv-blocks 8192
-    --engine-arg decode_buckets=(1,128) --engine-arg prefill_buckets=(0,32)"
+    --engine-arg decode_buckets=(1,128) --engine-arg prefill_buckets=(0,64)"
   CAP_BUILD=300 CAP_LAT=240 CAP_THR=300 CAP_VLLM=240
 else
   RESULTS="${GPU_BENCH_RESULTS:-$CACHE/results-$SHAPE}"
   LAT_IN=32 LAT_OUT=16 LAT_ITERS=2
   NUM_PROMPTS=8 IN_LEN=32 OUT_LEN=16 HF_BATCH=4
   JAX_DEFAULT="--max-model-len 64 --max-num-seqs 8 --max-num-batched-tokens 64 --num-kv-blocks 64
-    --engine-arg decode_buckets=(1,8) --engine-arg prefill_buckets=(0,2)"
+    --engine-arg decode_buckets=(1,8) --engine-arg prefill_buckets=(0,4)"
   CAP_BUILD=120 CAP_LAT=150 CAP_THR=150 CAP_VLLM=150
 fi
 LAT_IN="${GPU_BENCH_LATENCY_INPUT_LEN:-$LAT_IN}"
@@ -205,6 +215,22 @@ if [ "$MOE" = 1 ]; then
   step moe-bench "$(( BUDGET - RESERVE ))" "$PY" scripts/bench_moe.py --shape "${GPU_BENCH_MOE_SHAPE:-qwen3-30b-a3b}" \
     --dtype "$DTYPE" --sizes "${GPU_BENCH_MOE_SIZES:-1,8,64,512,2048}" --repeats "${GPU_BENCH_MOE_REPEATS:-10}"
   echo "gpu_bench: finished in $(( SECONDS - START )) s"
+  [ ${#FAILED[@]} -gt 0 ] && { echo "gpu_bench: FAILED steps: ${FAILED[*]} (logs in $LOGS)"; exit 1; }
+  echo "gpu_bench: all steps ok"
+  exit 0
+fi
+
+if [ "$HOST" = 1 ]; then
+  # random models of small shapes, made by `bench host` itself; one process per shape
+  IFS=, read -r -a HOST_SHAPES <<< "${GPU_BENCH_HOST_SHAPES:-smollm2-135m,tiny}"
+  for shape in "${HOST_SHAPES[@]}"; do
+    if step "gpu-host-$shape" 240 "${JX[@]}" bench host --shape "$shape" --dtype "$DTYPE" \
+        --batch-sizes "${GPU_BENCH_HOST_BATCHES:-1,16,64,256}" --rounds "${GPU_BENCH_HOST_ROUNDS:-2}" \
+        --cache-dir "$CACHE/host" --output-dir "$RESULTS" --name "gpu-host-$shape" --no-progress; then
+      WRITTEN+=("$RESULTS/gpu-host-$shape.json")
+    fi
+  done
+  echo "gpu_bench: finished in $(( SECONDS - START )) s; results: ${WRITTEN[*]:-none}"
   [ ${#FAILED[@]} -gt 0 ] && { echo "gpu_bench: FAILED steps: ${FAILED[*]} (logs in $LOGS)"; exit 1; }
   echo "gpu_bench: all steps ok"
   exit 0

@@ -176,3 +176,37 @@ def test_run_from_checkout_maps_the_packages_without_the_install():
     assert mapped_sched == os.path.join(REPO, "sched", "__init__.py")
     assert mapped_ckpt == os.path.join(REPO, "checkpoints", "__init__.py")
     assert not stdlib_sched.startswith(REPO)  # the folder sched/ does not shadow the standard library
+
+
+def _script_engine_flags() -> list[list[str]]:
+    """The jaxserve engine flags the script passes, one list per model shape (JAX_DEFAULT=...)."""
+    import re
+    import shlex
+
+    text = open(SCRIPT).read()
+    return [shlex.split(m) for m in re.findall(r'JAX_DEFAULT="([^"]*)"', text)]
+
+
+def test_the_scripts_engine_flags_make_valid_step_shapes():
+    # the first GPU run lost its jaxserve steps to prefill_buckets=(0,32) for a 64-tile budget:
+    # the flags are checked here the way the engine checks them, without building one
+    import argparse
+
+    from jaxserve.bench.args import engine_kwargs
+    from jaxserve.config import EngineConfig
+    from jaxserve.engine.builder import runner_shapes
+    from jaxserve.llm import OFFLINE_PREFILL_TILE
+
+    flag_sets = _script_engine_flags()
+    assert len(flag_sets) == 2     # llama3-8b and the tiny dry run
+    for flags in flag_sets:
+        p = argparse.ArgumentParser()
+        for name in ("--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--num-kv-blocks"):
+            p.add_argument(name, type=int)
+        p.add_argument("--engine-arg", action="append", default=[])
+        args = p.parse_args(flags)
+        kw = {k: v for k, v in engine_kwargs(argparse.Namespace(dtype="bfloat16", **vars(args))).items()}
+        max_len = kw.pop("max_model_len")
+        kw.setdefault("prefill_tile", OFFLINE_PREFILL_TILE)    # the bench builds an LLM
+        shapes = runner_shapes(EngineConfig(**kw, max_model_len=max_len), max_len)
+        assert shapes.prefill_buckets[0] == 0 and len(shapes.buckets()) == 4, (flags, shapes.buckets())
