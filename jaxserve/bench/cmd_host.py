@@ -3,9 +3,10 @@
 On a GPU the device finishes a decode step in a few milliseconds; the one-step-ahead loop hides
 the host's work only while that work is shorter. This command measures the host's share alone: a
 tiny random model (`--shape tiny`: the model's own compute is negligible on our CPU), one engine
-compiled once for the largest batch, and for each batch size a fresh engine sharing its runner,
-`B` requests of `--input-len` random prompt tokens and exactly `--output-len` greedy outputs each,
-all sent at once. The engine is stepped by hand; every step's wall time is split into
+compiled once (a decode-only step shape per measured batch size, one mixed shape for the
+prompts), and for each batch size a fresh engine sharing its runner, `B` requests of
+`--input-len` random prompt tokens and exactly `--output-len` greedy outputs each, all sent at
+once. The engine is stepped by hand; every step's wall time is split into
 
   schedule   Scheduler.schedule
   pack       the runner turning the SchedulerOutput into arrays (dispatch minus run_inputs)
@@ -52,6 +53,8 @@ def add_parser(sub: Any) -> None:
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model", default=None, help="HF directory or GGUF; default: a random model of --shape")
     p.add_argument("--shape", default="tiny", help="random model shape when --model is not given")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                   help="the engine's dtype (and the random model's); bfloat16 for a GPU's device time")
     p.add_argument("--batch-sizes", default="1,16,64,256", help="running requests, comma-separated")
     p.add_argument("--input-len", type=int, default=8)
     p.add_argument("--output-len", type=int, default=48)
@@ -174,7 +177,7 @@ def _all_decoding(engine: Any, batch: int) -> bool:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from jaxserve import LLM, SamplingParams
-    from jaxserve.bench.random_model import make_random_hf_model
+    from jaxserve.bench.random_model import MARKER, make_random_hf_model
 
     batches = sorted({int(b) for b in args.batch_sizes.split(",")})
     if batches[0] < 1 or args.rounds < 1 or args.input_len < 1 or args.output_len < 8:
@@ -185,13 +188,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.cache_dir is None:
             tmp = tempfile.TemporaryDirectory(prefix="jaxserve-host-")
         where = args.cache_dir if args.cache_dir is not None else tmp.name
-        model = os.path.join(where, f"model-{args.shape}-{args.seed}")
-        if not os.path.exists(os.path.join(model, "model.safetensors")):   # kept: its cached executables stay valid
-            make_random_hf_model(model, args.shape, seed=args.seed)
+        model = os.path.join(where, f"model-{args.shape}-{args.dtype}-{args.seed}")
+        if not os.path.exists(os.path.join(model, MARKER)):   # kept: its cached executables stay valid
+            make_random_hf_model(model, args.shape, dtype=args.dtype, seed=args.seed)
     max_len = args.input_len + args.output_len
     log(f"building the engine ({args.shape if args.model is None else model}, max_num_seqs {batches[-1]})")
-    base = LLM(model, max_num_seqs=batches[-1], max_model_len=max(max_len, 64), dtype="float32",
+    base = LLM(model, max_num_seqs=batches[-1], max_model_len=max(max_len, 64), dtype=args.dtype,
                async_scheduling=not args.no_async_scheduling, progress=not args.no_progress,
+               # no start-up measurements this command does not use (decode steps only): a fixed
+               # prefill chunk instead of a calibrated one, and no swap space to time
+               long_prefill_token_threshold=max(max_len, 64), swap_space=0,
+               # and only the step shapes it runs: the measured batch sizes decode-only, one mixed
+               # shape for the prompts (the default ~50 shapes took over 146 s to compile on an H200)
+               **_buckets(batches),
                **({"cache_dir": args.cache_dir} if args.cache_dir is not None else {}))
     vocab = base.engine.vocab_size
     rng = np.random.default_rng(args.seed)
@@ -229,6 +238,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     print(_table(per_batch))
     print(f"result: {path}")
     return result
+
+
+def _buckets(batches: list[int]) -> dict[str, tuple[int, ...]]:
+    from jaxserve.config import EngineConfig
+    from jaxserve.llm import OFFLINE_PREFILL_TILE     # LLM's tile (the engine's own default is smaller)
+
+    tiles = EngineConfig().max_num_batched_tokens // OFFLINE_PREFILL_TILE
+    return {"decode_buckets": (1, batches[-1]), "decode_only_buckets": tuple(batches),
+            "prefill_buckets": (0, tiles)}
 
 
 def _delta_kind():
