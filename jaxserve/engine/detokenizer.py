@@ -83,9 +83,14 @@ class IncrementalDetokenizer:
         strings as the Python window from then on. It cannot while those ids end inside a split
         character (priming yields nothing: the stream would emit their bytes later, the Python
         window never does); the Python window then goes on and tries again at its next text."""
-        stream = self._backend[1](skip_special_tokens=self._skip)
         window = self._ids[self._prefix_offset:self._read_offset]
-        if not window or stream.step(self._backend[0], window) is not None:
+        try:
+            stream = self._backend[1](skip_special_tokens=self._skip)
+            primed = not window or stream.step(self._backend[0], window) is not None
+        except Exception:   # noqa: BLE001  (a `tokenizers` whose step takes no list of ids)
+            self._backend = None   # the Python window, for good
+            return
+        if primed:
             self._stream = stream
 
     def _stream_step(self, t: int) -> None:
