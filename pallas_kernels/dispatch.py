@@ -2,7 +2,7 @@
 
 The Triton-backend kernel on every CUDA GPU, the pure-JAX XLA implementation on the CPU. The
 Mosaic GPU kernel is chosen only when forced: on an H200 (scripts/gpu_kernel_check.py, 2026-12-04)
-it failed 4 of the 9 kernel-check cases (GQA groups of 3, sliding windows, a 300-token prefill:
+it failed 4 of the 8 kernel-check cases it takes (GQA groups of 3, sliding windows, a 300-token prefill:
 errors of 0.2-2.0 against the reference) and did not compile one engine shape, while the Triton
 kernel passed every case at 86-107% of Mosaic's speed (docs/kernels.md). `implementation=` or the environment variable
 JAXSERVE_ATTENTION_IMPL forces one (the argument wins), so an engine on the CPU can run a GPU
@@ -57,7 +57,7 @@ def _xla():
 
 @functools.cache
 def _warn_mosaic() -> None:
-    log.warning("attention implementation 'mosaic' was forced: it failed 4 of 9 cases of "
+    log.warning("attention implementation 'mosaic' was forced: it failed 4 of 8 cases of "
                 "scripts/gpu_kernel_check.py on an H200 (docs/kernels.md); outputs can be wrong. "
                 "'triton' is the GPU default")
 
