@@ -1,12 +1,13 @@
 """Picks the ragged paged attention implementation for the platform; the runner calls only this.
 
 The Triton-backend kernel on every CUDA GPU, the pure-JAX XLA implementation on the CPU. The
-Mosaic GPU kernel is chosen only when forced: on an H200 (scripts/gpu_kernel_check.py, 2026-12-04)
-it failed 4 of the 8 kernel-check cases it takes (GQA groups of 3, sliding windows, a 300-token prefill:
-errors of 0.2-2.0 against the reference) and did not compile one engine shape, while the Triton
-kernel passed every case at 86-107% of Mosaic's speed (docs/kernels.md). `implementation=` or the environment variable
-JAXSERVE_ATTENTION_IMPL forces one (the argument wins), so an engine on the CPU can run a GPU
-kernel in its interpreter: reference | xla | mosaic | mosaic_interpret | triton | triton_interpret.
+Mosaic GPU kernel is chosen only when forced: on an H200 (scripts/gpu_kernel_check.py,
+2026-12-04) it failed 4 of the 8 kernel-check cases it takes (GQA groups of 3, sliding windows,
+a 300-token prefill: errors of 0.2-2.0 against the reference) and did not compile one engine
+shape, while the Triton kernel passed every case at 86-107% of Mosaic's speed (docs/kernels.md).
+`implementation=` or the environment variable JAXSERVE_ATTENTION_IMPL forces one (the argument
+wins), so an engine on the CPU can run a GPU kernel in its interpreter: reference | xla | mosaic
+| mosaic_interpret | triton | triton_interpret.
 
 Each kernel states what it cannot take (`unsupported_reason`); a forced or chosen kernel that
 cannot take the call falls back, Mosaic -> Triton -> XLA, keeping interpretation when asked
