@@ -32,6 +32,11 @@ from jaxserve.proto import generation_pb2_grpc as pb_grpc
 from tests.router.router_process import RouterProcess, server_info
 from tests.server.server_process import ServerProcess, wait_until
 
+# Three server processes per run (about a minute of CI's 2 cores): opt-in. By default the same
+# paths run in-process: the pairing (test_router_pairing.py), the lease and its deadlines
+# (test_lease_and_receiver.py), the transfer (test_kv_transfer.py, test_kv_connector.py).
+pytestmark = pytest.mark.slow
+
 LOAD_TIMEOUT_S = 4.0
 MAX_TOKENS = 10
 PROMPTS = [list(range(3, 3 + n)) for n in (5, 17, 30)] + [[7, 9] * 22, [7, 9] * 22 + [11, 12, 13]]

@@ -219,6 +219,7 @@ def test_abort_through_the_router_ends_the_stream_with_abort(cache_aware, replic
         assert_blocks_all_back(s.target)
 
 
+@pytest.mark.slow   # kills and restarts a replica process (~16 s); the router's other paths run by default
 def test_killing_a_replica_loses_no_request_that_had_not_streamed_and_it_rejoins(
         round_robin, cache_aware, replicas, tiny_llama_dir, xla_cache_dir, tmp_path_factory):
     survivor, victim = replicas
