@@ -55,6 +55,9 @@ class PersistentBatch:
         self._bans = np.zeros(0, bool)       # banned_before_min_tokens is not empty
         self._too_many = np.zeros(0, bool)   # more banned ids than the sampler holds
         self._neutral: dict[int, dict[str, np.ndarray]] = {}
+        # per seat whose request's penalties read its tokens: that history, appended to as outputs
+        # come instead of copied whole from the request's lists every step
+        self._histories: dict[int, _TokenHistory] = {}
         self._grow(seats)
 
     @property
@@ -102,6 +105,7 @@ class PersistentBatch:
             self._tables[seat, :n] = 0
         self._blocks[seat] = ()
         self._opts[seat] = None
+        self._histories.pop(seat, None)
         self._free.append(seat)
 
     def _sync_table(self, seat: int, block_ids: tuple) -> None:
@@ -309,10 +313,21 @@ class PersistentBatch:
                       banned=banned, want_logprobs=want)
         if adjusting:
             rows = [(i, s, int(srcs[i])) for i, s in adjusting]
-            arrays.update(adjustment_arrays(rows, R, self.shapes.max_model_len, self.mask_words))
+            histories = {i: self._history(int(seats[i]), s.adjust.tokens) for i, s in adjusting
+                         if s.adjust is not None and s.adjust.needs_tokens}
+            arrays.update(adjustment_arrays(rows, R, self.shapes.max_model_len, self.mask_words, histories))
         else:
             arrays.update(self._neutral_adjustments(R))
         return arrays
+
+    def _history(self, seat: int, tokens) -> tuple[np.ndarray, int]:
+        """(the known tokens, prompt length) of the request on `seat` whose penalties read them:
+        only the outputs added since the seat's last step are copied."""
+        prompt, outputs = tokens.prompt_and_outputs()
+        h = self._histories.get(seat)
+        if h is None or h.request is not tokens.request:
+            h = self._histories[seat] = _TokenHistory(tokens.request, prompt, self.shapes.max_model_len)
+        return h.extend(outputs), h.prompt_len
 
     def _neutral_adjustments(self, R: int) -> dict[str, np.ndarray]:
         """A step where no row adjusts its logits: the same read-only arrays every time (the runner
@@ -324,3 +339,28 @@ class PersistentBatch:
                 a.flags.writeable = False
             self._neutral[R] = out
         return out
+
+
+class _TokenHistory:
+    """One request's prompt and outputs in an int32 buffer that grows by the outputs' deltas."""
+
+    __slots__ = ("request", "prompt_len", "_buf", "_n")
+
+    def __init__(self, request, prompt, capacity: int) -> None:
+        self.request = request
+        self.prompt_len = len(prompt)
+        self._buf = np.empty(max(capacity, self.prompt_len), np.int32)
+        self._buf[:self.prompt_len] = prompt
+        self._n = self.prompt_len
+
+    def extend(self, outputs) -> np.ndarray:
+        """The tokens known now (a view); outputs: the request's whole output list."""
+        n = self.prompt_len + len(outputs)
+        if n < self._n:          # outputs only grow for one request; rewrite if they did not
+            self._n = self.prompt_len
+        if n > len(self._buf):   # past capacity: the sampler refuses it (the length says so)
+            return np.concatenate([self._buf[:self._n], np.asarray(outputs[self._n - self.prompt_len:], np.int32)])
+        if n > self._n:
+            self._buf[self._n:n] = outputs[self._n - self.prompt_len:]
+            self._n = n
+        return self._buf[:n]

@@ -97,13 +97,17 @@ def neutral_adjustment_arrays(num_rows: int, history_len: int, mask_words: int =
             if k in ADJUSTMENT_ARRAYS}
 
 
-def adjustment_arrays(adjusting: list, num_rows: int, history_len: int, mask_words: int = 1) -> dict[str, np.ndarray]:
+def adjustment_arrays(adjusting: list, num_rows: int, history_len: int, mask_words: int = 1,
+                      histories: dict | None = None) -> dict[str, np.ndarray]:
     """The logit-adjustment and token-mask arrays of `num_rows` rows; adjusting: (row, its
-    AdjustedSamplingOptions, in-flight index) for the rows that have some."""
-    return _adjustment_arrays(adjusting, num_rows, history_len, mask_words)
+    AdjustedSamplingOptions, in-flight index) for the rows that have some. `histories[row]`:
+    (its known tokens as an int32 array, prompt length), kept by the caller between steps (the
+    persistent batch), instead of reading the request's token lists."""
+    return _adjustment_arrays(adjusting, num_rows, history_len, mask_words, histories)
 
 
-def _adjustment_arrays(adjusting: list, num_rows: int, history_len: int, mask_words: int) -> dict[str, np.ndarray]:
+def _adjustment_arrays(adjusting: list, num_rows: int, history_len: int, mask_words: int,
+                       histories: dict | None = None) -> dict[str, np.ndarray]:
     masked = np.zeros(num_rows, bool)
     token_mask = np.zeros((num_rows, mask_words), np.int32)    # bit t of word t // 32: token t allowed
     adjust = np.zeros(num_rows, bool)
@@ -115,6 +119,7 @@ def _adjustment_arrays(adjusting: list, num_rows: int, history_len: int, mask_wo
     known = np.full((num_rows, history_len), -1, np.int32)
     bias_ids = np.full((num_rows, MAX_LOGIT_BIAS), -1, np.int32)
     bias_values = np.zeros((num_rows, MAX_LOGIT_BIAS), np.float32)
+    histories = histories or {}
     for i, opts, src in adjusting:
         if opts.constraint is not None:
             masked[i] = True
@@ -125,13 +130,21 @@ def _adjustment_arrays(adjusting: list, num_rows: int, history_len: int, mask_wo
         adjust[i] = True
         presence[i], frequency[i], repetition[i] = a.presence_penalty, a.frequency_penalty, a.repetition_penalty
         if a.needs_tokens:
-            prompt, outputs = a.tokens.prompt_and_outputs()
-            n = len(prompt) + len(outputs)
+            kept = histories.get(i)
+            if kept is not None:
+                tokens, prompt_len[i] = kept
+                n = len(tokens)
+            else:
+                prompt, outputs = a.tokens.prompt_and_outputs()
+                n = len(prompt) + len(outputs)
             if n + (src >= 0) > history_len:
                 raise ValueError(f"{n} known tokens do not fit the sampler's history of {history_len}")
-            known[i, :len(prompt)] = prompt
-            known[i, len(prompt):n] = outputs
-            prompt_len[i] = len(prompt)
+            if kept is not None:
+                known[i, :n] = tokens
+            else:
+                known[i, :len(prompt)] = prompt
+                known[i, len(prompt):n] = outputs
+                prompt_len[i] = len(prompt)
             in_flight[i] = src
         if a.logit_bias:
             ids, values = zip(*a.logit_bias)

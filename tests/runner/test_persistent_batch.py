@@ -35,7 +35,9 @@ def _options(rng) -> SamplingOptions:
         return SamplingOptions(min_tokens=int(rng.integers(1, 6)), min_p=0.1,
                                banned_before_min_tokens=tuple(int(x) for x in rng.integers(0, 50, rng.integers(1, 4))))
     tokens = KnownTokens()
-    tokens.request = _Tokens([1, 2, 3], [4, 5])
+    # its own lists: the outputs grow as the request samples (the persistent batch copies only
+    # what was added since its seat's last step; a new options object brings new lists)
+    tokens.request = _Tokens([int(x) for x in rng.integers(0, 50, rng.integers(1, 9))], [4, 5])
     return AdjustedSamplingOptions(temperature=0.7, seed=3, adjust=LogitAdjustments(
         repetition_penalty=1.2, logit_bias=((3, 1.0),), tokens=tokens))
 
@@ -136,6 +138,9 @@ def test_persistent_batch_packs_what_a_fresh_pack_does(seed):
             assert got.sampling[k].dtype == want.sampling[k].dtype
         assert batch.num_seated == len(reqs)
         prev_rows = {rid: row for rid, row in want.sample_rows if rid not in want.drafts}
+        for r in chosen:      # what update() does between steps: sampled tokens join the outputs
+            if isinstance(r.options, AdjustedSamplingOptions) and rng.random() < 0.7:
+                r.options.adjust.tokens.request.output_token_ids.append(int(rng.integers(0, 50)))
         for r in chosen:
             if r.rid not in prev_rows:
                 r.pending = False
