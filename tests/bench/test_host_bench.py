@@ -1,0 +1,30 @@
+"""`jaxserve bench host` end to end on the tiny random model: every batch size measured on the
+steps where all its requests decode, the parts within the step's wall time, the engine's own
+compiled shapes only (0 compilations after warm-up), and the summary computed from the rows."""
+
+import pytest
+
+from jaxserve.bench.cmd_host import PARTS
+from jaxserve.cli import build_parser
+
+
+@pytest.mark.slow
+def test_host_ms_and_its_parts_per_batch_size(tmp_path):
+    args = build_parser().parse_args([
+        "bench", "host", "--batch-sizes", "1,4", "--output-len", "10", "--rounds", "2",
+        "--cache-dir", str(tmp_path / "cache"), "--output-dir", str(tmp_path), "--name", "h", "--no-progress"])
+    result = args.bench_run(args)
+    assert (tmp_path / "h.json").exists()
+    rows = result["batches"]
+    assert sorted(rows) == [1, 4]
+    for batch, row in rows.items():
+        assert len(row["rounds"]) == 2
+        assert row["compilations_after_warmup"] == 0
+        for r in row["rounds"]:
+            # 10 outputs: the steps after the prompt's, less the last two, decode everyone
+            assert r["steps"] >= 5
+            # medians of per-step values each at most the step's wall time are at most its median
+            assert 0 < r["host_ms"] <= r["wall_ms"]
+            assert all(0 <= r[f"{p}_ms"] <= r["wall_ms"] for p in PARTS + ("wait",))
+    first = rows[1]["host_ms"]
+    assert result["summary"]["ratio_to_smallest"] == {b: r["host_ms"] / first for b, r in rows.items()}
