@@ -37,6 +37,7 @@ its last step sampled.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -655,6 +656,23 @@ class Scheduler:
 
     def get_request(self, request_id: str) -> Request | None:
         return self._requests.get(request_id)
+
+    # knobs an engine measures after it started (a cold server's deferred calibration)
+    RETUNABLE = frozenset({"long_prefill_token_threshold", "decode_step_prefill_cap", "decode_step_prefill_caps",
+                           "objectives", "step_cost", "swap_crossover_tokens"})
+
+    def retune(self, **knobs) -> None:
+        """Replace the chunk policy's and the swap crossover's knobs (RETUNABLE) from the next
+        schedule() on: a new SchedulerConfig, validated as at start, for the scheduler and every
+        part that reads it."""
+        unknown = set(knobs) - self.RETUNABLE
+        if unknown:
+            raise ValueError(f"retune: {sorted(unknown)} are not retunable (only {sorted(self.RETUNABLE)})")
+        old, new = self.config, dataclasses.replace(self.config, **knobs)
+        self.config = new
+        for part in vars(self).values():       # preemption, admission, KV loading, speculation
+            if getattr(part, "config", None) is old:
+                part.config = new
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block (they return to the free list), e.g. after the KV arena was

@@ -58,6 +58,9 @@ class EmbeddingAborted(RuntimeError):
     """An embedding request ended before its embedding was complete (aborted, or shut down)."""
 
 
+# how often an idle step thread looks again whether the engine's idle work can run (its background
+# warm-up still running, say); only while there is some (Engine.idle_work_pending)
+IDLE_POLL_S = 0.5
 _ABORTED = object()   # queued to a stream whose request was aborted by `abort()` or shutdown
 
 
@@ -373,8 +376,19 @@ class AsyncEngine:
         engine = self.engine
         try:
             while True:
-                # block while idle; otherwise take whatever arrived during the last step
-                cmds = [self._commands.get()] if not engine.has_unfinished_requests() else []
+                # block while idle (polling while the engine has idle work: run_idle_work), otherwise
+                # take whatever arrived during the last step
+                cmds = []
+                if not engine.has_unfinished_requests():
+                    if not engine.idle_work_pending:
+                        cmds = [self._commands.get()]
+                    else:
+                        try:
+                            cmds = [self._commands.get(timeout=IDLE_POLL_S)]
+                        except queue.Empty:
+                            if engine.run_idle_work():
+                                self._publish_snapshot()
+                            continue
                 while True:
                     try:
                         cmds.append(self._commands.get_nowait())

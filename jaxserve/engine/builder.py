@@ -30,7 +30,7 @@ from jax.sharding import Mesh
 
 from jaxserve.checkpoints import Checkpoint, load_checkpoint
 from jaxserve.config import EngineConfig
-from jaxserve.engine.chunk_policy import DECODE_CONTEXT, ChunkPolicy, resolve_chunk_policy
+from jaxserve.engine.chunk_policy import DECODE_CONTEXT, PROVISIONAL, ChunkPolicy, resolve_chunk_policy
 from jaxserve.engine.draft_model import build_draft_runner
 from jaxserve.engine.draft_proposer import DraftModelProposer
 from jaxserve.engine.chat_template import apply_chat_template_override
@@ -51,7 +51,7 @@ from jaxserve.quant.prepare import prepare as prepare_quantization
 from jaxserve.quant.prepare import quant_request
 from jaxserve.runner.buckets import (RunnerShapes, default_decode_buckets, default_decode_only_buckets,
                                     default_prefill_buckets, max_prefill_tiles)
-from jaxserve.runner.calibration import CalibrationCache, CalibrationKey, Calibrator
+from jaxserve.runner.calibration import CalibrationCache, CalibrationKey, CalibrationMiss, Calibrator
 from jaxserve.runner.executables import ExecutableCache
 from jaxserve.runner.kv_arena import plan_arena
 from jaxserve.runner.model_runner import ModelRunner
@@ -337,8 +337,14 @@ def _serve(config: EngineConfig, model_config: ModelConfig, params, *, dtype: st
         clock.add("executables", report.load_seconds)
         clock.add("warm_up", report.run_seconds)
 
+    deferred = None
     with clock.phase("calibration"):
-        chunking = _calibrate(config, runner, identity, cache_dir)
+        if stages is None:
+            chunking = _calibrate(config, runner, identity, cache_dir)
+        else:
+            # a server warming in the background turns ready without measuring: what the cache
+            # lacks is measured once the engine is idle (DeferredCalibration), not before ready
+            chunking, deferred = _calibrate_or_defer(config, runner, identity, cache_dir)
     draft = None
     if _uses_draft_model(config):
         with clock.phase("draft_model"):
@@ -351,6 +357,7 @@ def _serve(config: EngineConfig, model_config: ModelConfig, params, *, dtype: st
         chunk_policy=chunking, async_scheduling=config.async_scheduling, draft_runner=draft,
     )
     engine.startup_timings = clock.timings()
+    engine.deferred_calibration = deferred
     log.info("%s", engine.startup_timings.describe())
     if stages is not None:
         warm_start.start(engine, stages)
@@ -371,11 +378,13 @@ def prepare_for_requests(engine: Engine, requests: Sequence[tuple[int, int]], *,
     return engine.startup_timings
 
 
-def _calibrate(config: EngineConfig, runner: ModelRunner, checkpoint_identity: str, cache_dir: str | None) -> ChunkPolicy:
+def _calibrate(config: EngineConfig, runner: ModelRunner, checkpoint_identity: str, cache_dir: str | None,
+               *, measure: bool = True) -> ChunkPolicy:
     """The swap cost model (set on the runner) and the chunk policy, from timings measured now or
-    kept by an earlier start under the same key (runner/calibration.py)."""
+    kept by an earlier start under the same key (runner/calibration.py). measure=False: from the
+    cache only (CalibrationMiss where it lacks one)."""
     calibrator = Calibrator(runner, cache=_cache(CalibrationCache, cache_dir, "calibration"),
-                            key=CalibrationKey.for_runner(runner, checkpoint_identity))
+                            key=CalibrationKey.for_runner(runner, checkpoint_identity), measure=measure)
     if runner.host_pool is not None:
         runner.swap_cost = calibrator.measure_swap_cost()
     chunking = resolve_chunk_policy(config, calibrator)
@@ -386,6 +395,48 @@ def _calibrate(config: EngineConfig, runner: ModelRunner, checkpoint_identity: s
         log.info("calibration: measured %s; from the cache %s", calibrator.measured or "nothing",
                  calibrator.reused or "nothing")
     return chunking
+
+
+def _calibrate_or_defer(config: EngineConfig, runner: ModelRunner, checkpoint_identity: str,
+                        cache_dir: str | None) -> tuple[ChunkPolicy, "DeferredCalibration | None"]:
+    """The cached calibration's policy, or (where the cache lacks a timing: a cold start) the
+    provisional one and the calibration to run later. Measuring compiles and runs the buckets it
+    times: 85 of a cold `serve`'s 106 s before ready on our idle CPU (docs/benchmarks.md)."""
+    try:
+        return _calibrate(config, runner, checkpoint_identity, cache_dir, measure=False), None
+    except CalibrationMiss as miss:
+        runner.swap_cost = None     # recompute on preemption until the swap cost is measured
+        log.info("calibration: %s is not cached; serving with the %s chunk policy until the engine, idle "
+                 "and warm, measures it", miss, PROVISIONAL.describe())
+        return PROVISIONAL, DeferredCalibration(config, runner, checkpoint_identity, cache_dir)
+
+
+class DeferredCalibration:
+    """The start-up calibration of a server that turned ready without it: run by the engine on its
+    step thread while no request is live and every bucket is warm (Engine.run_idle_work), with the
+    prefix cache flushed first (the measurements write the arena's blocks 1, 2, ...). Returns the
+    chunk policy and the scheduler knobs it sets."""
+
+    def __init__(self, config: EngineConfig, runner: ModelRunner, checkpoint_identity: str, cache_dir: str | None):
+        self._args = (config, runner, checkpoint_identity, cache_dir)
+
+    def run(self) -> tuple[ChunkPolicy, dict]:
+        config, runner, identity, cache_dir = self._args
+        chunking = _calibrate(config, runner, identity, cache_dir)
+        return chunking, scheduler_knobs(chunking, runner)
+
+
+def scheduler_knobs(chunking: ChunkPolicy, runner: ModelRunner) -> dict:
+    """The SchedulerConfig fields the chunk policy and the runner's swap cost model set."""
+    crossover = runner.swap_cost.crossover_tokens() if runner.swap_cost is not None else 1 << 30
+    return dict(
+        long_prefill_token_threshold=0 if chunking.derived else chunking.chunk_tokens,
+        decode_step_prefill_cap=chunking.chunk_tokens if chunking.derived else 0,
+        decode_step_prefill_caps=chunking.by_decodes,
+        objectives=chunking.objectives,
+        step_cost=chunking.step_cost,
+        swap_crossover_tokens=min(crossover, 1 << 30),
+    )
 
 
 def measure_decode_step_seconds(calibrator) -> tuple[tuple[int, float], ...]:
@@ -413,7 +464,6 @@ def _scheduler(config: EngineConfig, runner: ModelRunner, max_model_len: int, ch
     host_blocks = runner.host_pool.num_blocks if runner.host_pool is not None else 0
     swap_blocks = min(host_blocks, config.swap_space // runner.arena_spec.bytes_per_block)
     mode = config.preemption_mode if swap_blocks else "recompute"
-    crossover = runner.swap_cost.crossover_tokens() if runner.swap_cost is not None else 1 << 30
     return Scheduler(SchedulerConfig(
         num_blocks=usable,
         block_size=config.block_size,
@@ -421,11 +471,7 @@ def _scheduler(config: EngineConfig, runner: ModelRunner, max_model_len: int, ch
         max_num_batched_tokens=config.max_num_batched_tokens,
         max_model_len=max_model_len,
         enable_chunked_prefill=config.enable_chunked_prefill,
-        long_prefill_token_threshold=0 if chunking.derived else chunking.chunk_tokens,
-        decode_step_prefill_cap=chunking.chunk_tokens if chunking.derived else 0,
-        decode_step_prefill_caps=chunking.by_decodes,
-        objectives=chunking.objectives,
-        step_cost=chunking.step_cost,
+        **scheduler_knobs(chunking, runner),
         enable_prefix_caching=config.enable_prefix_caching,
         chunk_granularity=config.prefill_tile,
         max_num_partial_prefills=config.max_num_partial_prefills,
@@ -437,7 +483,6 @@ def _scheduler(config: EngineConfig, runner: ModelRunner, max_model_len: int, ch
         preemption_mode=mode,
         num_host_blocks=host_blocks,
         enable_kv_offload=bool(config.kv_offload_gib) and host_blocks > 0,
-        swap_crossover_tokens=min(crossover, 1 << 30),
         speculation=config.speculative_config,
         max_decode_rows=(runner.shapes.decode_only_buckets or runner.shapes.decode_buckets)[-1],
         decode_step_seconds=(runner.decode_step_seconds if config.speculative_config is not None

@@ -41,8 +41,9 @@ measured weakness (docs/benchmarks-history.md, "Goodput"): on a slow machine wit
 deepest chunk's rate is tiny (8 tokens a step on our CPU), and with one prompt mid-prefill at a
 time prompts starve behind any decode.
 
-Every measurement runs once, on scratch blocks, before the engine takes requests, or comes from an
-earlier start's (runner/calibration.py).
+Every measurement runs once, on scratch blocks, before the engine takes requests (a server warming
+in the background: once it is idle, engine/builder.py's DeferredCalibration, with PROVISIONAL
+until then), or comes from an earlier start's (runner/calibration.py).
 """
 
 from __future__ import annotations
@@ -70,8 +71,12 @@ class ChunkPolicy:
     # chunk_policy="slo": the objectives and the model that sizes chunks to them (chunk_tokens 0)
     objectives: ServiceObjectives | None = None
     step_cost: StepCostModel | None = None
+    # the policy of a server that turned ready before its timings were measured (PROVISIONAL)
+    provisional: bool = False
 
     def describe(self) -> str:
+        if self.provisional:
+            return "provisional until this machine's timings are measured: no cap per request per step"
         if self.objectives is not None:
             return (f"slo: TTFT {self.objectives.ttft_s * 1e3:.0f} ms, TPOT {self.objectives.tpot_s * 1e3:.0f} ms "
                     f"(steps with decodes within {self.objectives.floor_s * 1e3:.0f} ms unless a prompt's TTFT "
@@ -79,6 +84,12 @@ class ChunkPolicy:
         if self.derived:
             return f"itl: {self.chunk_tokens}-token chunks beside decodes (by decode bucket {self.by_decodes})"
         return f"fixed: {self.chunk_tokens or 'no'} token cap per request per step"
+
+
+# A server whose calibration is not cached turns ready without it (engine/builder.py) and takes
+# prompts as vLLM's default does until the engine, idle, has measured: whole prompt-token budgets,
+# no chunk cap (chunked prefill still splits a prompt longer than the step's budget).
+PROVISIONAL = ChunkPolicy(0, derived=False, provisional=True)
 
 
 def resolve_chunk_policy(config: EngineConfig, calibrator) -> ChunkPolicy:

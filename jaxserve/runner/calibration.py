@@ -4,7 +4,8 @@ Two policies need timings of this machine: the default prefill chunk (engine/chu
 decode-only step times and the rate a chunk adds to a decode batch) and preemption's swap-or-
 recompute choice (host_swap.SwapCostModel: swap bandwidth against prefill throughput). Measuring
 runs the compiled steps on scratch blocks 1, 2, ..., so it happens before the engine takes a
-request, and it costs seconds of every start (a full-budget prefill three times, decode batches,
+request (or, for a server warming in the background, once it is idle with its prefix cache
+emptied: engine/builder.py's DeferredCalibration), and it costs seconds of every start (a full-budget prefill three times, decode batches,
 swap round trips) for numbers that only change with the machine and the configuration.
 
 So a `Calibrator` looks each measurement up in a `CalibrationCache` first: one JSON file per
@@ -80,11 +81,19 @@ class CalibrationCache:
         self._disk.put_json(key.file_name(), {"key": key.as_json(), "measurements": measurements})
 
 
+class CalibrationMiss(LookupError):
+    """A measurement the cache does not hold, asked of a Calibrator that may not measure."""
+
+
 class Calibrator:
     """The runner's start-up measurements, each taken at most once per key (see the module doc)."""
 
-    def __init__(self, runner, *, cache: CalibrationCache | None = None, key: CalibrationKey | None = None):
+    def __init__(self, runner, *, cache: CalibrationCache | None = None, key: CalibrationKey | None = None,
+                 measure: bool = True):
+        """measure=False: only what the cache (or the runner) holds; a miss raises CalibrationMiss
+        (the builder then defers the calibration until the engine is idle: engine/builder.py)."""
         self.runner = runner
+        self.may_measure = measure
         self.shapes = runner.shapes
         self._cache = cache if key is not None else None
         self._key = key
@@ -180,6 +189,8 @@ class Calibrator:
             if name not in self.reused:
                 self.reused.append(name)
             return self.measurements[name]
+        if not self.may_measure:
+            raise CalibrationMiss(name)
         value = measure()
         self.measurements[name] = value
         self.measured.append(name)

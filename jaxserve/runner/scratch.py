@@ -2,8 +2,9 @@
 
 Their token ids are all 0 and their K/V land in blocks no request owns: the null block (block 0,
 which padding rows write anyway) for warm-up, whose results are thrown away, and blocks 1, 2, ...
-for the measurements, whose contexts must be real. The latter may only run before the engine has
-taken a request: they overwrite blocks a live engine's requests and prefix cache would hold.
+for the measurements, whose contexts must be real. The latter may only run while no request
+holds blocks and the prefix cache is empty (before the first request, or Engine.run_idle_work):
+they overwrite blocks a live engine's requests and prefix cache would hold.
 """
 
 from __future__ import annotations
