@@ -406,8 +406,8 @@ def _calibrate_or_defer(config: EngineConfig, runner: ModelRunner, checkpoint_id
         return _calibrate(config, runner, checkpoint_identity, cache_dir, measure=False), None
     except CalibrationMiss as miss:
         runner.swap_cost = None     # recompute on preemption until the swap cost is measured
-        log.info("calibration: %s is not cached; serving with the %s chunk policy until the engine, idle "
-                 "and warm, measures it", miss, PROVISIONAL.describe())
+        log.info("calibration: %s is not cached; prefill chunks: %s (measured once the engine is idle "
+                 "and every bucket warm)", miss, PROVISIONAL.describe())
         return PROVISIONAL, DeferredCalibration(config, runner, checkpoint_identity, cache_dir)
 
 
