@@ -193,8 +193,13 @@ def test_a_multi_turn_exchange_renders_the_calls_and_results_back(server, client
     history = MESSAGES + [
         {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
         {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21C"}]
+    # one call, as in the first turn: with parallel calls allowed the random model may keep calling
+    # until max_tokens cuts its last call short, its arguments ending where it was cut (the likely
+    # cause of empty arguments seen once in a full run, where earlier tests' prefix-cache state
+    # moves the logits a little; probing seeds here, one of six already made two calls)
     second = client.chat.completions.create(model=server.model, messages=history, tools=TOOLS,
-                                            tool_choice="required", max_tokens=200, seed=0)
+                                            tool_choice="required", parallel_tool_calls=False, max_tokens=200,
+                                            seed=0)
     _check_calls(second.choices[0].message.tool_calls)
     # the prompt is the template's rendering of the whole exchange, the call's arguments as an object
     tok = tiny_chat_llm.get_tokenizer()
