@@ -31,6 +31,7 @@ from jax.sharding import Mesh
 from jaxserve.checkpoints import Checkpoint, load_checkpoint
 from jaxserve.config import EngineConfig
 from jaxserve.engine.chunk_policy import DECODE_CONTEXT, PROVISIONAL, ChunkPolicy, resolve_chunk_policy
+from jaxserve.engine.deferred_calibration import DeferredCalibration
 from jaxserve.engine.draft_model import build_draft_runner
 from jaxserve.engine.draft_proposer import DraftModelProposer
 from jaxserve.engine.chat_template import apply_chat_template_override
@@ -398,7 +399,7 @@ def _calibrate(config: EngineConfig, runner: ModelRunner, checkpoint_identity: s
 
 
 def _calibrate_or_defer(config: EngineConfig, runner: ModelRunner, checkpoint_identity: str,
-                        cache_dir: str | None) -> tuple[ChunkPolicy, "DeferredCalibration | None"]:
+                        cache_dir: str | None) -> tuple[ChunkPolicy, DeferredCalibration | None]:
     """The cached calibration's policy, or (where the cache lacks a timing: a cold start) the
     provisional one and the calibration to run later. Measuring compiles and runs the buckets it
     times: 85 of a cold `serve`'s 106 s before ready on our idle CPU (docs/benchmarks.md)."""
@@ -408,22 +409,9 @@ def _calibrate_or_defer(config: EngineConfig, runner: ModelRunner, checkpoint_id
         runner.swap_cost = None     # recompute on preemption until the swap cost is measured
         log.info("calibration: %s is not cached; prefill chunks: %s (measured once the engine is idle "
                  "and every bucket warm)", miss, PROVISIONAL.describe())
-        return PROVISIONAL, DeferredCalibration(config, runner, checkpoint_identity, cache_dir)
-
-
-class DeferredCalibration:
-    """The start-up calibration of a server that turned ready without it: run by the engine on its
-    step thread while no request is live and every bucket is warm (Engine.run_idle_work), with the
-    prefix cache flushed first (the measurements write the arena's blocks 1, 2, ...). Returns the
-    chunk policy and the scheduler knobs it sets."""
-
-    def __init__(self, config: EngineConfig, runner: ModelRunner, checkpoint_identity: str, cache_dir: str | None):
-        self._args = (config, runner, checkpoint_identity, cache_dir)
-
-    def run(self) -> tuple[ChunkPolicy, dict]:
-        config, runner, identity, cache_dir = self._args
-        chunking = _calibrate(config, runner, identity, cache_dir)
-        return chunking, scheduler_knobs(chunking, runner)
+        return PROVISIONAL, DeferredCalibration(
+            functools.partial(_calibrate, config, runner, checkpoint_identity, cache_dir),
+            functools.partial(scheduler_knobs, runner=runner))
 
 
 def scheduler_knobs(chunking: ChunkPolicy, runner: ModelRunner) -> dict:

@@ -42,7 +42,7 @@ deepest chunk's rate is tiny (8 tokens a step on our CPU), and with one prompt m
 time prompts starve behind any decode.
 
 Every measurement runs once, on scratch blocks, before the engine takes requests (a server warming
-in the background: once it is idle, engine/builder.py's DeferredCalibration, with PROVISIONAL
+in the background: once it is idle, engine/deferred_calibration.py, with PROVISIONAL
 until then), or comes from an earlier start's (runner/calibration.py).
 """
 

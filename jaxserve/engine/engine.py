@@ -27,6 +27,7 @@ import numpy as np
 from jaxserve.engine.detokenizer import IncrementalDetokenizer
 from jaxserve.engine import weight_update
 from jaxserve.engine.draft_proposer import draft_sampling
+from jaxserve.engine.deferred_calibration import run_if_idle
 from jaxserve.engine.expert_load import ExpertLoad
 from jaxserve.lora.request import LoRARequest
 from jaxserve.engine.input_processor import EngineRequest, InputProcessor
@@ -117,7 +118,7 @@ class Engine:
         self.requantize = None
         # warm_up="background": the thread warming the buckets not needed yet (engine/warm_start.py)
         self.background_warm_up = None
-        # a cold server's start-up calibration, run by run_idle_work (engine/builder.py), else None
+        # a cold server's start-up calibration, run by run_idle_work (engine/deferred_calibration.py)
         self.deferred_calibration = None
         # LoRA adapters (lora/engine_lora.py): set by the builder with enable_lora, else None
         self.lora = None
@@ -272,31 +273,11 @@ class Engine:
         return self.deferred_calibration is not None
 
     def run_idle_work(self) -> bool:
-        """What waits for an idle engine: the start-up calibration a cold server deferred
-        (engine/builder.py). It runs only with no request live or held, not paused or asleep,
-        every bucket warm, and the prefix cache emptied (the measurements write the arena's blocks
-        1, 2, ...; nothing else can hold blocks then); then the chunk policy and the swap crossover
-        it measured replace the provisional ones from the next step on. A request that arrives
-        meanwhile waits for it (seconds, once). Returns whether it ran."""
-        deferred = self.deferred_calibration
-        if (deferred is None or self.paused or self.asleep or self._held or self._in_flight is not None
-                or self.scheduler.has_unfinished_requests()):
+        """The start-up calibration a cold server deferred, if the engine is idle and warm
+        (engine/deferred_calibration.py); returns whether it ran."""
+        if self._held or self._in_flight is not None:
             return False
-        warming = self.background_warm_up
-        if warming is not None and warming.running:
-            return False
-        if not self.scheduler.reset_prefix_cache():
-            return False          # blocks still held (a KV hand-off's lease): later
-        self.deferred_calibration = None      # once, whatever happens below
-        try:
-            policy, knobs = deferred.run()
-        except Exception as e:   # noqa: BLE001 - the provisional policy serves on; the engine is fine
-            log.warning("deferred calibration failed (%s); the provisional chunk policy stays", e)
-            return True
-        self.scheduler.retune(**knobs)
-        self.chunk_policy = policy
-        log.info("calibrated while idle: prefill chunks %s", policy.describe())
-        return True
+        return run_if_idle(self)
 
     def step(self) -> list[RequestOutput]:
         """Run one step. With async scheduling it returns the outputs of the step before."""

@@ -5,8 +5,9 @@ decode-only step times and the rate a chunk adds to a decode batch) and preempti
 recompute choice (host_swap.SwapCostModel: swap bandwidth against prefill throughput). Measuring
 runs the compiled steps on scratch blocks 1, 2, ..., so it happens before the engine takes a
 request (or, for a server warming in the background, once it is idle with its prefix cache
-emptied: engine/builder.py's DeferredCalibration), and it costs seconds of every start (a full-budget prefill three times, decode batches,
-swap round trips) for numbers that only change with the machine and the configuration.
+emptied: engine/deferred_calibration.py), and it costs seconds of every start (a full-budget
+prefill three times, decode batches, swap round trips) for numbers that only change with the
+machine and the configuration.
 
 So a `Calibrator` looks each measurement up in a `CalibrationCache` first: one JSON file per
 `CalibrationKey` (checkpoint identity, the resolved shapes and sizes the steps run at, software,

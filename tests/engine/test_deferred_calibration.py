@@ -87,3 +87,33 @@ def test_the_async_engine_runs_it_when_idle_and_not_while_a_request_runs(tiny_ll
     assert ran_with_live_requests == [False]
     assert not engine.chunk_policy.provisional and engine.chunk_policy.objectives is not None
     assert len(tokens) == 12 and after == tokens
+
+
+class _Fake:
+    """What run_if_idle reads of an engine, with a deferred calibration that records its runs."""
+
+    def __init__(self, *, live=False, warming_failed=(), reset_ok=True):
+        import types
+
+        self.paused = self.asleep = False
+        self.ran = []
+        measured = types.SimpleNamespace(describe=lambda: "measured")
+        self.deferred_calibration = types.SimpleNamespace(run=lambda: self.ran.append(1) or (measured, {}))
+        self.background_warm_up = types.SimpleNamespace(running=False, failed=list(warming_failed))
+        self.scheduler = types.SimpleNamespace(has_unfinished_requests=lambda: live,
+                                               reset_prefix_cache=lambda: reset_ok, retune=lambda **k: None)
+        self.chunk_policy = "provisional"
+
+
+def test_it_waits_for_an_idle_engine_and_gives_up_on_a_failed_warm_up():
+    from jaxserve.engine.deferred_calibration import run_if_idle
+
+    busy = _Fake(live=True)
+    assert not run_if_idle(busy) and not busy.ran and busy.deferred_calibration is not None
+    held = _Fake(reset_ok=False)       # blocks still held: the cache cannot be emptied yet
+    assert not run_if_idle(held) and not held.ran and held.deferred_calibration is not None
+    failed = _Fake(warming_failed=[((4, 0), "boom")])   # measuring would compile on the step thread
+    assert run_if_idle(failed) and not failed.ran
+    assert failed.deferred_calibration is None and failed.chunk_policy == "provisional"
+    idle = _Fake()
+    assert run_if_idle(idle) and idle.ran == [1] and idle.chunk_policy.describe() == "measured"
