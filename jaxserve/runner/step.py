@@ -40,6 +40,16 @@ from jaxserve.runner.kv_write import kv_scales, scaled_attention, write_kv
 # items). Fewer iterations save per-iteration overhead; bigger ones spill the caches.
 DECODE_KV_CHUNK_BLOCKS, DECODE_ITEMS = 8, 16
 PREFILL_KV_CHUNK_BLOCKS, PREFILL_ITEMS = 16, 4
+# A step of few decode rows has few items: 16 per iteration would gather and mask 13 padding
+# chunks beside a lone 300-token decode's 3. Capped at 4 items per row (512 positions), the
+# embedded w8a8 model's batch-1 step took 25.6 and 21.3 ms against 27.2 and 28.0 at 16 (two
+# builds each, docs/benchmarks.md "Beside llama.cpp"); from 4 rows on nothing changes.
+DECODE_ITEMS_PER_ROW = 4
+
+
+def decode_items(decode_rows: int) -> int:
+    """(sequence, chunk) items per attention loop iteration in a step of `decode_rows` decodes."""
+    return min(DECODE_ITEMS, DECODE_ITEMS_PER_ROW * max(decode_rows, 1))
 
 
 # the step's arrays a layer's KV write and attention read (replicated over a mesh)
@@ -78,7 +88,7 @@ def make_step(config: ModelConfig, attention_impl: Callable, *, decode_rows: int
             attend = scaled_attention(attention_impl, scales)
             out = attend(q[:D], k_cache, v_cache, b["dec_kv_lens"], b["dec_tables"], dec_cu,
                          b["dec_num"], sm_scale=sm_scale, sliding_window=window, soft_cap=soft_cap,
-                         uniform_q_len=1, kv_chunk_blocks=DECODE_KV_CHUNK_BLOCKS, items_per_iter=DECODE_ITEMS)
+                         uniform_q_len=1, kv_chunk_blocks=DECODE_KV_CHUNK_BLOCKS, items_per_iter=decode_items(D))
             if P:
                 pre = attend(q[D:], k_cache, v_cache, b["pre_kv_lens"], b["pre_tables"], pre_cu,
                              b["pre_num"], sm_scale=sm_scale, sliding_window=window, soft_cap=soft_cap,
