@@ -28,8 +28,11 @@ class EngineConfig:
                 "(per output channel), int4 (group-wise, --quantization-group-size), fp8 (e4m3 weights and "
                 "activations, activation scales calibrated on real text), w8a8 (int8 weights and int8 activations "
                 "per token, smoothed with per-channel ranges calibrated on real text: the fast form on CPUs); "
-                "embedding, LM head and norms stay float",
+                "embedding, LM head and norms stay float (w8a8: see --quantize-lm-head)",
         choices=QUANTIZATION_MODES)
+    quantize_lm_head: bool = _f(
+        False, "w8a8: the LM head in int8 too (smoothed like the projections; a tied embedding keeps a float "
+               "copy for the lookup): on a CPU the float head is a large part of a small model's decode step")
     quantization_group_size: int = _f(32, "int4: inputs per scale (32 or 128)")
     kv_cache_dtype: str = _f(
         "auto", "KV cache element type: auto (the model dtype), fp8_e4m3 or int8 (per-layer per-head scales "
@@ -191,6 +194,11 @@ class EngineConfig:
             raise ValueError(f"quantization={self.quantization!r} must be one of {', '.join(QUANTIZATION_MODES)}")
         if self.quantization_group_size not in (32, 128):
             raise ValueError(f"quantization_group_size={self.quantization_group_size!r} must be 32 or 128")
+        if self.quantize_lm_head and self.quantization != "w8a8":
+            raise ValueError(f"quantize_lm_head=True needs quantization='w8a8' (got {self.quantization!r})")
+        if self.quantize_lm_head and self.tensor_parallel_size > 1:
+            raise ValueError("quantize_lm_head=True is not supported with tensor_parallel_size > 1 (the int8 "
+                             "head is not split over the mesh)")
         if self.kv_cache_dtype not in ("auto", "fp8_e4m3", "int8"):
             raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} must be one of auto, fp8_e4m3, int8")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "prefill_tile", "starvation_steps",

@@ -209,8 +209,14 @@ def recorded_inputs(intermediates: dict) -> dict[str, jax.Array]:
 
 def lm_head_logits(params: dict, hidden: jax.Array, *, tied: bool) -> jax.Array:
     """hidden [S, D] -> logits [S, V] float32 (accumulated in float32 even for bf16 params): the
-    LM head, always float, which is the embedding [V, D] when `tied` (stored once, so both
-    operands' D is contracted) and `lm_head/kernel` [D, V] otherwise."""
+    LM head, float unless w8a8 quantized it (`lm_head/qweight` [V, D]: w8a8's matmul, tied or
+    not), which is the embedding [V, D] when `tied` (stored once, so both operands' D is
+    contracted) and `lm_head/kernel` [D, V] otherwise."""
+    quantized = params.get("lm_head", {})
+    if "act_smooth" in quantized:
+        if batch_invariant.active():
+            raise ValueError("the batch-invariant mode computes a float LM head only")
+        return _w8a8_matmul(hidden, quantized["qweight"], quantized["scale"][0], quantized["act_smooth"])
     precision = matmul_precision(hidden.dtype)
     if tied:
         embedding = params["embed_tokens"]["embedding"]                         # [V, D]

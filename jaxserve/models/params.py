@@ -23,7 +23,9 @@ untied `lm_head/kernel` [D, V]). For the Llama family:
 
 A quantized checkpoint gives its projections `qweight` / `scale` (/ `offset`, `act_scale`,
 `act_smooth`) leaves in place of `kernel`, in the same [in, out] orientation but for w8a8's
-qweight, [out, in] (models/linear.py); embedding, norms and lm_head are always float.
+qweight, [out, in] (models/linear.py); embedding and norms are always float, and so is the LM head
+but in w8a8 with quantize_lm_head: then `lm_head` holds w8a8's qweight [V, D], scale [1, V] and
+act_smooth [D] (the checkpoint's quantized `lm_head.weight`), beside a tied embedding.
 
 Per-layer subtrees, never stacked [L, ...] arrays, and fused projections: the forms XLA:CPU runs
 fastest (docs/facts.md).
@@ -41,6 +43,8 @@ from jaxserve.models import registry
 from jaxserve.models.config import ModelConfig
 from jaxserve.models.quantized_tensor import QuantizedTensor
 from jaxserve.models.tensor_layout import ExpertProjection, Projection, TensorLayout
+
+QUANTIZED_LM_HEAD = "lm_head.weight"    # where a quantized LM head sits, tied model or not
 
 Params = dict  # pytree of jnp arrays, laid out as above
 
@@ -104,7 +108,14 @@ def params_from_hf(config: ModelConfig, tensors: Mapping[str, np.ndarray], dtype
         return jnp.asarray(array, dtype=dtype)
 
     params: dict[str, Any] = {}
+    head = tensors.get(QUANTIZED_LM_HEAD)
+    if isinstance(head, QuantizedTensor):
+        # w8a8's LM head (quant/checkpoint.py): its own leaves, beside a tied embedding kept float
+        params["lm_head"] = quantized_leaves([get(QUANTIZED_LM_HEAD, (config.vocab_size, config.hidden_size))],
+                                             dtype, on_host)
     for path, spec in layout.modules.items():
+        if path == ("lm_head",) and "lm_head" in params:
+            continue
         if isinstance(spec, ExpertProjection):
             # every expert's parts fused as a Projection's, the experts stacked first
             per_expert = [projection_leaves([get(n, s) for n, s in spec.expert_weights(e).items()], dtype, on_host)

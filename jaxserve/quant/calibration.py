@@ -7,7 +7,8 @@ attention, no runner) through its architecture's forward (models/registry.py) wi
 projection's input recorded (models/linear.py), and keeps:
     act_channel_absmax   per projection, by module path ("layers_0/self_attn/qkv_proj"): max |x|
                          per input channel (w8a8's smoothing divides each channel by its own
-                         range; fp8 takes their maximum: one scale per GEMM input, as FP8 GEMMs take)
+                         range; fp8 takes their maximum: one scale per GEMM input, as FP8 GEMMs take),
+                         and the LM head's input (the final norm's output) under LM_HEAD_INPUT
     k, v                 per layer and KV head, max |k| (after RoPE: what the cache stores) and |v|
 Per-head maxima for K/V: heads differ by an order of magnitude in the models measured.
 """
@@ -25,6 +26,7 @@ from jaxserve.models.attention import dense_causal_attention
 from jaxserve.models.config import ModelConfig
 
 MAX_TOKENS = 512
+LM_HEAD_INPUT = "lm_head"     # act_channel_absmax's key for the LM head's input
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,8 @@ def _calibration_forward(config: ModelConfig):
             return dense(layer, q, k, v, cache)
 
         positions = jnp.arange(ids.shape[0], dtype=jnp.int32)
-        _, _, inputs = model.forward(params, config, ids, positions, None, attention, record_inputs=True)
+        hidden, _, inputs = model.forward(params, config, ids, positions, None, attention, record_inputs=True)
+        inputs = {**inputs, LM_HEAD_INPUT: jnp.abs(hidden).max(axis=0)}
         return {"k": jnp.stack(seen["k"]), "v": jnp.stack(seen["v"]), "inputs": inputs}
 
     return jax.jit(run)

@@ -3,8 +3,13 @@ identity of its own.
 
 Only the projections inside the decoder layers are quantized (q, k, v, o, gate, up, down);
 the embedding (a lookup, and the tied LM head of SmolLM2-style models), the untied LM head and
-the norms stay float: the LM head carries the whole logit distribution and the embedding table is
-read one row per token, so quantizing them buys little speed at a measurable accuracy cost.
+the norms stay float by default: the LM head carries the whole logit distribution and the
+embedding table is read one row per token. On a CPU, though, the float LM head is a large part
+of a small model's decode step (the embedded model's is 113 MB, read every step), so w8a8 can
+take it too (`QuantSpec.lm_head`, EngineConfig.quantize_lm_head): an int8 copy in w8a8's form
+stored as the checkpoint's `lm_head.weight`, smoothed with the final norm's calibrated range;
+a tied embedding stays float for the lookup (docs/benchmarks.md "Beside llama.cpp" for what it
+costs in accuracy and gains in speed).
 
 The identity hashes the source's identity with the quantization (mode, group, the calibration's
 data), so a quantized checkpoint never passes for its source: the executable and calibration
@@ -28,6 +33,8 @@ from jaxserve.quant.int4 import quantize_int4
 from jaxserve.quant.int8 import quantize_int8
 from jaxserve.quant.spec import QuantSpec
 from jaxserve.quant.w8a8 import quantize_w8a8, smoothing
+
+LM_HEAD = "lm_head.weight"     # the HF name a quantized LM head is stored under, tied or not
 
 def quantizable_weights(ckpt: Checkpoint) -> dict[str, str]:
     """HF weight name -> the module path of the projection that reads it, for every weight its
@@ -93,8 +100,24 @@ def quantize_checkpoint(ckpt: Checkpoint, spec: QuantSpec, *,
             continue
         act = float(np.max(act_absmax[key])) if spec.mode == "fp8" and spec.uses_calibration else None
         tensors[name] = quantize_tensor(np.asarray(w), spec, act)
+    if spec.lm_head:
+        tensors[LM_HEAD] = _quantized_lm_head(ckpt, act_absmax)
     identity = quantized_identity(ckpt.identity, spec, calibration_id if spec.uses_calibration else None)
     return dataclasses.replace(ckpt, tensors=tensors, identity=identity)
+
+
+def _quantized_lm_head(ckpt: Checkpoint, act_absmax: Mapping[str, object]) -> QuantizedTensor:
+    """w8a8: the LM head [V, D] (the embedding when tied) smoothed by its input's range."""
+    from jaxserve.checkpoints.layout import tensor_layout
+    from jaxserve.quant.calibration import LM_HEAD_INPUT
+
+    layout = tensor_layout(ckpt.config)
+    source = layout.modules[("embed_tokens",)].hf_name if layout.tied_lm_head is not None else LM_HEAD
+    head = ckpt.tensors[source]
+    if isinstance(head, QuantizedTensor):
+        raise ValueError(f"{source!r} is already quantized ({head.mode}); quantize_lm_head needs a float LM head")
+    w = np.asarray(head, np.float32)
+    return quantize_w8a8(w, smoothing([w], np.asarray(act_absmax[LM_HEAD_INPUT], np.float32)))
 
 
 def _refuse_calibrated_experts(ckpt: Checkpoint, mode: str) -> None:

@@ -4,6 +4,7 @@ Every mode starts from the same checkpoint load and goes through the engine's ow
 (quant/prepare.py), so what is measured is what the engine would serve:
     float32           the checkpoint in float32 (the reference)
     int8, int4, int4_g128, int4_symmetric, fp8, fp8_uncalibrated   weight modes
+    w8a8, w8a8_lm_head   int8 weights x int8 activations (the second with the LM head in int8 too)
     kv_fp8, kv_int8   float32 weights, quantized KV cache
     int4_gguf_native  a GGUF's own Q4_0/Q4_1 blocks (only for a GGUF source)
 """
@@ -30,6 +31,7 @@ MODES = {
     "fp8": QuantRequest("fp8"),
     "fp8_uncalibrated": QuantRequest("fp8", calibrated=False),
     "w8a8": QuantRequest("w8a8"),
+    "w8a8_lm_head": QuantRequest("w8a8", lm_head=True),
     "kv_fp8": QuantRequest(kv_cache_dtype="fp8_e4m3"),
     "kv_int8": QuantRequest(kv_cache_dtype="int8"),
     "int4_gguf_native": QuantRequest("int4"),

@@ -31,7 +31,8 @@ from jaxserve.quant.texts import read_text, text_id
 
 KV_DTYPES = {"fp8_e4m3": ("float8_e4m3fn", 448.0), "int8": ("int8", 127.0)}
 CACHE_DIR = "quant_calibration"
-CACHE_FORMAT = 3        # 2: activation maxima per input channel; 3: keyed by projection module path
+# 2: activation maxima per input channel; 3: keyed by projection module path; 4: the LM head's input too
+CACHE_FORMAT = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,7 @@ class QuantRequest:
     calibration_data: str | None = None     # a text file; None: the built-in default
     calibrated: bool = True                 # fp8: False measures what skipping calibration costs
     int4_symmetric: bool = False            # int4: absmax / 7, no per-group minimum
+    lm_head: bool = False                   # w8a8: the LM head in int8 too
 
 
 @dataclass(frozen=True)
@@ -54,12 +56,13 @@ class Prepared:
 def quant_request(config) -> QuantRequest:
     """The quantization an EngineConfig asks for."""
     return QuantRequest(config.quantization, config.quantization_group_size, config.kv_cache_dtype,
-                        config.calibration_data)
+                        config.calibration_data, lm_head=config.quantize_lm_head)
 
 
 def prepare(ckpt: Checkpoint, request: QuantRequest, model_config: ModelConfig, dtype,
             cache_dir: str | None = None) -> Prepared:
-    spec = QuantSpec(request.quantization, request.group_size, request.calibrated, request.int4_symmetric)
+    spec = QuantSpec(request.quantization, request.group_size, request.calibrated, request.int4_symmetric,
+                     request.lm_head)
     text = None
     if spec.enabled:
         act = None

@@ -22,10 +22,15 @@ class QuantSpec:
     # int4 only: False (the default) keeps a minimum per group (llama.cpp's Q4_1 form), which
     # measured far better on the embedded model than absmax / 7 (docs/benchmarks.md)
     symmetric: bool = False
+    # w8a8 only: the LM head too (an int8 copy of a tied embedding; the lookup stays float)
+    lm_head: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in QUANTIZATION_MODES:
             raise ValueError(f"quantization={self.mode!r} must be one of {QUANTIZATION_MODES}")
+        if self.lm_head and self.mode != "w8a8":
+            raise ValueError(f"quantize_lm_head needs quantization='w8a8' (got {self.mode!r}): the LM head is "
+                             "quantized in w8a8's form only")
         if self.mode == "int4" and self.group_size not in INT4_GROUPS:
             raise ValueError(f"int4 group_size={self.group_size} must be one of {INT4_GROUPS}")
 
@@ -48,4 +53,6 @@ class QuantSpec:
             d.pop("calibrated")
         if self.mode == "w8a8":
             d["smoothing_alpha"] = W8A8_SMOOTHING_ALPHA
+        if not self.lm_head:
+            d.pop("lm_head")       # identities from before the option stay as they were
         return d

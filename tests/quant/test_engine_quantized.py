@@ -46,16 +46,19 @@ def _tokens(outs):
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
-@pytest.fixture(scope="module", params=["int8", "int4", "w8a8"])
+@pytest.fixture(scope="module", params=["int8", "int4", "w8a8", "w8a8_lm_head"])
 def quantized_llm(request, tiny_llama_dir):
-    return request.param, LLM(tiny_llama_dir, **TINY_ENGINE, quantization=request.param)
+    mode = request.param
+    return mode, LLM(tiny_llama_dir, **TINY_ENGINE, quantization=mode.removesuffix("_lm_head"),
+                     quantize_lm_head=mode.endswith("_lm_head"))
 
 
 def test_engine_tokens_equal_the_quantized_model_run_directly(quantized_llm, tiny_llama_dir):
     mode, llm = quantized_llm
     tok = llm.get_tokenizer()
     got = _tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False))
-    assert got == _direct_greedy(tiny_llama_dir, QuantRequest(mode), [tok.encode(p) for p in PROMPTS])
+    request = QuantRequest(mode.removesuffix("_lm_head"), lm_head=mode.endswith("_lm_head"))
+    assert got == _direct_greedy(tiny_llama_dir, request, [tok.encode(p) for p in PROMPTS])
     assert llm.stats().num_compilations_after_warmup == 0
 
 
