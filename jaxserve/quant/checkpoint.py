@@ -32,9 +32,9 @@ from jaxserve.quant.fp8 import quantize_fp8
 from jaxserve.quant.int4 import quantize_int4
 from jaxserve.quant.int8 import quantize_int8
 from jaxserve.quant.spec import QuantSpec
+from jaxserve.models.params import QUANTIZED_LM_HEAD as LM_HEAD
 from jaxserve.quant.w8a8 import quantize_w8a8, smoothing
 
-LM_HEAD = "lm_head.weight"     # the HF name a quantized LM head is stored under, tied or not
 
 def quantizable_weights(ckpt: Checkpoint) -> dict[str, str]:
     """HF weight name -> the module path of the projection that reads it, for every weight its
@@ -83,6 +83,9 @@ def quantize_checkpoint(ckpt: Checkpoint, spec: QuantSpec, *,
         _refuse_calibrated_experts(ckpt, spec.mode)
     linear = quantizable_weights(ckpt)
     if not any(n in linear and not isinstance(t, QuantizedTensor) for n, t in ckpt.tensors.items()):
+        if spec.lm_head and not isinstance(ckpt.tensors.get(LM_HEAD), QuantizedTensor):
+            raise ValueError(f"{ckpt.source!r} is already quantized without its LM head and keeps no calibration "
+                             "for it: serve quantize_lm_head from its float source")
         return ckpt                  # every projection already in this form (a converted checkpoint)
     if spec.uses_calibration and act_absmax is None:
         raise ValueError(f"{spec.mode} with calibration needs act_absmax (jaxserve.quant.calibration)")

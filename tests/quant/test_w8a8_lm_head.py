@@ -50,6 +50,14 @@ def test_the_head_is_int8_and_its_logits_stay_close_to_the_float_heads(tiny_dir)
     assert (got.argmax(axis=1) == want.argmax(axis=1)).mean() >= 0.8
 
 
+def test_an_already_quantized_checkpoint_without_its_head_is_refused(tiny_dir):
+    from jaxserve.quant.checkpoint import quantize_checkpoint
+
+    _, quantized, _ = _params(tiny_dir, lm_head=False)       # projections in w8a8, head float
+    with pytest.raises(ValueError, match="without its LM head"):
+        quantize_checkpoint(quantized, QuantSpec("w8a8", lm_head=True))
+
+
 def test_what_the_option_does_not_cover_is_refused():
     with pytest.raises(ValueError, match="quantization='w8a8'"):
         QuantSpec("int8", lm_head=True)
