@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cpu_kernels import int8_dot
 from jaxserve.models import batch_invariant
 from jaxserve.models.lora_delta import current_rows, has_lora, lora_delta
 
@@ -115,7 +116,8 @@ def matmul(x: jax.Array, p: dict, dtype: Any, precision=None) -> jax.Array:
 
 
 # XLA:CPU's int8 dot takes a slow path for a single row (148 ms against 11 ms for two rows over the
-# embedded model's projections, docs/benchmarks.md): one row is computed as two.
+# embedded model's projections, docs/benchmarks.md): one row is computed as two (unless the native
+# kernel serves the step: cpu_kernels/int8_dot.py).
 _W8A8_MIN_ROWS = 2
 
 
@@ -124,12 +126,17 @@ def _w8a8_matmul(x: jax.Array, q: jax.Array, scale: jax.Array, act_smooth: jax.A
     lead, n = x.shape[:-1], x.shape[-1]
     xs = x.reshape(-1, n).astype(jnp.float32) * act_smooth
     rows = xs.shape[0]
-    if rows < _W8A8_MIN_ROWS:
+    # a decode step's few rows on the CPU: the native kernel (cpu_kernels/), exact like XLA's dot
+    native = rows <= int8_dot.MAX_ROWS and int8_dot.active()
+    if rows < _W8A8_MIN_ROWS and not native:
         xs = jnp.pad(xs, ((0, _W8A8_MIN_ROWS - rows), (0, 0)))
     absmax = jnp.max(jnp.abs(xs), axis=1, keepdims=True)
     row_scale = jnp.where(absmax > 0, absmax / 127.0, 1.0)                   # [R, 1]: per token
     xq = jnp.round(xs / row_scale).astype(jnp.int8)                          # |xs / row_scale| <= 127
-    acc = jax.lax.dot_general(xq, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32)
+    if native:
+        acc = int8_dot.int8_dot(xq, q)
+    else:
+        acc = jax.lax.dot_general(xq, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32)
     y = acc.astype(jnp.float32) * row_scale * scale                          # [R, out]
     return y[:rows].reshape(*lead, q.shape[0])
 

@@ -18,7 +18,8 @@ import platform
 # Packages whose code runs inside the traced step and sampler functions (or shapes their inputs),
 # less the runner's start-up modules, which never run inside a trace: editing them (or this file)
 # must not throw away every cached executable.
-TRACED_PACKAGES = ("jaxserve.models", "jaxserve.parallel", "jaxserve.runner", "jaxserve.sched", "pallas_kernels")
+TRACED_PACKAGES = ("jaxserve.models", "jaxserve.parallel", "jaxserve.runner", "jaxserve.sched", "pallas_kernels",
+                   "cpu_kernels")
 TRACED_MODULES = ("jaxserve.sampling_params",)
 UNTRACED_MODULES = ("background_warmup", "calibration", "compile_counter", "executables", "fingerprint", "scratch",
                     "warm_plan", "warmup")
@@ -64,7 +65,7 @@ def software() -> dict:
 
 @functools.cache
 def traced_source() -> str:
-    """sha256 over the Python source of TRACED_PACKAGES and TRACED_MODULES."""
+    """sha256 over the source (Python, and the C++ of cpu_kernels/) of TRACED_PACKAGES and TRACED_MODULES."""
     import importlib.util
 
     files = []
@@ -76,7 +77,7 @@ def traced_source() -> str:
             for root, dirs, names in os.walk(folder):
                 dirs[:] = sorted(d for d in dirs if d != "__pycache__")
                 files += [os.path.join(root, n) for n in sorted(names)
-                          if n.endswith(".py") and os.path.join(root, n) not in untraced]
+                          if n.endswith((".py", ".cc")) and os.path.join(root, n) not in untraced]
     files += [importlib.util.find_spec(name).origin for name in TRACED_MODULES]
     digest = hashlib.sha256()
     for path in files:

@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cpu_kernels import build as cpu_kernel_build
+from cpu_kernels.int8_dot import cpu_kernels as cpu_kernels_mode
 from jaxserve.models.batch_invariant import batch_invariant as batch_invariant_mode
 from jaxserve.models.config import ModelConfig
 from jaxserve.runner import compile_counter
@@ -148,6 +150,11 @@ class ModelRunner:
         self.attention_impl = attention_impl
         self._attention = select_attention(attention_impl)
         self._executable_cache = executable_cache
+        # native CPU kernels (cpu_kernels/: w8a8's few-row dot) in the traced steps: one CPU device
+        # only (a custom call would gather a mesh's sharded weights); built and registered here,
+        # before any cached executable that calls them is loaded
+        self.cpu_kernels = (mesh is None and self.execution_devices[0].platform == "cpu"
+                            and cpu_kernel_build.registered())
         self._compiled = ExecutableStore(shapes.buckets(), self._build_step, "step")
         self._samplers = ExecutableStore(sorted({sample_rows_bucket(*b) for b in shapes.buckets()}),
                                          self._build_sampler, "sampler")
@@ -329,7 +336,7 @@ class ModelRunner:
         def lower():
             # the mode is read while tracing (models/batch_invariant.py): steps, samplers, prompt
             # logprobs and pooling all trace inside it
-            with batch_invariant_mode(self.batch_invariant):
+            with batch_invariant_mode(self.batch_invariant), cpu_kernels_mode(self.cpu_kernels):
                 return traced()
 
         cache = self._executable_cache
@@ -372,6 +379,7 @@ class ModelRunner:
             "attention_impl": self.attention_impl, "compiler_options": self.compiler_options,
             "expert_dispatch": self.expert_dispatch,
             **({"batch_invariant": True} if self.batch_invariant else {}),
+            **({"cpu_kernels": True} if self.cpu_kernels else {}),
             # a 2-way executable must never serve a 4-way engine, nor one compiled for other devices
             "mesh": None if self.mesh is None else {**self.mesh_info.as_dict(),
                                                     "device_ids": self.mesh.device_ids.tolist()},

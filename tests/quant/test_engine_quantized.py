@@ -114,3 +114,25 @@ def test_beam_search_runs_on_quantized_weights(quantized_llm):
     # the best beam is at least as likely as the greedy path (beam search's one promise)
     assert got.sequences[0].cum_logprob >= greedy.cumulative_logprob - 1e-4
     assert llm.stats().num_compilations_after_warmup == 0
+
+
+def test_w8a8_decode_steps_call_the_native_int8_dot(quantized_llm):
+    """On one CPU device the few-row steps run cpu_kernels' int8 dot (its tokens are the ones
+    test_engine_tokens_equal_the_quantized_model_run_directly compares with XLA's dot), the
+    larger ones XLA's own; JAXSERVE_CPU_KERNELS=0 or a machine without a compiler keeps XLA's."""
+    from cpu_kernels import build
+    from cpu_kernels.int8_dot import MAX_ROWS
+
+    mode, llm = quantized_llm
+    runner = llm.engine.runner
+    if not mode.startswith("w8a8") or not build.registered():
+        pytest.skip("the native dot serves w8a8, where the kernels can be built")
+    assert runner.cpu_kernels
+    for bucket in runner.shapes.buckets():
+        step, _ = runner.step_and_sampler(bucket)
+        rows = bucket[0] + bucket[1] * runner.shapes.prefill_tile      # decode rows + prefill tiles' rows
+        calls = "jaxserve_int8_dot" in step.as_text()
+        if rows <= MAX_ROWS:
+            assert calls, bucket
+        elif mode == "w8a8":      # (a quantized LM head runs on the few rows sampled, any step)
+            assert not calls, bucket

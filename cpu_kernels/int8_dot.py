@@ -1,0 +1,50 @@
+"""int8 [M, K] x int8 [N, K] -> int32 [M, N], exact: the native kernel (int8_dot.cc) in a trace.
+
+The runner turns it on while tracing a single-device CPU step (`cpu_kernels()`, a trace-time
+switch like models/batch_invariant.py) and w8a8's matmul (models/linear.py) calls it for steps
+of at most MAX_ROWS rows, where it beats XLA:CPU's int8 dot; a step with more rows, any other
+platform, and a tensor-parallel mesh (whose sharded weights a custom call would gather) keep
+XLA's dot. Both sum exactly in int32, so switching between them changes no result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import Iterator
+
+import jax
+import jax.numpy as jnp
+
+from cpu_kernels import build
+
+# Rows up to which the kernel beats XLA's dot over the embedded model's w8a8 projections
+# (2-core Xeon with AVX-512 VNNI, docs/benchmarks.md "Beside llama.cpp"): at 8 rows XLA's is ahead.
+MAX_ROWS = 4
+
+_ACTIVE = contextvars.ContextVar("jaxserve_cpu_kernels", default=False)
+
+
+def active() -> bool:
+    """Whether the code being traced now may call the native kernels."""
+    return _ACTIVE.get()
+
+
+@contextlib.contextmanager
+def cpu_kernels(enabled: bool = True) -> Iterator[None]:
+    """Trace inside this to let the traced code call the native kernels. Registers them first
+    (`enabled` is dropped when they cannot be built: the caller's program then keeps XLA's ops)."""
+    token = _ACTIVE.set(bool(enabled) and build.registered())
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+def int8_dot(x: jax.Array, w: jax.Array) -> jax.Array:
+    """x int8 [M, K], w int8 [N, K] (row-major: w8a8's [out, in]) -> int32 [M, N] = x @ w.T."""
+    if x.dtype != jnp.int8 or w.dtype != jnp.int8 or x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"int8_dot takes int8 [M, K] and [N, K], got {x.dtype}{list(x.shape)} and "
+                         f"{w.dtype}{list(w.shape)}")
+    out = jax.ShapeDtypeStruct((x.shape[0], w.shape[0]), jnp.int32)
+    return jax.ffi.ffi_call(build.HANDLERS["JaxserveInt8Dot"], out)(x, w)
