@@ -39,11 +39,6 @@ def _compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
 
 
-def _cpu_flags() -> str:
-    from jaxserve.runner.fingerprint import _cpu_flags
-    return _cpu_flags()
-
-
 def _library_key(cxx: str, include_dir: str, flags: tuple[str, ...]) -> str:
     digest = hashlib.sha256(" ".join(flags).encode())
     here = Path(__file__).parent
@@ -53,7 +48,9 @@ def _library_key(cxx: str, include_dir: str, flags: tuple[str, ...]) -> str:
         digest.update(header.read_bytes())
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout
     digest.update(version.encode())
-    digest.update(_cpu_flags().encode())
+    # the instruction sets -march=native compiled for: the same reading the executable cache keys by
+    from jaxserve.runner.fingerprint import cpu_flags
+    digest.update(cpu_flags().encode())
     return digest.hexdigest()[:20]
 
 

@@ -38,7 +38,7 @@ def machine() -> dict:
         "platform_version": device.client.platform_version,
         "num_devices": jax.device_count(),
         "cpu": cpu_model(),
-        "cpu_flags": hashlib.sha256(_cpu_flags().encode()).hexdigest()[:16],
+        "cpu_flags": hashlib.sha256(cpu_flags().encode()).hexdigest()[:16],
         "cpu_count": os.cpu_count(),
         "arch": platform.machine(),
     }
@@ -102,6 +102,6 @@ def cpu_model() -> str:
     return _cpuinfo_field("model name") or platform.processor() or platform.machine()
 
 
-def _cpu_flags() -> str:
+def cpu_flags() -> str:
     # the instruction set extensions XLA:CPU may have compiled for (AVX-512, AMX, ...)
     return _cpuinfo_field("flags")
