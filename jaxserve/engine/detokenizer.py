@@ -66,6 +66,26 @@ class IncrementalDetokenizer:
                 break
         return self.text[before:]
 
+    @property
+    def has_stop_strings(self) -> bool:
+        return bool(self._stop)
+
+    def append_one(self, token_id: int) -> str:
+        """append([token_id]) for a detokenizer without stop strings: the output processor's
+        common step, without the general loop."""
+        if self._stop:
+            return self.append((token_id,))
+        text = self.text
+        before = len(text)
+        self._ids.append(token_id)
+        if self._stream is not None:
+            self._stream_step(token_id)
+        else:
+            self._window_step()
+        self.num_consumed = 1
+        self._text_ends.append(len(self.text))
+        return self.text[before:]
+
     def _window_step(self) -> None:
         """The last id of _ids was added: emit the text it made stable, if any."""
         prefix = self._decode(self._ids[self._prefix_offset:self._read_offset])

@@ -47,6 +47,9 @@ class OutputProcessor:
         self._requests: dict[str, RequestState] = {}
         # scheduler request id -> (its request, its sample): an index into _requests' states
         self._samples: dict[str, tuple[RequestState, SampleState]] = {}
+        # scheduler ids of samples no step has scheduled yet (their first_scheduled_time is open):
+        # a step with none of them marks nothing, instead of looking up every scheduled request
+        self._unscheduled: set[str] = set()
         self.counters = OutputCounters()
 
     # ---- live requests ------------------------------------------------------------------------
@@ -59,8 +62,12 @@ class OutputProcessor:
 
     def add(self, state: RequestState) -> None:
         self._requests[state.request_id] = state
+        plain = (len(state.samples) == 1 and state.pooled is None and state.prompt_logprobs is None
+                 and state.params.output_kind is not OutputKind.FINAL_ONLY)
         for s in state.samples:
             self._samples[s.scheduler_id] = (state, s)
+            self._unscheduled.add(s.scheduler_id)
+            s.plain = plain and s.logprobs is None and (s.detok is None or not s.detok.has_stop_strings)
         self.counters.prompt_tokens += len(state.prompt_token_ids)
 
     def remove(self, request_ids: Iterable[str], reason: str | None = None) -> list[str]:
@@ -73,6 +80,7 @@ class OutputProcessor:
                 continue
             for s in state.samples:
                 self._samples.pop(s.scheduler_id, None)
+                self._unscheduled.discard(s.scheduler_id)
                 scheduler_ids.append(s.scheduler_id)
             if reason is not None:
                 self.counters.count_finished(reason)
@@ -83,10 +91,15 @@ class OutputProcessor:
         return [s.scheduler_id for s in state.samples] if state is not None else [request_id]
 
     def mark_scheduled(self, scheduler_ids: Iterable[str], now: float) -> None:
+        unscheduled = self._unscheduled
+        if not unscheduled:     # the steady state: every live sample has run before
+            return
         for sid in scheduler_ids:
-            entry = self._samples.get(sid)
-            if entry is not None and entry[0].metrics.first_scheduled_time is None:
-                entry[0].metrics.first_scheduled_time = now
+            if sid in unscheduled:
+                unscheduled.discard(sid)
+                metrics = self._samples[sid][0].metrics
+                if metrics.first_scheduled_time is None:
+                    metrics.first_scheduled_time = now
 
     # ---- a step -------------------------------------------------------------------------------
     def process(self, updates: Sequence[RequestUpdate], logprobs: Mapping[str, Sequence], now: float, *,
@@ -95,7 +108,6 @@ class OutputProcessor:
         for the samples that asked for logprobs; `prompt_logprobs[scheduler id]`: the prompt
         positions its rows described (a PromptLogprobChunk)."""
         hits: list[StopStringHit] = []
-        touched: dict[str, RequestState] = {}
         for sid, chunk in (prompt_logprobs or {}).items():
             entry = self._samples.get(sid)
             if entry is not None and entry[0].prompt_logprobs is not None:
@@ -104,11 +116,22 @@ class OutputProcessor:
             entry = self._samples.get(sid)
             if entry is not None and entry[0].pooled is not None:
                 entry[0].pooled.add(chunk)
+        # outputs in the order of the updates: a plain step's output at once, the others' (None
+        # here) built below from their state, once per request (n > 1 samples share one)
+        outputs: list[RequestOutput | None] = []
+        touched: dict[str, tuple[RequestState, int]] = {}
+        plain_tokens = 0
+        samples = self._samples
         for u in updates:
-            entry = self._samples.get(u.request.request_id)
+            entry = samples.get(u.request.request_id)
             if entry is None:
                 continue  # aborted since the step was scheduled
             state, sample = entry
+            new = u.new_token_ids
+            if sample.plain and len(new) == 1 and not u.finished and sample.finish_reason is None:
+                outputs.append(self._plain_step(state, sample, new[0], u.request.num_cached_tokens, now))
+                plain_tokens += 1
+                continue
             sample.started = True
             if u.request.num_cached_tokens > state.num_cached_tokens:
                 state.num_cached_tokens = u.request.num_cached_tokens
@@ -121,13 +144,41 @@ class OutputProcessor:
                         hits.append(StopStringHit(sample.scheduler_id, sample.detok.stopped_by))
             if u.finished:
                 sample.finish(u.request.finish_reason or "stop", u.request.stop_reason)
-            touched[state.request_id] = state
-        outputs = []
-        for state in touched.values():
-            out = self._output(state, now)
-            if out is not None:
-                outputs.append(out)
-        return ProcessedStep(outputs, hits)
+            if state.request_id not in touched:
+                touched[state.request_id] = (state, len(outputs))
+                outputs.append(None)
+        self.counters.generation_tokens += plain_tokens
+        for state, i in touched.values():
+            outputs[i] = self._output(state, now)
+        return ProcessedStep([o for o in outputs if o is not None] if touched else outputs, hits)
+
+    def _plain_step(self, state: RequestState, sample: SampleState, token_id: int, num_cached: int,
+                    now: float) -> RequestOutput:
+        """The common step, what `process` does for it without the general path's branches: one
+        new token of a running request with one sample, no logprobs, no stop strings (so all of
+        it is sendable at once), no prompt logprobs, streamed (DELTA) or cumulative."""
+        sample.started = True
+        if num_cached > state.num_cached_tokens:
+            state.num_cached_tokens = num_cached
+        detok = sample.detok
+        text = detok.append_one(token_id) if detok is not None else ""
+        sample.token_ids.append(token_id)
+        metrics = state.metrics
+        metrics.token_times.append(now)
+        if metrics.first_token_time is None:
+            metrics.first_token_time = now
+        if state.params.output_kind is OutputKind.DELTA:
+            first_token, first_char = sample.sent_tokens, sample.sent_text
+            sample.sent_tokens = len(sample.token_ids)
+            sample.sent_text = len(sample.text)
+            if first_token + 1 == sample.sent_tokens and first_char + len(text) == sample.sent_text:
+                completion = CompletionOutput(sample.index, text, [token_id])
+            else:     # something held back before (cannot happen without stop strings; kept exact)
+                completion = CompletionOutput(sample.index, sample.text[first_char:], sample.token_ids[first_token:])
+        else:
+            completion = CompletionOutput(sample.index, sample.text, sample.token_ids[:])
+        return RequestOutput(state.request_id, state.prompt, state.prompt_token_ids, [completion], False,
+                             num_cached_tokens=state.num_cached_tokens, metrics=state.metrics)
 
     def _append(self, state: RequestState, sample: SampleState, token_ids, sampled_tokens, now: float) -> None:
         # the runner's tokens of a multi-token step go past a stop the scheduler found among them

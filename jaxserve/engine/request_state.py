@@ -29,6 +29,9 @@ class SampleState:
     started: bool = False          # some step has run for it (it appears in n > 1 outputs)
     sent_tokens: int = 0           # streamed so far (OutputKind.DELTA)
     sent_text: int = 0
+    # one sample, no logprobs, no stop strings, no prompt logprobs, no embedding, not final-only:
+    # a one-token step takes the output processor's plain path (set when the request is added)
+    plain: bool = False
 
     @property
     def finished(self) -> bool:
