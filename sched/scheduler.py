@@ -241,16 +241,25 @@ class Scheduler:
         # a request whose pending tokens reach its limits ends at its update: nothing to schedule
         decodes: list[Request] = []
         prefills: list[Request] = []
+        max_len = self.config.max_model_len
         for r in self.running:     # one pass: each request's counts read once
             pending = r.num_pending_output_tokens
-            if pending and self._ends_with_pending(r):
+            num_outputs = len(r.output_token_ids)
+            known = len(r.prompt_token_ids) + num_outputs
+            # pending tokens that already take it to max_tokens or max_model_len: it ends at its update
+            if pending and (num_outputs + pending >= r.max_tokens or known + pending >= max_len):
                 continue
-            ahead = len(r.prompt_token_ids) + len(r.output_token_ids) + pending - r.num_computed_tokens
+            ahead = known + pending - r.num_computed_tokens
             if ahead == 1:
                 decodes.append(r)
             elif ahead > 1:
                 prefills.append(r)
         guesses = self.speculation.plan(decodes) if drafts and not prefills and not self._may_admit() else {}
+        if not guesses:
+            # the common step: each decode one token, then the prompts' chunks
+            if not self._schedule_decodes(decodes, st):
+                return
+            decodes = []
         by_model: list[tuple[Request, int]] = []   # draft_model: guesses to ask for once blocks are there
         num_decodes = len(decodes)
         for i, req in enumerate(decodes + prefills):
@@ -281,6 +290,24 @@ class Scheduler:
                 self._add_scheduled(req, n, st)
         if by_model:
             self._schedule_model_drafts(by_model, st)
+
+    def _schedule_decodes(self, decodes: list[Request], st: _Step) -> bool:
+        """One token for each decode, in order, preempting for blocks as the general loop does;
+        False once the budget is spent (nothing more fits in this step)."""
+        kv, copies = self.kv, st.copies
+        for req in decodes:
+            if req.status is not RequestStatus.RUNNING:
+                continue  # preempted earlier in this step
+            if st.budget <= 0:
+                return False
+            while not kv.allocate_slots(req, 1, copies):
+                victim = pick_victim(self.running)
+                self._preempt(victim, st)
+                if victim is req:
+                    break
+            if req.status is RequestStatus.RUNNING:
+                self._add_decode(req, st)
+        return True
 
     def _schedule_model_drafts(self, by_model: list[tuple[Request, int]], st: _Step) -> None:
         """The draft model writes its K/V at the guesses' positions, so it runs once their blocks
@@ -452,17 +479,13 @@ class Scheduler:
             return None  # wait for the parent's prefill to reach the shared prefix
         return fork if fork.num_tokens >= prefix.num_tokens else prefix
 
-    def _ends_with_pending(self, req: Request) -> bool:
-        """Pending tokens already take req to max_tokens or max_model_len: it ends at its update."""
-        if not req.num_pending_output_tokens:
-            return False
-        return (req.num_outputs_with_pending >= req.max_tokens
-                or req.num_tokens_with_pending >= self.config.max_model_len)
-
     def _add_scheduled(self, req: Request, n: int, st: _Step, draft: list[int] | None = None) -> None:
         """Put n of req's tokens in this step (its last known token and `draft`, the guesses after
         it, if any) and advance its state as if the step had run. A verification's guesses are
         taken back at update() as far as they were rejected."""
+        if n == 1 and not draft:
+            self._add_decode(req, st)
+            return
         # the counts read once (this runs per running request per step)
         c0 = req.num_computed_tokens
         num_prompt = len(req.prompt_token_ids)
@@ -473,20 +496,14 @@ class Scheduler:
         if draft:
             token_ids = req.token_slice(c0, known) + tuple(draft)
             sample = True
-        elif n == 1:    # a decode: its last known token, or the one the step in flight samples
-            if c0 >= known:
-                token_ids = (PLACEHOLDER_TOKEN,)
-            else:
-                token_ids = (req.prompt_token_ids[c0] if c0 < num_prompt else req.output_token_ids[c0 - num_prompt],)
-            sample = end == with_pending
         else:
             token_ids = req.token_slice(c0, min(end, known)) + (PLACEHOLDER_TOKEN,) * max(0, end - max(c0, known))
             sample = end == with_pending
         st.scheduled[req.request_id] = ScheduledRequest(
             req.request_id, token_ids, c0, tuple(req.block_ids), sample, num_outputs, req.sampling,
             len(draft) if draft else 0, self.lora_slots.slot_of(req) if self.lora_slots is not None else 0)
-        st.budget -= n if draft or n == 1 else self._charge(n)
-        if draft or (n == 1 and num_outputs > 0):
+        st.budget -= n if draft else self._charge(n)
+        if draft:
             st.decodes += 1
             st.decode_reqs.append(req)
         elif self.config.step_cost is not None:
@@ -498,6 +515,40 @@ class Scheduler:
         req.num_computed_tokens = end
         if sample:
             req.num_pending_output_tokens += 1
+
+    def _add_decode(self, req: Request, st: _Step) -> None:
+        """_add_scheduled for one token without guesses (every running request, every step): its
+        last known token, or a placeholder for the one the step in flight samples; a prompt's
+        one-token chunk takes this path too."""
+        c0 = req.num_computed_tokens
+        prompt, outputs = req.prompt_token_ids, req.output_token_ids
+        num_prompt = len(prompt)
+        known = num_prompt + len(outputs)
+        pending = req.num_pending_output_tokens
+        num_outputs = len(outputs) + pending
+        if c0 >= known:
+            token = PLACEHOLDER_TOKEN
+        else:
+            token = prompt[c0] if c0 < num_prompt else outputs[c0 - num_prompt]
+        end = c0 + 1
+        sample = end == known + pending
+        lora = self.lora_slots
+        st.scheduled[req.request_id] = ScheduledRequest(
+            req.request_id, (token,), c0, tuple(req.block_ids), sample, num_outputs, req.sampling, 0,
+            lora.slot_of(req) if lora is not None else 0)
+        st.budget -= 1
+        if num_outputs > 0:
+            st.decodes += 1
+            st.decode_reqs.append(req)
+        elif self.config.step_cost is not None:
+            tiles, items = self.config.step_cost.chunk_items(c0, 1)
+            st.prefill_tiles += tiles
+            st.prefill_items += items
+        if not sample:
+            st.partial.add(req.request_id)
+        req.num_computed_tokens = end
+        if sample:
+            req.num_pending_output_tokens = pending + 1
 
     # ---- preemption ---------------------------------------------------------------------------
     def _preempt(self, victim: Request, st: _Step) -> None:
@@ -556,8 +607,11 @@ class Scheduler:
         at once). Requests finished or aborted since the step was scheduled are skipped: the token
         a step computed for them is dropped. A request preempted since still takes its token."""
         updates: list[RequestUpdate] = []
+        requests, kv, speculation = self._requests, self.kv, self.speculation
+        max_model_len = self.config.max_model_len
+        running = RequestStatus.RUNNING
         for sr in sched_out.requests:
-            req = self._requests.get(sr.request_id)
+            req = requests.get(sr.request_id)
             if req is None:
                 continue  # finished or aborted while the step ran
             new: tuple[int, ...] = ()
@@ -568,36 +622,46 @@ class Scheduler:
                     raise ValueError(f"update(): no sampled token for request {sr.request_id!r}")
                 k = sr.num_draft_tokens
                 new = (int(got[0]),) if len(got) == 1 else tuple(map(int, got))
-                if (len(new) != 1 if not k else
-                        not 1 <= len(new) <= 1 + k or new[:-1] != sr.draft_token_ids[:len(new) - 1]):
-                    raise ValueError(f"update(): request {sr.request_id!r} got tokens {new} for guesses "
-                                     f"{sr.draft_token_ids}: expected the accepted guesses and one sampled token")
-                if req.num_pending_output_tokens < 1:
+                if k or len(new) != 1:
+                    self._check_verified(sr, new)
+                pending = req.num_pending_output_tokens
+                if pending < 1:
                     raise ValueError(
                         f"update() for request {sr.request_id!r}: it has no pending token but the step "
                         f"sampled {len(new)}; call update() once per schedule()")
-                req.num_pending_output_tokens -= 1
-                if not req.output_token_ids and req.first_token_time is None:
+                req.num_pending_output_tokens = pending - 1
+                outputs = req.output_token_ids
+                if not outputs and req.first_token_time is None:
                     req.first_token_time = self._clock()
                 if k:
-                    self.speculation.verified(req, sr, len(new) - 1)
-                new, stop = self._append_until_stop(req, new)
-                if not k and self.speculation is not None:
-                    self.speculation.probe(req, new[-1])
-            if req.status is RequestStatus.RUNNING:
-                self.kv.cache_computed_blocks(req)
+                    speculation.verified(req, sr, len(new) - 1)
+                    new, stop = self._append_until_stop(req, new)
+                else:   # one token: nearly every update
+                    outputs.append(new[0])
+                    stop = check_stop(req, max_model_len)
+                    if speculation is not None:
+                        speculation.probe(req, new[0])
+            if req.status is running:
+                kv.cache_computed_blocks(req)
             if stop is not None:
                 self._finish(req, *stop)
-            if new or req.status is RequestStatus.RUNNING or stop is not None:
-                updates.append(RequestUpdate(req, new, stop is not None))
+                updates.append(RequestUpdate(req, new, True))
+            elif new or req.status is running:
+                updates.append(RequestUpdate(req, new, False))
         return updates
+
+    @staticmethod
+    def _check_verified(sr: ScheduledRequest, new: tuple[int, ...]) -> None:
+        """A step's tokens for sr: one sampled token, after the guesses it accepted, if any."""
+        k = sr.num_draft_tokens
+        if (len(new) != 1 if not k else
+                not 1 <= len(new) <= 1 + k or new[:-1] != sr.draft_token_ids[:len(new) - 1]):
+            raise ValueError(f"update(): request {sr.request_id!r} got tokens {new} for guesses "
+                             f"{sr.draft_token_ids}: expected the accepted guesses and one sampled token")
 
     def _append_until_stop(self, req: Request, new: tuple[int, ...]):
         """Append new tokens one at a time, as single steps would have: the first that ends the
         request is its last, and what a verification sampled after it is dropped."""
-        if len(new) == 1:   # one token: nearly every update
-            req.output_token_ids.append(new[0])
-            return new, check_stop(req, self.config.max_model_len)
         for i, t in enumerate(new):
             req.output_token_ids.append(t)
             stop = check_stop(req, self.config.max_model_len)
