@@ -177,6 +177,24 @@ class PersistentBatch:
             ids = req.token_ids
             n = len(ids)
             start = req.num_computed_tokens
+            if n == 1 and not req.num_draft_tokens:
+                # a decode (nearly every row): its token, or the placeholder of the step in flight
+                last = ids[0]
+                src = -1
+                if last == PLACEHOLDER_TOKEN:
+                    src = prev_rows.get(rid, -1) if prev_rows is not None else -1
+                    if src < 0:
+                        raise ValueError(f"request {rid!r}: a placeholder token the previous step did not sample")
+                    last = 0
+                row = len(dec)
+                dec.append((seat, start, last, src, req.lora_slot))
+                if req.sample:
+                    r = len(smp)
+                    smp.append((seat, req.num_output_tokens, src, row))
+                    if isinstance(s, AdjustedSamplingOptions):
+                        adjusting.append((r, s))
+                    sample_rows.append((rid, r))
+                continue
             if req.num_draft_tokens:
                 # one decode row per token, each seeing the context through its own position
                 r = len(smp)
@@ -196,14 +214,10 @@ class PersistentBatch:
                         or last != PLACEHOLDER_TOKEN):
                     raise ValueError(f"request {rid!r}: a placeholder token the previous step did not sample")
                 src = prev_rows[rid]
-            if n == 1:
-                row = len(dec)
-                dec.append((seat, start, 0 if src >= 0 else last, src, req.lora_slot))
-            else:
-                tiles = num_tiles(n, tile)
-                prompts.append((req, seat, p, tiles, src))
-                row = -1
-                p += tiles
+            tiles = num_tiles(n, tile)     # a prompt chunk (one-token steps took the path above)
+            prompts.append((req, seat, p, tiles, src))
+            row = -1
+            p += tiles
             if req.sample:
                 r = len(smp)
                 # the penalties find an in-flight last token where the step finds its placeholder
@@ -214,8 +228,9 @@ class PersistentBatch:
                     adjusting.append((r, s))
                 sample_rows.append((rid, r))
 
-        # seats of requests this step does not carry are freed
-        if len(now) != len(seat_of) or any(rid not in now for rid in seat_of):
+        # seats of requests this step does not carry are freed (every id in `now` is in seat_of,
+        # a new one added above: equal sizes mean equal sets)
+        if len(now) != len(seat_of):
             for rid, seat in seat_of.items():
                 if rid not in now:
                     self._release(seat)
