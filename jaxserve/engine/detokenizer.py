@@ -75,14 +75,26 @@ class IncrementalDetokenizer:
         common step, without the general loop."""
         if self._stop:
             return self.append((token_id,))
-        text = self.text
-        before = len(text)
         self._ids.append(token_id)
+        self.num_consumed = 1
+        stream = self._stream
+        if stream is not None:
+            try:
+                chunk = stream.step(self._backend[0], token_id)
+            except Exception:   # noqa: BLE001  (as in _stream_step: handled below)
+                stream = None
+            if stream is not None:   # _stream_step's work, inline
+                if chunk is not None:
+                    self.text += chunk
+                    self._prefix_offset = self._read_offset
+                    self._read_offset = len(self._ids)
+                self._text_ends.append(len(self.text))
+                return chunk or ""
+        before = len(self.text)
         if self._stream is not None:
-            self._stream_step(token_id)
+            self._stream_refused()
         else:
             self._window_step()
-        self.num_consumed = 1
         self._text_ends.append(len(self.text))
         return self.text[before:]
 
@@ -117,16 +129,20 @@ class IncrementalDetokenizer:
         try:
             chunk = self._stream.step(self._backend[0], t)
         except Exception:   # noqa: BLE001  (the library refuses a window it cannot extend)
-            # go on in Python from the same window (the offsets below are kept equal to the
-            # stream's), for good: a tokenizer that refused once is not trusted with a stream again
-            self._stream = self._backend = None
-            self._window_step()
+            self._stream_refused()
             return
         if chunk is not None:
             self.text += chunk
             # the Python window's state after the same token: kept so a fallback resumes exactly
             self._prefix_offset = self._read_offset
             self._read_offset = len(self._ids)
+
+    def _stream_refused(self) -> None:
+        """The stream refused the last id: go on in Python from the same window (the offsets are
+        kept equal to the stream's), for good: a tokenizer that refused once is not trusted with
+        a stream again. The window's step adds what text the id made."""
+        self._stream = self._backend = None
+        self._window_step()
 
     def releasable(self) -> tuple[int, int]:
         """(tokens, characters) of the output so far that can be sent: all of it, except a tail of

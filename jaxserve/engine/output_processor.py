@@ -167,18 +167,16 @@ class OutputProcessor:
         metrics.token_times.append(now)
         if metrics.first_token_time is None:
             metrics.first_token_time = now
-        if state.params.output_kind is OutputKind.DELTA:
-            first_token, first_char = sample.sent_tokens, sample.sent_text
-            sample.sent_tokens = len(sample.token_ids)
-            sample.sent_text = len(sample.text)
-            if first_token + 1 == sample.sent_tokens and first_char + len(text) == sample.sent_text:
-                completion = CompletionOutput(sample.index, text, [token_id])
-            else:     # something held back before (cannot happen without stop strings; kept exact)
-                completion = CompletionOutput(sample.index, sample.text[first_char:], sample.token_ids[first_token:])
+        token_ids = sample.token_ids
+        if state.params.output_kind is OutputKind.DELTA and sample.sent_tokens + 1 == len(token_ids):
+            # everything before was sent (nothing is held back without stop strings)
+            sample.sent_tokens += 1
+            sample.sent_text += len(text)
+            completion = CompletionOutput(sample.index, text, [token_id])
         else:
-            completion = CompletionOutput(sample.index, sample.text, sample.token_ids[:])
+            completion = _completion(sample, state.params.output_kind)
         return RequestOutput(state.request_id, state.prompt, state.prompt_token_ids, [completion], False,
-                             num_cached_tokens=state.num_cached_tokens, metrics=state.metrics)
+                             state.num_cached_tokens, metrics)
 
     def _append(self, state: RequestState, sample: SampleState, token_ids, sampled_tokens, now: float) -> None:
         # the runner's tokens of a multi-token step go past a stop the scheduler found among them

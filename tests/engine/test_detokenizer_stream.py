@@ -72,3 +72,35 @@ def test_a_stream_that_raises_goes_on_in_the_python_window(tok, monkeypatch):
     d._stream = Broken()
     d.append(out[9:])
     assert d._stream is None and d._backend is None and d.text == want.text
+
+
+@pytest.mark.parametrize("python_window", [False, True])
+def test_append_one_equals_append(tok, python_window):
+    """The output processor's one-token step gives append's text, releasable counts and state,
+    on the stream and on the Python window."""
+    rng = random.Random(11)
+    for _ in range(40):
+        prompt = [rng.randrange(len(tok)) for _ in range(rng.randrange(0, 9))]
+        out = [rng.randrange(len(tok)) for _ in range(rng.randrange(1, 30))]
+        a = _python_window(tok, prompt, True) if python_window else IncrementalDetokenizer(tok, prompt)
+        b = _python_window(tok, prompt, True) if python_window else IncrementalDetokenizer(tok, prompt)
+        for t in out:
+            assert a.append_one(t) == b.append([t])
+            assert a.releasable() == b.releasable() and a.num_consumed == b.num_consumed == 1
+        assert a.text == b.text
+
+
+def test_append_one_after_a_stream_raises_goes_on_in_the_python_window(tok):
+    out = tok.encode("Hello there, héllo wörld! 12345 — done.", add_special_tokens=False)
+    want = _python_window(tok, [], True)
+    want.append(out)
+    d = IncrementalDetokenizer(tok, [], skip_special_tokens=True)
+    got = "".join(d.append_one(t) for t in out[:9])
+
+    class Broken:
+        def step(self, backend, t):
+            raise Exception("Invalid prefix encountered")
+
+    d._stream = Broken()
+    got += "".join(d.append_one(t) for t in out[9:])
+    assert d._stream is None and got == d.text == want.text
