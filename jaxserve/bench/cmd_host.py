@@ -15,6 +15,8 @@ once. The engine is stepped by hand; every step's wall time is split into
   update     Scheduler.update
   outputs    OutputProcessor.process
   wait       time waiting for the device (not host time)
+  gc         Python's garbage collections during the step (inside the parts above, not added;
+             the mean per step, since they run in some steps only)
 
 and `host` = the step's wall time less `wait` (what `stats().host_ms_per_step` counts). Only
 steps where every running request decodes are kept (the prefill steps at the start and the short
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import io
 import os
 import statistics
@@ -74,7 +77,15 @@ class _Clock:
     """Per-step seconds spent inside the wrapped methods."""
 
     def __init__(self) -> None:
-        self.parts = dict.fromkeys(PARTS + ("run_inputs", "wait"), 0.0)
+        self.parts = dict.fromkeys(PARTS + ("run_inputs", "wait", "gc"), 0.0)
+        self._gc_started = 0.0
+
+    def on_gc(self, phase: str, info: dict) -> None:
+        # gc.callbacks: a collection starts and stops (whichever part allocated when it ran)
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        else:
+            self.parts["gc"] += time.perf_counter() - self._gc_started
 
     def reset(self) -> None:
         for k in self.parts:
@@ -132,6 +143,7 @@ def _one_round(llm, prompts, params, batch: int, profiler=None) -> dict[str, Any
     for i in range(batch):
         engine.add_request(f"r{i}", prompts[i], params)
     rows = []
+    gc.callbacks.append(clock.on_gc)
     try:
         while engine.has_unfinished_requests():
             clock.reset()
@@ -149,6 +161,7 @@ def _one_round(llm, prompts, params, batch: int, profiler=None) -> dict[str, Any
                 p["pack"] -= p["dispatch"]      # dispatch = pack + run_inputs
                 rows.append((wall, p))
     finally:
+        gc.callbacks.remove(clock.on_gc)
         _uninstrument(engine)
     if not rows:
         raise SystemExit(f"jaxserve bench host: no all-decode step at batch {batch} (raise --output-len)")
@@ -159,6 +172,10 @@ def _one_round(llm, prompts, params, batch: int, profiler=None) -> dict[str, Any
            "compilations_after_warmup": llm.stats().num_compilations_after_warmup}
     for part in PARTS + ("wait",):
         out[f"{part}_ms"] = 1000 * statistics.median(p[part] for _, p in rows)
+    # collections run in some steps only (a median would read 0): the mean per step, and the
+    # host's mean beside its median
+    out["gc_ms"] = 1000 * statistics.mean(p["gc"] for _, p in rows)
+    out["host_mean_ms"] = 1000 * statistics.mean(host)
     return out
 
 
@@ -217,8 +234,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             llm = LLM.sharing_runner(base, async_scheduling=not args.no_async_scheduling)
             rounds.append(_one_round(llm, prompts, params, batch))
         row = {"rounds": rounds, **{k: statistics.median(r[k] for r in rounds)
-                                    for k in ("host_ms", "stats_host_ms_per_step")
-                                    + tuple(f"{p}_ms" for p in PARTS + ("wait",))}}
+                                    for k in ("host_ms", "host_mean_ms", "stats_host_ms_per_step")
+                                    + tuple(f"{p}_ms" for p in PARTS + ("wait", "gc"))}}
         row["compilations_after_warmup"] = max(r["compilations_after_warmup"] for r in rounds)
         if args.profile:
             row["profile"] = _profile(base, prompts, params, batch, args)
@@ -276,10 +293,10 @@ def _profile(base, prompts, params, batch: int, args) -> str:
 
 
 def _table(per_batch: dict) -> str:
-    head = "| running | host ms | " + " | ".join(PARTS) + " | wait | x batch-1 |"
-    lines = [head, "|" + "---|" * (len(PARTS) + 4)]
+    head = "| running | host ms | " + " | ".join(PARTS) + " | wait | gc | x batch-1 |"
+    lines = [head, "|" + "---|" * (len(PARTS) + 5)]
     first = next(iter(per_batch.values()))["host_ms"]
     for b, r in per_batch.items():
         lines.append(f"| {b} | {r['host_ms']:.2f} | " + " | ".join(f"{r[p + '_ms']:.3f}" for p in PARTS)
-                     + f" | {r['wait_ms']:.3f} | {r['host_ms'] / first:.1f} |")
+                     + f" | {r['wait_ms']:.3f} | {r['gc_ms']:.3f} | {r['host_ms'] / first:.1f} |")
     return "\n".join(lines)

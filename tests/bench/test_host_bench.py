@@ -26,5 +26,7 @@ def test_host_ms_and_its_parts_per_batch_size(tmp_path):
             # medians of per-step values each at most the step's wall time are at most its median
             assert 0 < r["host_ms"] <= r["wall_ms"]
             assert all(0 <= r[f"{p}_ms"] <= r["wall_ms"] for p in PARTS + ("wait",))
+            # means: collections inside the steps (not added to the parts), the host's mean
+            assert 0 <= r["gc_ms"] <= r["host_mean_ms"]
     first = rows[1]["host_ms"]
     assert result["summary"]["ratio_to_smallest"] == {b: r["host_ms"] / first for b, r in rows.items()}
