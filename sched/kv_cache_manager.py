@@ -240,11 +240,14 @@ class KVCacheManager:
         token prefix) so the cache never holds two copies of one prefix."""
         if self.cache is None:
             return
-        nodes = self._nodes.setdefault(req.request_id, [])
+        nodes = self._nodes.get(req.request_id)
+        if nodes is None:
+            nodes = self._nodes[req.request_id] = []
         # a block is keyed by its tokens: one still holding a pending (unknown) token must wait;
         # one whose K/V a scheduled step is still writing may enter, since every later step that
-        # could hit it runs after that step on the device
-        num_full = min(req.num_computed_tokens, req.num_tokens) // self.block_size
+        # could hit it runs after that step on the device (the counts read directly: this runs
+        # for every request after every step)
+        num_full = min(req.num_computed_tokens, len(req.prompt_token_ids) + len(req.output_token_ids)) // self.block_size
         if num_full <= len(nodes):
             return
         bs = self.block_size

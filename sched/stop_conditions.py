@@ -12,15 +12,17 @@ from jaxserve.sched.request import Request
 
 def check_stop(req: Request, max_model_len: int) -> tuple[str, int | None] | None:
     """(finish_reason, stop_reason) if req must finish after its last appended token, else None."""
-    n_out = req.num_output_tokens
+    # runs for every request after every step: the lists read directly, not through properties
+    outputs = req.output_token_ids
+    n_out = len(outputs)
     if n_out == 0:
         return None
     if n_out >= req.min_tokens:
-        last = req.output_token_ids[-1]
+        last = outputs[-1]
         if not req.ignore_eos and last in req.eos_token_ids:
             return ("stop", None)
         if last in req.stop_token_ids:
             return ("stop", last)
-    if n_out >= req.max_tokens or req.num_tokens >= max_model_len:
+    if n_out >= req.max_tokens or len(req.prompt_token_ids) + n_out >= max_model_len:
         return ("length", None)
     return None
