@@ -199,11 +199,13 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         st = _Step(budget if cap is None else min(cap.tokens, budget))
         self.kv.begin_step(st.swap_out, st.swap_in)
+        self.admission.new_pass()     # the last step's update changed every running request
         for req in self.kv_loads.step(self.waiting, self.running):
             self._finish(req, "abort", None)   # a failed load under policy "fail" (engine: UNAVAILABLE)
         self._schedule_running(st, drafts and self.speculation is not None)
         # Admitting right after a preemption would only evict someone again next step.
         if not st.preempted:
+            self.admission.new_pass()     # the running requests were just scheduled
             self._schedule_waiting(st)
         if st.host_freed:
             self.host_pool.free(st.host_freed)
@@ -569,6 +571,7 @@ class Scheduler:
             pending_copy = len(kept) != len(st.copies)
             st.copies[:] = kept
         self.running.remove(victim)
+        self.admission.new_pass()
         if self.lora_slots is not None:
             self.lora_slots.release(victim)
         # swap-outs run before the step's copies and swap-ins: a block still waiting for its
@@ -698,6 +701,7 @@ class Scheduler:
         rid = req.request_id
         if req.status is RequestStatus.RUNNING:
             self.running.remove(req)
+            self.admission.new_pass()
         elif req.status is not RequestStatus.WAITING_FOR_REMOTE_KVS:
             self.waiting.remove(req)
         if self.lora_slots is not None:

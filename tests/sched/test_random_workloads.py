@@ -119,6 +119,16 @@ def test_random_workloads_match_the_model_alone_and_leak_no_blocks(one_step_ahea
     ticks, start = iter(range(1 << 30)), time.perf_counter()
     sched = Scheduler(cfg, clock=lambda: start + 0.01 * next(ticks))
     children = []
+    # admission's memo of the running requests' growth (kept through one admission pass) equals
+    # the projection computed afresh at every decision
+    memoized, admission = sched.admission.running_growth, sched.admission
+
+    def checked_growth(running):
+        got = memoized(running)
+        assert got == sum(max(0, admission.projected_blocks(r) - len(r.block_ids)) for r in running)
+        return got
+
+    admission.running_growth = checked_growth
 
     def on_step(step, out):
         if step in aborts:
