@@ -11,9 +11,11 @@ arguments into the same HLO parameters either way; only the Python calling conve
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import jax
+
+from jaxserve.runner.packed_inputs import InputLayout
 
 
 def lower_flat(fn: Callable, args: tuple, *, donate: int, **jit_kwargs):
@@ -30,20 +32,20 @@ def lower_flat(fn: Callable, args: tuple, *, donate: int, **jit_kwargs):
 
 
 class FlatStep:
-    """A step compiled by `lower_flat` from (params, kv_caches, arrays dict, prev_tokens)."""
+    """A step compiled by `lower_flat` from (params, kv_caches, packed arrays, prev_tokens): its
+    arrays dict arrives in one buffer laid out by `layout` (packed_inputs.py)."""
 
-    __slots__ = ("compiled", "keys")
+    __slots__ = ("compiled", "layout")
 
-    def __init__(self, compiled, keys: Sequence[str]):
+    def __init__(self, compiled, layout: InputLayout):
         self.compiled = compiled
-        self.keys = tuple(sorted(keys))     # a dict's leaves come in sorted key order
+        self.layout = layout
 
     def __call__(self, params, kv_caches, arrays: dict, prev_tokens, *, param_leaves: list | None = None):
         """The pytree convention; `param_leaves`: params already flattened (the step loop's)."""
         if param_leaves is None:
             param_leaves = jax.tree.leaves(params)
-        return self.compiled(*param_leaves, *jax.tree.leaves(kv_caches), *[arrays[k] for k in self.keys],
-                             prev_tokens)
+        return self.compiled(*param_leaves, *jax.tree.leaves(kv_caches), self.layout.pack(arrays), prev_tokens)
 
     def __getattr__(self, name):
         # as_text(), cost_analysis() and the like: the compiled executable's

@@ -34,6 +34,7 @@ from jaxserve.runner.attention import select_attention
 from jaxserve.runner.batch import batch_shapes, sample_rows_bucket
 from jaxserve.runner.persistent_batch import PersistentBatch
 from jaxserve.runner.flat_step import FlatStep, lower_flat
+from jaxserve.runner.packed_inputs import InputLayout, PackedSampler
 from jaxserve.runner.buckets import RunnerShapes
 from jaxserve.runner.sampler import neutral_adjustment_arrays, sample, sampling_arrays
 from jaxserve.runner.token_mask import mask_words
@@ -189,8 +190,13 @@ class ModelRunner:
                        tile=self.shapes.prefill_tile, mesh=self.mesh, model=self.model,
                        return_hidden=self.returns_hidden, expert_dispatch=self.expert_dispatch,
                        block_size=self.arena_spec.block_size, batch_invariant=self.batch_invariant)
-        specs = {k: self._input(s, d) for k, (s, d) in
-                 batch_shapes(D, P, tile=self.shapes.prefill_tile, table_width=self.shapes.table_width).items()}
+        layout = self._step_layout(bucket)
+        step = fn
+
+        def fn(params, kv_caches, buffer, prev_tokens):   # the step, its arrays arriving in one buffer
+            return step(params, kv_caches, layout.unpack(buffer), prev_tokens)
+
+        specs = layout.spec(None if self.mesh is None else replicated(self.mesh))
         prev = self._input((self.max_sample_rows,), jnp.int32)
         if self.mesh is None:
             kv = self.arena_spec.shape_dtype()
@@ -233,9 +239,23 @@ class ModelRunner:
                                                         jnp.float32)
             specs["draft_tokens"] = jax.ShapeDtypeStruct((self.max_sample_rows,), jnp.int32)
         prev = self._input((self.max_sample_rows,), jnp.int32)
-        return jax.jit(functools.partial(sample, pad_to=self.max_sample_rows, probs_out=self.sampler_probs,
-                                         logprobs_mode=self.logprobs_mode)).lower(
-            logits, specs, prev)
+        layout = self._sampler_layout(rows)
+        sampler = functools.partial(sample, pad_to=self.max_sample_rows, probs_out=self.sampler_probs,
+                                    logprobs_mode=self.logprobs_mode)
+
+        def packed_sampler(logits, buffer, rest, prev_tokens):   # the per-row options in one buffer
+            return sampler(logits, {**layout.unpack(buffer), **rest}, prev_tokens)
+
+        rest = {k: v for k, v in specs.items() if k not in layout.names}
+        return jax.jit(packed_sampler).lower(logits, layout.spec(None if self.mesh is None else replicated(self.mesh)),
+                                             rest, prev)
+
+    def _sampler_layout(self, rows: int) -> InputLayout:
+        """The sampler's per-row options (temperature, top-k/p, seeds, banned ids...) packed in one
+        buffer; the logit adjustments stay apart (device-resident neutral arrays in most steps)."""
+        base = sampling_arrays([None] * rows, rows, history_len=self.shapes.max_model_len, mask_words=self.mask_words)
+        adjustments = neutral_adjustment_arrays(rows, self.shapes.max_model_len, self.mask_words)
+        return InputLayout.of({k: (v.shape, v.dtype) for k, v in base.items() if k not in adjustments})
 
     def _neutral_adjustments(self, rows: int) -> dict:
         """The wide logit-adjustment arrays of a step where no row adjusts, kept on the device so
@@ -281,7 +301,9 @@ class ModelRunner:
         # logprobs or embeddings keeps the keys it always had)
         # flat: called with flat leaves (flat_step.py), another calling convention than entries
         # kept before it
-        return {"kind": "step", "bucket": bucket, "flat": True, **({"hidden": True} if self.returns_hidden else {})}
+        # packed: its arrays in one buffer (packed_inputs.py)
+        return {"kind": "step", "bucket": bucket, "flat": True, "packed": True,
+                **({"hidden": True} if self.returns_hidden else {})}
 
     @property
     def counts_experts(self) -> bool:
@@ -294,10 +316,12 @@ class ModelRunner:
         embeddings read them (one program for both)."""
         return self.prompt_logprobs is not None or getattr(self, "pooling", None) is not None
 
+    def _step_layout(self, bucket: tuple[int, int]) -> InputLayout:
+        return InputLayout.of(batch_shapes(*bucket, tile=self.shapes.prefill_tile, table_width=self.shapes.table_width))
+
     def _build_step(self, bucket: tuple[int, int], reuse: bool = True):
         compiled = self._load_or_compile(self._step_key(bucket), lambda: self._lower(bucket), reuse=reuse)
-        return FlatStep(compiled, batch_shapes(*bucket, tile=self.shapes.prefill_tile,
-                                               table_width=self.shapes.table_width))
+        return FlatStep(compiled, self._step_layout(bucket))
 
     @property
     def params(self):
@@ -315,8 +339,11 @@ class ModelRunner:
             self._param_leaves = jax.tree.leaves(self._params)
         return self._param_leaves
 
-    def _build_sampler(self, rows: int):
-        return self._load_or_compile({"kind": "sampler", "rows": rows}, lambda: self._lower_sampler(rows))
+    def _build_sampler(self, rows: int, reuse: bool = True):
+        # packed: its per-row options in one buffer (packed_inputs.py)
+        compiled = self._load_or_compile({"kind": "sampler", "rows": rows, "packed": True},
+                                         lambda: self._lower_sampler(rows), reuse=reuse)
+        return PackedSampler(compiled, self._sampler_layout(rows))
 
     def recompile(self, bucket: tuple[int, int]) -> None:
         """A step (or its sampler) from the executable cache failed its first run: forget both
@@ -324,8 +351,7 @@ class ModelRunner:
         the donated one; only start-up warm-up calls this, when the arena holds nothing)."""
         rows = sample_rows_bucket(*bucket)
         self._compiled.replace(bucket, self._build_step(bucket, reuse=False))
-        self._samplers.replace(rows, self._load_or_compile({"kind": "sampler", "rows": rows},
-                                                           lambda: self._lower_sampler(rows), reuse=False))
+        self._samplers.replace(rows, self._build_sampler(rows, reuse=False))
         self.kv_caches = self._allocate_arena()
         self._prev_tokens = self._no_prev_tokens()
         self._prev_rows = {}
