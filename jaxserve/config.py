@@ -94,6 +94,11 @@ class EngineConfig:
     async_scheduling: bool = _f(
         True, "schedule and dispatch step N+1 while the device runs step N (sampled tokens feed the next step on "
               "the device); --no-async-scheduling waits for each step's tokens before scheduling the next")
+    python_gc_threshold: int | None = _f(
+        20_000, "Python's garbage collector runs its youngest generation after this many more tracked objects "
+                "were allocated than freed (Python's default: 700), set for the whole process when an engine "
+                "is built (only ever raised): a step at 256 running requests makes a few thousand short-lived "
+                "objects, and at 700 the collector ran several times a step; 700 (or None) keeps Python's pace")
     logprobs_mode: str = _f(
         "raw", "what sampled tokens' logprobs describe: raw (the model's distribution, before any adjustment) or "
                "processed (the distribution each token was drawn from: after penalties, logit_bias, min_tokens bans "
@@ -206,7 +211,7 @@ class EngineConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 raise ValueError(f"{name}={v!r} must be a positive integer")
-        for name in ("max_model_len", "kv_cache_memory", "num_kv_blocks", "usable_kv_blocks"):
+        for name in ("max_model_len", "kv_cache_memory", "num_kv_blocks", "usable_kv_blocks", "python_gc_threshold"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v <= 0):
                 raise ValueError(f"{name}={v!r} must be a positive integer or None")

@@ -33,6 +33,7 @@ from jaxserve.config import EngineConfig
 from jaxserve.engine.chunk_policy import DECODE_CONTEXT, PROVISIONAL, ChunkPolicy, resolve_chunk_policy
 from jaxserve.engine.deferred_calibration import DeferredCalibration
 from jaxserve.engine.draft_model import build_draft_runner
+from jaxserve.engine.host_gc import pace_collector
 from jaxserve.engine.draft_proposer import DraftModelProposer
 from jaxserve.engine.chat_template import apply_chat_template_override
 from jaxserve.engine.engine import Engine
@@ -359,6 +360,7 @@ def _serve(config: EngineConfig, model_config: ModelConfig, params, *, dtype: st
     )
     engine.startup_timings = clock.timings()
     engine.deferred_calibration = deferred
+    pace_collector(config.python_gc_threshold)
     log.info("%s", engine.startup_timings.describe())
     if stages is not None:
         warm_start.start(engine, stages)

@@ -481,7 +481,8 @@ class ModelRunner:
         pooled = self.pooling.run(hidden[0], inputs.pooling_rows) if inputs.pooling_rows is not None else None
         # a verification's last token is known only at collect(): no later step may read it as a
         # placeholder (the scheduler schedules after its update), so it has no row here
-        self._prev_rows = {rid: row for rid, row in packed.sample_rows if rid not in packed.drafts}
+        self._prev_rows = (dict(packed.sample_rows) if not packed.drafts else
+                           {rid: row for rid, row in packed.sample_rows if rid not in packed.drafts})
         if not packed.sample_rows:
             return StepHandle(prompt=prompt, pooled=pooled, routed=routed)
         sampling = packed.sampling
