@@ -18,6 +18,9 @@ once. The engine is stepped by hand; every step's wall time is split into
   gc         Python's garbage collections during the step (inside the parts above, not added;
              the mean per step, since they run in some steps only)
 
+Beside them, `admit_schedule_ms`: Scheduler.schedule in the round's first step, which admits the
+whole burst of B waiting requests (as many as the step's token budget takes).
+
 and `host` = the step's wall time less `wait` (what `stats().host_ms_per_step` counts). Only
 steps where every running request decodes are kept (the prefill steps at the start and the short
 steps at the end are not), and medians over them are reported, per `--rounds` round and over
@@ -143,9 +146,11 @@ def _one_round(llm, prompts, params, batch: int, profiler=None) -> dict[str, Any
     for i in range(batch):
         engine.add_request(f"r{i}", prompts[i], params)
     rows = []
+    admit_s = None
     gc.callbacks.append(clock.on_gc)
     try:
         while engine.has_unfinished_requests():
+            first = admit_s is None
             clock.reset()
             decoding = _all_decoding(engine, batch)
             if profiler is not None and decoding:
@@ -155,6 +160,8 @@ def _one_round(llm, prompts, params, batch: int, profiler=None) -> dict[str, Any
             wall = time.perf_counter() - t
             if profiler is not None and decoding:
                 profiler.disable()
+            if first:     # the step that takes in the whole burst
+                admit_s = clock.parts["schedule"]
             if decoding:
                 p = dict(clock.parts)
                 p["dispatch"] = p.pop("run_inputs")
@@ -176,6 +183,7 @@ def _one_round(llm, prompts, params, batch: int, profiler=None) -> dict[str, Any
     # host's mean beside its median
     out["gc_ms"] = 1000 * statistics.mean(p["gc"] for _, p in rows)
     out["host_mean_ms"] = 1000 * statistics.mean(host)
+    out["admit_schedule_ms"] = 1000 * admit_s
     return out
 
 
@@ -234,7 +242,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             llm = LLM.sharing_runner(base, async_scheduling=not args.no_async_scheduling)
             rounds.append(_one_round(llm, prompts, params, batch))
         row = {"rounds": rounds, **{k: statistics.median(r[k] for r in rounds)
-                                    for k in ("host_ms", "host_mean_ms", "stats_host_ms_per_step")
+                                    for k in ("host_ms", "host_mean_ms", "admit_schedule_ms", "stats_host_ms_per_step")
                                     + tuple(f"{p}_ms" for p in PARTS + ("wait", "gc"))}}
         row["compilations_after_warmup"] = max(r["compilations_after_warmup"] for r in rounds)
         if args.profile:
@@ -293,10 +301,11 @@ def _profile(base, prompts, params, batch: int, args) -> str:
 
 
 def _table(per_batch: dict) -> str:
-    head = "| running | host ms | " + " | ".join(PARTS) + " | wait | gc | x batch-1 |"
-    lines = [head, "|" + "---|" * (len(PARTS) + 5)]
+    head = "| running | host ms | " + " | ".join(PARTS) + " | wait | gc | x batch-1 | admitting all: schedule ms |"
+    lines = [head, "|" + "---|" * (len(PARTS) + 6)]
     first = next(iter(per_batch.values()))["host_ms"]
     for b, r in per_batch.items():
         lines.append(f"| {b} | {r['host_ms']:.2f} | " + " | ".join(f"{r[p + '_ms']:.3f}" for p in PARTS)
-                     + f" | {r['wait_ms']:.3f} | {r['gc_ms']:.3f} | {r['host_ms'] / first:.1f} |")
+                     + f" | {r['wait_ms']:.3f} | {r['gc_ms']:.3f} | {r['host_ms'] / first:.1f} | "
+                     f"{r['admit_schedule_ms']:.2f} |")
     return "\n".join(lines)

@@ -210,3 +210,44 @@ def test_the_scripts_engine_flags_make_valid_step_shapes():
         kw.setdefault("prefill_tile", OFFLINE_PREFILL_TILE)    # the bench builds an LLM
         shapes = runner_shapes(EngineConfig(**kw, max_model_len=max_len), max_len)
         assert shapes.prefill_buckets[0] == 0 and len(shapes.buckets()) == 4, (flags, shapes.buckets())
+
+
+def test_run_from_checkout_runs_another_checkouts_code_whatever_is_installed(tmp_path):
+    """--checkout DIR: every jaxserve package comes from DIR, even run from this checkout (the
+    working directory) with this checkout's editable install, and with DIR's launcher an older
+    one that kept whatever `jaxserve.sched` the install mapped."""
+    old_launcher = subprocess.run(["git", "show", "00a19cb:jaxserve/bench/run_from_checkout.py"], cwd=REPO,
+                                  capture_output=True, text=True)
+    if old_launcher.returncode != 0:
+        pytest.skip("no git history here")
+    other = tmp_path / "other"
+    for folder in ("jaxserve/bench", "sched", "checkpoints", "cpu_kernels"):
+        (other / folder).mkdir(parents=True)
+        (other / folder / "__init__.py").write_text("")
+    (other / "jaxserve" / "__init__.py").write_text("")
+    (other / "jaxserve" / "bench" / "run_from_checkout.py").write_text(old_launcher.stdout)
+    (other / "jaxserve" / "probe.py").write_text(
+        "import jaxserve, jaxserve.sched, jaxserve.checkpoints, cpu_kernels, sched\n"
+        "print(jaxserve.__file__, jaxserve.sched.__file__, jaxserve.checkpoints.__file__, cpu_kernels.__file__,"
+        " sched.__file__)\n")
+    res = subprocess.run([sys.executable, "-m", "jaxserve.bench.run_from_checkout", "--checkout", str(other),
+                          "jaxserve.probe"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    *ours, stdlib_sched = res.stdout.split()
+    assert all(p.startswith(str(other) + os.sep) for p in ours), ours
+    assert not stdlib_sched.startswith(str(other))   # the checkout's sched/ is mapped, not on the path
+
+
+def test_a_checkouts_own_launcher_maps_its_own_folders_beside_another_install(tmp_path):
+    """Run from a checkout with its own (this) launcher, `jaxserve.sched` is the checkout's, not
+    the folder the editable install of another checkout maps."""
+    other = tmp_path / "other"
+    for folder in ("jaxserve/bench", "sched", "checkpoints"):
+        (other / folder).mkdir(parents=True)
+        (other / folder / "__init__.py").write_text("")
+    shutil.copy(os.path.join(REPO, "jaxserve", "bench", "run_from_checkout.py"), other / "jaxserve" / "bench")
+    (other / "jaxserve" / "probe.py").write_text("import jaxserve.sched\nprint(jaxserve.sched.__file__)\n")
+    res = subprocess.run([sys.executable, "-m", "jaxserve.bench.run_from_checkout", "jaxserve.probe"], cwd=other,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == str(other / "sched" / "__init__.py")

@@ -28,5 +28,6 @@ def test_host_ms_and_its_parts_per_batch_size(tmp_path):
             assert all(0 <= r[f"{p}_ms"] <= r["wall_ms"] for p in PARTS + ("wait",))
             # means: collections inside the steps (not added to the parts), the host's mean
             assert 0 <= r["gc_ms"] <= r["host_mean_ms"]
+            assert r["admit_schedule_ms"] > 0     # the first step's schedule() took in the burst
     first = rows[1]["host_ms"]
     assert result["summary"]["ratio_to_smallest"] == {b: r["host_ms"] / first for b, r in rows.items()}
