@@ -270,7 +270,8 @@ def _buckets(batches: list[int]) -> dict[str, tuple[int, ...]]:
     from jaxserve.llm import OFFLINE_PREFILL_TILE     # LLM's tile (the engine's own default is smaller)
 
     tiles = EngineConfig().max_num_batched_tokens // OFFLINE_PREFILL_TILE
-    return {"decode_buckets": (1, batches[-1]), "decode_only_buckets": tuple(batches),
+    # the mixed buckets need 1 and the largest batch (one entry when that is 1 itself)
+    return {"decode_buckets": tuple(sorted({1, batches[-1]})), "decode_only_buckets": tuple(batches),
             "prefill_buckets": (0, tiles)}
 
 

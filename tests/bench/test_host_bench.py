@@ -31,3 +31,14 @@ def test_host_ms_and_its_parts_per_batch_size(tmp_path):
             assert r["admit_schedule_ms"] > 0     # the first step's schedule() took in the burst
     first = rows[1]["host_ms"]
     assert result["summary"]["ratio_to_smallest"] == {b: r["host_ms"] / first for b, r in rows.items()}
+
+
+def test_buckets_for_one_batch_size_are_valid_engine_buckets():
+    # `--batch-sizes 1` alone once asked for decode_buckets=(1, 1), which the engine refuses
+    from jaxserve.bench.cmd_host import _buckets
+    from jaxserve.config import EngineConfig
+
+    for batches in ([1], [4], [1, 256], [16, 64]):
+        b = _buckets(batches)
+        assert b["decode_buckets"] == tuple(sorted({1, batches[-1]}))
+        EngineConfig(max_num_seqs=batches[-1], **b)      # validates the buckets
