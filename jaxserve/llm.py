@@ -12,6 +12,7 @@ jaxserve is served the same way from its functions and params (docs/custom_model
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any, Sequence
 
 from jaxserve.config import EngineConfig
@@ -20,7 +21,7 @@ from jaxserve.engine.stats import EngineStats
 from jaxserve.embedding_outputs import EmbeddingRequestOutput
 from jaxserve.outputs import RequestOutput
 from jaxserve.pooling_params import PoolingParams
-from jaxserve.sampling_params import SamplingParams
+from jaxserve.sampling_params import OutputKind, SamplingParams
 
 if TYPE_CHECKING:
     from jax.sharding import Mesh
@@ -122,6 +123,8 @@ class LLM:
         prompts = list(prompts)
         n = len(prompts)
         params = self._per_prompt(params, n, params_name, default_params)
+        if params_name == "sampling_params":
+            params = _final_only(params)
         priorities = self._per_prompt(priority, n, "priority", 0)
         loras = self._per_prompt(lora_request, n, "lora_request", None)
         ids = []
@@ -158,8 +161,6 @@ class LLM:
         tool_call_parser and reasoning_parser default to the LLM's (LLM(..., tool_call_parser=...));
         the tool parser then to the model's format. With tools or a reasoning parser each
         CompletionOutput's `message` holds the answer split into reasoning, content and tool calls."""
-        import dataclasses
-
         from jaxserve.chat_output import ChatOutputSpec
         from jaxserve.reasoning_parsers import reasoning_parser as reasoning_parser_named
         from jaxserve.tool_parsers import ToolChoice, function_tools, plan_tools, resolve_tool_parser
@@ -331,3 +332,21 @@ def _caller_mesh(mesh, axis: str | None, kwargs: dict):
         raise ValueError(f"tensor_parallel_size={asked} but the mesh's tensor-parallel axis has {size} devices "
                          f"(leave tensor_parallel_size out with mesh=: it follows the mesh)")
     return engine
+
+
+def _final_only(params: list[SamplingParams]) -> list[SamplingParams]:
+    """The params as FINAL_ONLY (vLLM's LLM does the same): `generate` keeps only each request's
+    finished output, so the engine builds no output per step for it (no cumulative copy of every
+    output so far at every step), and params asking for DELTA still return the whole output, not
+    its last chunk. One copy per distinct params object."""
+    final = OutputKind.FINAL_ONLY
+    copies: dict[int, SamplingParams] = {}
+    out = []
+    for p in params:
+        if isinstance(p, SamplingParams) and p.output_kind is not final:   # others: the engine refuses them
+            q = copies.get(id(p))
+            if q is None:
+                q = copies[id(p)] = dataclasses.replace(p, output_kind=final)
+            p = q
+        out.append(p)
+    return out

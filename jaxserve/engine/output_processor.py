@@ -62,8 +62,7 @@ class OutputProcessor:
 
     def add(self, state: RequestState) -> None:
         self._requests[state.request_id] = state
-        plain = (len(state.samples) == 1 and state.pooled is None and state.prompt_logprobs is None
-                 and state.params.output_kind is not OutputKind.FINAL_ONLY)
+        plain = len(state.samples) == 1 and state.pooled is None and state.prompt_logprobs is None
         for s in state.samples:
             self._samples[s.scheduler_id] = (state, s)
             self._unscheduled.add(s.scheduler_id)
@@ -129,7 +128,9 @@ class OutputProcessor:
             state, sample = entry
             new = u.new_token_ids
             if sample.plain and len(new) == 1 and not u.finished and sample.finish_reason is None:
-                outputs.append(self._plain_step(state, sample, new[0], u.request.num_cached_tokens, now))
+                out = self._plain_step(state, sample, new[0], u.request.num_cached_tokens, now)
+                if out is not None:      # a final-only request shows nothing until it ends
+                    outputs.append(out)
                 plain_tokens += 1
                 continue
             sample.started = True
@@ -153,10 +154,11 @@ class OutputProcessor:
         return ProcessedStep([o for o in outputs if o is not None] if touched else outputs, hits)
 
     def _plain_step(self, state: RequestState, sample: SampleState, token_id: int, num_cached: int,
-                    now: float) -> RequestOutput:
+                    now: float) -> RequestOutput | None:
         """The common step, what `process` does for it without the general path's branches: one
         new token of a running request with one sample, no logprobs, no stop strings (so all of
-        it is sendable at once), no prompt logprobs, streamed (DELTA) or cumulative."""
+        it is sendable at once), no prompt logprobs; streamed (DELTA), cumulative, or final only
+        (no output: LLM.generate's requests)."""
         sample.started = True
         if num_cached > state.num_cached_tokens:
             state.num_cached_tokens = num_cached
@@ -167,14 +169,17 @@ class OutputProcessor:
         metrics.token_times.append(now)
         if metrics.first_token_time is None:
             metrics.first_token_time = now
+        kind = state.params.output_kind
+        if kind is OutputKind.FINAL_ONLY:
+            return None
         token_ids = sample.token_ids
-        if state.params.output_kind is OutputKind.DELTA and sample.sent_tokens + 1 == len(token_ids):
+        if kind is OutputKind.DELTA and sample.sent_tokens + 1 == len(token_ids):
             # everything before was sent (nothing is held back without stop strings)
             sample.sent_tokens += 1
             sample.sent_text += len(text)
             completion = CompletionOutput(sample.index, text, [token_id])
         else:
-            completion = _completion(sample, state.params.output_kind)
+            completion = _completion(sample, kind)
         return RequestOutput(state.request_id, state.prompt, state.prompt_token_ids, [completion], False,
                              state.num_cached_tokens, metrics)
 

@@ -124,6 +124,20 @@ def test_stop_token_ids_and_stop_strings_end_a_request(llm):
     assert_no_leaks(llm)
 
 
+@pytest.mark.parametrize("kind", ["delta", "cumulative", "final_only"])
+def test_generate_returns_the_whole_output_whatever_the_output_kind(llm, kind):
+    # generate keeps each request's finished output (it runs them final-only): DELTA params once
+    # returned only the last step's token
+    whole = llm.generate(PROMPTS[:2], GREEDY_24, use_tqdm=False)
+    params = SamplingParams(max_tokens=24, min_tokens=24, temperature=0.0, output_kind=kind)
+    outs = llm.generate(PROMPTS[:2], params, use_tqdm=False)
+    assert [(o.outputs[0].token_ids, o.outputs[0].text) for o in outs] == [
+        (o.outputs[0].token_ids, o.outputs[0].text) for o in whole]
+    assert all(len(o.outputs[0].token_ids) == 24 and o.finished for o in outs)
+    assert params.output_kind.value == kind        # the caller's params are not changed
+    assert_no_leaks(llm)
+
+
 def test_metrics_have_one_time_per_token(llm):
     out = llm.generate(PROMPTS[:1], GREEDY_24, use_tqdm=False)[0]
     m = out.metrics

@@ -1,7 +1,8 @@
 """The output processor's plain path (a one-token step of a request with one sample, no
 logprobs, stop strings or prompt logprobs) builds exactly the outputs of its general path: the
-same RequestOutputs, text, token ids, counters and metrics, step by step, for streamed and
-cumulative outputs, with requests finishing, being aborted and joining on the way."""
+same RequestOutputs, text, token ids, counters and metrics, step by step, for streamed,
+cumulative and final-only outputs (which show nothing until they end), with requests finishing,
+being aborted and joining on the way."""
 
 from __future__ import annotations
 
@@ -74,10 +75,12 @@ def test_the_plain_path_builds_the_general_paths_outputs(kind):
         b = general.process(updates, {}, float(step))
         assert a.outputs == b.outputs and a.stop_string_hits == b.stop_string_hits == []
         assert plain.counters == general.counters
-    if kind is not OutputKind.FINAL_ONLY:
-        assert plain_steps > 100                 # the plain path really ran
-    else:
-        assert plain_steps == 0                  # final-only outputs take the general path
+    assert plain_steps > 100                     # the plain path really ran
+    # and left every sample as the general path did (a final-only request shows it at its end)
+    for rid, (state, sample) in general._samples.items():
+        other = plain._samples[rid][1]
+        assert (other.token_ids, other.detok.text, other.sent_tokens) == (sample.token_ids, sample.detok.text,
+                                                                          sample.sent_tokens)
 
 
 def test_requests_that_need_the_general_path_are_not_plain():
@@ -95,4 +98,4 @@ def test_requests_that_need_the_general_path_are_not_plain():
         op.add(RequestState(rid, None, [5], params, RequestMetrics(0.0),
                             [SampleState(0, rid, detok, logprobs=[] if params.logprobs is not None else None)]))
     assert {rid: op._samples[rid][1].plain for rid in cases} == {
-        "stop": False, "logprobs": False, "prompt_logprobs": False, "final": False, "plain": True}
+        "stop": False, "logprobs": False, "prompt_logprobs": False, "final": True, "plain": True}
