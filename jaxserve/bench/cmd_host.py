@@ -66,6 +66,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--output-len", type=int, default=48)
     p.add_argument("--rounds", type=int, default=3, help="rounds per batch size; medians over rounds reported")
     p.add_argument("--no-async-scheduling", action="store_true", help="step without the one-step-ahead loop")
+    p.add_argument("--output-kind", default="delta", choices=("delta", "cumulative", "final_only"),
+                   help="the requests' outputs: delta (a streaming server's), final_only (LLM.generate's)")
     p.add_argument("--profile", default=None, metavar="DIR", help="also cProfile each batch size's decode steps")
     p.add_argument("--cache-dir", default=None,
                    help="keep the random model and the compiled executables here between runs")
@@ -231,8 +233,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rng = np.random.default_rng(args.seed)
     prompts = [{"prompt_token_ids": rng.integers(3, vocab, args.input_len).tolist()} for _ in range(batches[-1])]
     params = SamplingParams(max_tokens=args.output_len, min_tokens=args.output_len, temperature=0.0,
-                            ignore_eos=True, output_kind=_delta_kind())
-    base.generate(prompts[:2], [params] * 2, use_tqdm=False)   # warm the host-side paths too
+                            ignore_eos=True, output_kind=args.output_kind)
+    warm = prompts[:2]
+    base.generate(warm, [params] * len(warm), use_tqdm=False)   # warm the host-side paths too
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
     per_batch = {}
@@ -273,13 +276,6 @@ def _buckets(batches: list[int]) -> dict[str, tuple[int, ...]]:
     # the mixed buckets need 1 and the largest batch (one entry when that is 1 itself)
     return {"decode_buckets": tuple(sorted({1, batches[-1]})), "decode_only_buckets": tuple(batches),
             "prefill_buckets": (0, tiles)}
-
-
-def _delta_kind():
-    # what a streaming server asks for: each step's new tokens
-    from jaxserve.sampling_params import OutputKind
-
-    return OutputKind.DELTA
 
 
 def _profile(base, prompts, params, batch: int, args) -> str:
