@@ -167,3 +167,12 @@ class Request:
         if start >= p:
             return tuple(self.output_token_ids[start - p : end - p])
         return tuple(self.prompt_token_ids[start:]) + tuple(self.output_token_ids[: end - p])
+
+
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two sequences share."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

@@ -44,55 +44,26 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from jaxserve.sched.block_pool import BlockPool
 from jaxserve.sched.errors import Overloaded
-from jaxserve.sched.kv_cache_manager import KVCacheManager, SharedPrefix, cdiv
+from jaxserve.sched.kv_cache_manager import KVCacheManager, SharedPrefix
 from jaxserve.sched.kv_connector import HeldBlocks, KVConnector, KVLoading
 from jaxserve.sched.limits import RequestLimits
 from jaxserve.sched.admission import Admission
 from jaxserve.sched.lora_slots import LoRASlots
 from jaxserve.sched.preemption import Preemption
 from jaxserve.sched.policy import FairShare, pick_victim
-from jaxserve.sched.request import FINISH_REASONS, Request, RequestStatus
+from jaxserve.sched.request import FINISH_REASONS, Request, RequestStatus, common_prefix_len
 from jaxserve.sched.request_queue import WaitingQueue
 from jaxserve.sched.scheduler_config import SchedulerConfig
-from jaxserve.sched.scheduler_output import PLACEHOLDER_TOKEN, RequestUpdate, ScheduledRequest, SchedulerOutput
+from jaxserve.sched.scheduler_output import RequestUpdate, SchedulerOutput
 from jaxserve.sched.scheduler_stats import SchedulerStats, snapshot
-from jaxserve.sched.speculative_scheduling import Speculation
+from jaxserve.sched.speculative_scheduling import Speculation, check_verified
 from jaxserve.sched.step_cap import StepCap
+from jaxserve.sched.step_plan import StepPlan
 from jaxserve.sched.step_budget import StepTimeScale, chunk_within, step_allowance
-from jaxserve.sched.stop_conditions import check_stop
+from jaxserve.sched.stop_conditions import append_until_stop, check_stop
 
 __all__ = ["Overloaded", "Scheduler", "SchedulerConfig"]
 
-
-
-class _Step:
-    """What one schedule() call has decided so far."""
-
-    __slots__ = ("budget", "scheduled", "copies", "preempted", "swap_out", "swap_in", "partial", "host_freed",
-                 "admitted", "decodes", "decode_reqs", "allowance_s", "decode_s", "prefill_tiles", "prefill_items")
-
-    def __init__(self, budget: int) -> None:
-        self.budget = budget
-        self.scheduled: dict[str, ScheduledRequest] = {}
-        self.copies: list[tuple[int, int]] = []
-        self.preempted: list[str] = []
-        # (device block, host-pool id) and (host-pool id, device block), in the order decided:
-        # swap preemption's and the host tier's (kv_cache_manager.begin_step)
-        self.swap_out: list[tuple[int, int]] = []
-        self.swap_in: list[tuple[int, int]] = []
-        self.partial: set[str] = set()  # requests left mid-prefill after this step
-        # host blocks read by this step's swap-ins: freed only after the step's decisions, so a
-        # swap-out of the same step (which the runner performs first) cannot overwrite them
-        self.host_freed: list[int] = []
-        self.admitted: set[str] = set()  # taken from the waiting queue in this step
-        self.decodes = 0  # requests that already stream outputs, scheduled one token each
-        self.decode_reqs: list[Request] = []
-        # the time budget of a step with decodes (config.objectives; step_budget.py), set when the
-        # first prompt chunk is sized, and what the step holds so far in the step-cost model's terms
-        self.allowance_s: float | None = None
-        self.decode_s = 0.0
-        self.prefill_tiles = 0
-        self.prefill_items = 0
 
 
 class Scheduler:
@@ -197,7 +168,8 @@ class Scheduler:
         self._step += 1
         cap = self.step_cap
         budget = self.config.max_num_batched_tokens
-        st = _Step(budget if cap is None else min(cap.tokens, budget))
+        st = StepPlan(budget if cap is None else min(cap.tokens, budget), self.config.chunk_granularity,
+                      self.config.step_cost, self.lora_slots)
         self.kv.begin_step(st.swap_out, st.swap_in)
         self.admission.new_pass()     # the last step's update changed every running request
         for req in self.kv_loads.step(self.waiting, self.running):
@@ -224,7 +196,7 @@ class Scheduler:
             lora_loads=self.lora_slots.take_loads() if self.lora_slots is not None else (),
         )
 
-    def _predicted_seconds(self, st: _Step) -> float | None:
+    def _predicted_seconds(self, st: StepPlan) -> float | None:
         cost = self.config.step_cost
         if cost is None or not st.decode_reqs or not st.prefill_tiles or st.prefill_tiles > cost.max_tiles:
             return None
@@ -239,7 +211,7 @@ class Scheduler:
     def step_time_scale(self) -> float:
         return self._step_time.value
 
-    def _schedule_running(self, st: _Step, drafts: bool = False) -> None:
+    def _schedule_running(self, st: StepPlan, drafts: bool = False) -> None:
         # a request whose pending tokens reach its limits ends at its update: nothing to schedule
         decodes: list[Request] = []
         prefills: list[Request] = []
@@ -276,7 +248,7 @@ class Scheduler:
                     by_model.append((req, len(draft)))
                     st.budget -= 1 + len(draft)
                 else:
-                    self._add_scheduled(req, 1 + len(draft), st, draft=draft)
+                    st.add(req, 1 + len(draft), draft=draft)
                 continue
             # a decode's one token is what _num_new_tokens gives it whenever budget is left (a
             # one-token chunk is never capped, and costs 1); not asked per request
@@ -289,11 +261,11 @@ class Scheduler:
                 if victim is req:
                     break
             if req.status is RequestStatus.RUNNING:
-                self._add_scheduled(req, n, st)
+                st.add(req, n)
         if by_model:
             self._schedule_model_drafts(by_model, st)
 
-    def _schedule_decodes(self, decodes: list[Request], st: _Step) -> bool:
+    def _schedule_decodes(self, decodes: list[Request], st: StepPlan) -> bool:
         """One token for each decode, in order, preempting for blocks as the general loop does;
         False once the budget is spent (nothing more fits in this step)."""
         kv, copies = self.kv, st.copies
@@ -308,10 +280,10 @@ class Scheduler:
                 if victim is req:
                     break
             if req.status is RequestStatus.RUNNING:
-                self._add_decode(req, st)
+                st.add_decode(req)
         return True
 
-    def _schedule_model_drafts(self, by_model: list[tuple[Request, int]], st: _Step) -> None:
+    def _schedule_model_drafts(self, by_model: list[tuple[Request, int]], st: StepPlan) -> None:
         """The draft model writes its K/V at the guesses' positions, so it runs once their blocks
         are allocated; a request preempted since (by a later one's allocation) is dropped."""
         live = [(r, k) for r, k in by_model if r.status is RequestStatus.RUNNING]
@@ -319,7 +291,7 @@ class Scheduler:
         proposed = self.speculation.propose_by_model(live)
         for req, k in live:
             draft = list(proposed.get(req.request_id, ()))[:k]
-            self._add_scheduled(req, 1 + len(draft), st, draft=draft)
+            st.add(req, 1 + len(draft), draft=draft)
 
     def wants_drafts(self) -> bool:
         """Whether the next step would speculate if allowed: speculation is on, the step would be
@@ -340,7 +312,7 @@ class Scheduler:
         cap = self.step_cap
         return self.config.max_num_seqs if cap is None else min(cap.seats, self.config.max_num_seqs)
 
-    def _schedule_waiting(self, st: _Step) -> None:
+    def _schedule_waiting(self, st: StepPlan) -> None:
         c = self.config
         j = 0
         made_room_for = None  # the request less urgent ones were just evicted for
@@ -401,9 +373,9 @@ class Scheduler:
             if self.lora_slots is not None:
                 self.lora_slots.acquire(req)   # its adapter's slot, loaded into one if not resident
             st.admitted.add(req.request_id)
-            self._add_scheduled(req, n, st)
+            st.add(req, n)
 
-    def _admit(self, req: Request, prefix: SharedPrefix, n: int, st: _Step) -> bool:
+    def _admit(self, req: Request, prefix: SharedPrefix, n: int, st: StepPlan) -> bool:
         """Allocate blocks for a waiting request if projected KV use allows (False: nothing changed)."""
         if not self.admission.admits(req, prefix, self.running):
             return False
@@ -419,20 +391,14 @@ class Scheduler:
             return True
         return self.kv.allocate_slots(req, n, st.copies, prefix, reserve)
 
-    def _charge(self, n: int) -> int:
-        """Budget a chunk of n tokens costs: the runner computes a multi-token chunk in tiles of
-        `chunk_granularity` rows, so its padded size is what the step really pays for."""
-        g = self.config.chunk_granularity
-        return n if n <= 1 else -(-n // g) * g
-
-    def _num_new_tokens(self, req: Request, num_computed: int, st: _Step) -> int:
+    def _num_new_tokens(self, req: Request, num_computed: int, st: StepPlan) -> int:
         """Tokens to compute for req this step (0 = it cannot run now). Decodes are scheduled
         before any prompt, so st.decodes is final when a prompt's chunk is sized."""
         c = self.config
         budget = st.budget
         n = req.num_tokens_with_pending - num_computed
         if not c.enable_chunked_prefill:
-            return n if self._charge(n) <= budget else 0
+            return n if st.charge(n) <= budget else 0
         if c.long_prefill_token_threshold:
             n = min(n, c.long_prefill_token_threshold)
         cap = c.prefill_cap_beside(st.decodes) if st.decodes and n > 1 else 0
@@ -440,12 +406,12 @@ class Scheduler:
             n = min(n, cap)
         if c.objectives is not None and st.decodes and n > 1:
             n = self._chunk_within_allowance(req, num_computed, n, st)
-        if self._charge(n) <= budget:
+        if st.charge(n) <= budget:
             return n
         fit = (budget // c.chunk_granularity) * c.chunk_granularity
         return fit if fit > 1 else min(1, budget, n)
 
-    def _chunk_within_allowance(self, req: Request, num_computed: int, n: int, st: _Step) -> int:
+    def _chunk_within_allowance(self, req: Request, num_computed: int, n: int, st: StepPlan) -> int:
         """How many of req's n next prompt tokens fit this step's time allowance (step_budget.py)."""
         cost = self.config.step_cost
         if st.allowance_s is None:
@@ -462,7 +428,7 @@ class Scheduler:
         running = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
         return running + [self.waiting[j] for j in range(min(len(self.waiting), 8))]
 
-    def _shared_prefix(self, req: Request, st: _Step) -> SharedPrefix | None:
+    def _shared_prefix(self, req: Request, st: StepPlan) -> SharedPrefix | None:
         prefix = self.kv.find_cached_prefix(req)
         parent_id = req.fork_parent_id
         if parent_id is None:
@@ -476,100 +442,18 @@ class Scheduler:
         # the parent's tokens computed by earlier steps only: its chunk in this step is not there yet
         this_step = st.scheduled.get(parent_id)
         fork = self.kv.fork_prefix(parent, req, this_step.num_computed_tokens if this_step else None)
-        want = min(_common_prefix_len(parent.all_token_ids, req.all_token_ids), req.num_tokens - 1)
+        want = min(common_prefix_len(parent.all_token_ids, req.all_token_ids), req.num_tokens - 1)
         if fork.num_tokens < want:
             return None  # wait for the parent's prefill to reach the shared prefix
         return fork if fork.num_tokens >= prefix.num_tokens else prefix
 
-    def _add_scheduled(self, req: Request, n: int, st: _Step, draft: list[int] | None = None) -> None:
-        """Put n of req's tokens in this step (its last known token and `draft`, the guesses after
-        it, if any) and advance its state as if the step had run. A verification's guesses are
-        taken back at update() as far as they were rejected."""
-        if n == 1 and not draft:
-            self._add_decode(req, st)
-            return
-        # the counts read once (this runs per running request per step)
-        c0 = req.num_computed_tokens
-        num_prompt = len(req.prompt_token_ids)
-        num_outputs = len(req.output_token_ids) + req.num_pending_output_tokens   # pending included
-        known = num_prompt + len(req.output_token_ids)
-        with_pending = num_prompt + num_outputs
-        end = c0 + n
-        if draft:
-            token_ids = req.token_slice(c0, known) + tuple(draft)
-            sample = True
-        else:
-            token_ids = req.token_slice(c0, min(end, known)) + (PLACEHOLDER_TOKEN,) * max(0, end - max(c0, known))
-            sample = end == with_pending
-        st.scheduled[req.request_id] = ScheduledRequest(
-            req.request_id, token_ids, c0, tuple(req.block_ids), sample, num_outputs, req.sampling,
-            len(draft) if draft else 0, self.lora_slots.slot_of(req) if self.lora_slots is not None else 0)
-        st.budget -= n if draft else self._charge(n)
-        if draft:
-            st.decodes += 1
-            st.decode_reqs.append(req)
-        elif self.config.step_cost is not None:
-            tiles, items = self.config.step_cost.chunk_items(c0, n)
-            st.prefill_tiles += tiles
-            st.prefill_items += items
-        if end < with_pending and not draft:
-            st.partial.add(req.request_id)
-        req.num_computed_tokens = end
-        if sample:
-            req.num_pending_output_tokens += 1
-
-    def _add_decode(self, req: Request, st: _Step) -> None:
-        """_add_scheduled for one token without guesses (every running request, every step): its
-        last known token, or a placeholder for the one the step in flight samples; a prompt's
-        one-token chunk takes this path too."""
-        c0 = req.num_computed_tokens
-        prompt, outputs = req.prompt_token_ids, req.output_token_ids
-        num_prompt = len(prompt)
-        known = num_prompt + len(outputs)
-        pending = req.num_pending_output_tokens
-        num_outputs = len(outputs) + pending
-        if c0 >= known:
-            token = PLACEHOLDER_TOKEN
-        else:
-            token = prompt[c0] if c0 < num_prompt else outputs[c0 - num_prompt]
-        end = c0 + 1
-        sample = end == known + pending
-        lora = self.lora_slots
-        st.scheduled[req.request_id] = ScheduledRequest(
-            req.request_id, (token,), c0, tuple(req.block_ids), sample, num_outputs, req.sampling, 0,
-            lora.slot_of(req) if lora is not None else 0)
-        st.budget -= 1
-        if num_outputs > 0:
-            st.decodes += 1
-            st.decode_reqs.append(req)
-        elif self.config.step_cost is not None:
-            tiles, items = self.config.step_cost.chunk_items(c0, 1)
-            st.prefill_tiles += tiles
-            st.prefill_items += items
-        if not sample:
-            st.partial.add(req.request_id)
-        req.num_computed_tokens = end
-        if sample:
-            req.num_pending_output_tokens = pending + 1
-
     # ---- preemption ---------------------------------------------------------------------------
-    def _preempt(self, victim: Request, st: _Step) -> None:
+    def _preempt(self, victim: Request, st: StepPlan) -> None:
         """Evict a running request (possibly one already scheduled this step: it is taken out of
         the step again) by swap or recompute (preemption.py decides), and put it back in the
         waiting queue under its own key."""
         rid = victim.request_id
-        pending_copy = False
-        sr = st.scheduled.pop(rid, None)
-        if sr is not None:  # undo what _add_scheduled advanced
-            st.budget += len(sr.token_ids) if sr.num_draft_tokens else self._charge(len(sr.token_ids))
-            st.partial.discard(rid)
-            victim.num_computed_tokens = sr.num_computed_tokens
-            if sr.sample:
-                victim.num_pending_output_tokens -= 1
-            mine = set(victim.block_ids)
-            kept = [(s, d) for s, d in st.copies if d not in mine]
-            pending_copy = len(kept) != len(st.copies)
-            st.copies[:] = kept
+        pending_copy = st.take_back(victim)
         self.running.remove(victim)
         self.admission.new_pass()
         if self.lora_slots is not None:
@@ -626,7 +510,7 @@ class Scheduler:
                 k = sr.num_draft_tokens
                 new = (int(got[0]),) if len(got) == 1 else tuple(map(int, got))
                 if k or len(new) != 1:
-                    self._check_verified(sr, new)
+                    check_verified(sr, new)
                 pending = req.num_pending_output_tokens
                 if pending < 1:
                     raise ValueError(
@@ -638,7 +522,7 @@ class Scheduler:
                     req.first_token_time = self._clock()
                 if k:
                     speculation.verified(req, sr, len(new) - 1)
-                    new, stop = self._append_until_stop(req, new)
+                    new, stop = append_until_stop(req, new, max_model_len)
                 else:   # one token: nearly every update
                     outputs.append(new[0])
                     stop = check_stop(req, max_model_len)
@@ -652,25 +536,6 @@ class Scheduler:
             elif new or req.status is running:
                 updates.append(RequestUpdate(req, new, False))
         return updates
-
-    @staticmethod
-    def _check_verified(sr: ScheduledRequest, new: tuple[int, ...]) -> None:
-        """A step's tokens for sr: one sampled token, after the guesses it accepted, if any."""
-        k = sr.num_draft_tokens
-        if (len(new) != 1 if not k else
-                not 1 <= len(new) <= 1 + k or new[:-1] != sr.draft_token_ids[:len(new) - 1]):
-            raise ValueError(f"update(): request {sr.request_id!r} got tokens {new} for guesses "
-                             f"{sr.draft_token_ids}: expected the accepted guesses and one sampled token")
-
-    def _append_until_stop(self, req: Request, new: tuple[int, ...]):
-        """Append new tokens one at a time, as single steps would have: the first that ends the
-        request is its last, and what a verification sampled after it is dropped."""
-        for i, t in enumerate(new):
-            req.output_token_ids.append(t)
-            stop = check_stop(req, self.config.max_model_len)
-            if stop is not None:
-                return new[:i + 1], stop
-        return new, None
 
     # ---- ending requests from outside ---------------------------------------------------------
     def abort_requests(self, request_ids: Iterable[str]) -> list[Request]:
@@ -774,11 +639,3 @@ class Scheduler:
     def only_waiting_for_kv(self) -> bool:
         """Every live request is a load in flight: a step would have nothing to compute."""
         return self.kv_loads.only_loading(len(self._requests))
-
-
-def _common_prefix_len(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i

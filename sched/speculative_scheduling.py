@@ -104,3 +104,12 @@ class Speculation:
         self.num_verifications += 1
         self.num_draft_tokens += k
         self.num_accepted_tokens += accepted
+
+
+def check_verified(sr: ScheduledRequest, new: tuple[int, ...]) -> None:
+    """A step's tokens for sr: one sampled token, after the guesses it accepted, if any."""
+    k = sr.num_draft_tokens
+    if (len(new) != 1 if not k else
+            not 1 <= len(new) <= 1 + k or new[:-1] != sr.draft_token_ids[:len(new) - 1]):
+        raise ValueError(f"update(): request {sr.request_id!r} got tokens {new} for guesses "
+                         f"{sr.draft_token_ids}: expected the accepted guesses and one sampled token")

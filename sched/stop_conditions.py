@@ -26,3 +26,15 @@ def check_stop(req: Request, max_model_len: int) -> tuple[str, int | None] | Non
     if n_out >= req.max_tokens or len(req.prompt_token_ids) + n_out >= max_model_len:
         return ("length", None)
     return None
+
+
+def append_until_stop(req: Request, new: tuple[int, ...], max_model_len: int):
+    """Append new tokens one at a time, as single steps would have: the first that ends the
+    request is its last, and what a verification sampled after it is dropped. Returns (the tokens
+    appended, check_stop's verdict for the last)."""
+    for i, t in enumerate(new):
+        req.output_token_ids.append(t)
+        stop = check_stop(req, max_model_len)
+        if stop is not None:
+            return new[:i + 1], stop
+    return new, None
