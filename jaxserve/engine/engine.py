@@ -34,23 +34,21 @@ from jaxserve.engine.input_processor import EngineRequest, InputProcessor
 from jaxserve.engine.output_processor import OutputProcessor
 from jaxserve.engine.pooled_embedding import PooledEmbedding
 from jaxserve.engine.request_state import RequestState, SampleState
+from jaxserve.engine.sampling_options import sampling_options
 from jaxserve.engine.stats import EngineStats
 from jaxserve.engine.step_timing import StepTimer
 from jaxserve.outputs import RequestMetrics, RequestOutput
 from jaxserve.runner import compile_counter
 from jaxserve.runner import sleep as runner_sleep
-from jaxserve.runner.logit_adjustments import AdjustedSamplingOptions, LogitAdjustments
-from jaxserve.runner.token_mask import TokenConstraint
+from jaxserve.runner.logit_adjustments import AdjustedSamplingOptions
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.sched.kv_connector import KVLoadFailed
 from jaxserve.sched.request import Request
-from jaxserve.sched.sampling import SamplingOptions
 from jaxserve.sched.scheduler import Scheduler
 from jaxserve.sched.scheduler_output import SchedulerOutput
 
 log = logging.getLogger(__name__)
 
-GREEDY_BELOW = 1e-5  # a temperature this small samples as greedy (as vLLM's _SAMPLING_EPS)
 PAUSE_MODES = ("abort", "wait", "keep")
 
 
@@ -583,26 +581,3 @@ def _mesh_stats(runner) -> dict:
     if mesh is None:
         return {}
     return dict(mesh_num_devices=mesh.num_devices, mesh_num_hosts=mesh.num_hosts, mesh_axis_sizes=mesh.axis_sizes)
-
-
-def sampling_options(params: SamplingParams, seed: int, banned: tuple[int, ...],
-                     constraint: TokenConstraint | None = None, *, prompt_token_ids=(),
-                     pooling: str | None = None) -> SamplingOptions:
-    """The runner's options for one sample of a request (one per sample: each has its own seed,
-    its own tokens for the penalties and its own grammar state)."""
-    common = dict(
-        # below GREEDY_BELOW, logits / temperature overflows float32: the argmax is meant
-        temperature=0.0 if params.temperature < GREEDY_BELOW else params.temperature,
-        top_k=params.top_k, top_p=params.top_p, min_p=params.min_p,
-        seed=seed, min_tokens=params.min_tokens, banned_before_min_tokens=banned, num_logprobs=params.logprobs,
-        num_prompt_logprobs=params.prompt_logprobs,
-        prompt_token_ids=tuple(prompt_token_ids) if params.prompt_logprobs is not None else (),
-        pooling=pooling)
-    if not params.adjusts_logits and constraint is None:
-        return SamplingOptions(**common)
-    adjust = None
-    if params.adjusts_logits:
-        adjust = LogitAdjustments(
-            presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty,
-            repetition_penalty=params.repetition_penalty, logit_bias=params.logit_bias or ())
-    return AdjustedSamplingOptions(**common, adjust=adjust, constraint=constraint)
