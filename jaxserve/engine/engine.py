@@ -557,6 +557,7 @@ class Engine:
             step_time_scale=s.step_time_scale,
             host_ms_per_step=timing.host_ms_per_step,
             device_idle_fraction=timing.device_idle_fraction,
+            num_steps=timing.steps,
             kv_cache_dtype=str(getattr(getattr(self.runner, "arena_spec", None), "dtype", "")),
             kv_cache_bytes_per_block=bytes_per_block,
             spec_num_draft_tokens=s.spec_num_draft_tokens,

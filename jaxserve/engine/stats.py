@@ -38,6 +38,7 @@ class EngineStats:
     step_time_scale: float = 1.0       # measured / predicted time of steps with decodes and prompts (slo policy)
     host_ms_per_step: float = 0.0      # host time per step call outside waiting for the device
     device_idle_fraction: float = 0.0  # share of busy wall time with no step in flight (a lower bound)
+    num_steps: int = 0                 # Engine.step calls that ran a step (host_ms_per_step's count)
     kv_cache_dtype: str = ""           # element type of the KV arena (the model's, or fp8/int8 when quantized)
     kv_cache_bytes_per_block: int = 0  # arena bytes one block of block_size tokens takes, all layers
     spec_num_draft_tokens: int = 0     # speculative guesses verified

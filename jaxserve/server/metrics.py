@@ -47,6 +47,8 @@ class _EngineCollector:
              s.num_compilations_after_warmup),
             ("jaxserve_uptime_seconds", "seconds since the engine was built",
              s.uptime_s + time.monotonic() - snap.taken_at),
+            ("jaxserve_device_idle_fraction", "share of the engine's busy time with no step in flight "
+             "(a lower bound; high: the host sets the pace)", s.device_idle_fraction),
         ):
             yield GaugeMetricFamily(name, doc, value=value)
         for name, doc, value in (
@@ -61,6 +63,10 @@ class _EngineCollector:
             ("jaxserve_kv_offload_loaded_bytes", "KV bytes loaded back from the host tier", s.kv_offload_bytes_loaded),
             ("jaxserve_spec_draft_tokens", "speculative guesses verified", s.spec_num_draft_tokens),
             ("jaxserve_spec_accepted_tokens", "speculative guesses accepted", s.spec_num_accepted_tokens),
+            # rate(host_seconds) / rate(steps): the host's milliseconds per step now, under this load
+            ("jaxserve_engine_steps", "engine steps run", s.num_steps),
+            ("jaxserve_engine_host_seconds", "host time inside engine steps, outside waiting for the device",
+             s.host_ms_per_step * s.num_steps / 1000.0),
         ):
             yield CounterMetricFamily(name, doc, value=value)
         finished = CounterMetricFamily("jaxserve_request_success", "finished requests by finish reason",

@@ -185,6 +185,10 @@ def test_metrics_endpoint_shows_the_histograms_after_traffic(server, client):
     assert samples["jaxserve_spec_draft_tokens_total"] == samples["jaxserve_spec_accepted_tokens_total"] == 0
     for gauge in ("num_requests_running", "num_requests_waiting", "kv_cache_usage", "prefix_cache_hit_rate"):
         assert f"jaxserve_{gauge}" in samples
+    # the host's share per step: 8 tokens took at least 8 steps, each with some host time
+    assert samples["jaxserve_engine_steps_total"] >= 8
+    assert samples["jaxserve_engine_host_seconds_total"] > 0
+    assert 0 <= samples["jaxserve_device_idle_fraction"] <= 1
 
 
 def test_jaxserve_client_streams_the_answer_in_the_terminal(server, tiny_llm, tmp_path):
