@@ -25,6 +25,25 @@ def test_chat_bytes_are_the_tokens_own_bytes():
     assert all(bytes(c.top_logprobs[0].bytes) == bytes(c.bytes) for c in content)
 
 
+def test_a_tokenizers_token_text_is_built_once_and_reads_the_decoder_only_when_a_token_needs_it(monkeypatch):
+    # reading the decoder serializes the whole tokenizer (~40 ms for SmolLM2's): it once ran for
+    # every HTTP request, logprobs or not
+    from jaxserve.server.http import token_bytes
+
+    reads = []
+    read = token_bytes._decoder_kinds
+    monkeypatch.setattr(token_bytes, "_decoder_kinds", lambda t: reads.append(1) or read(t))
+    tok = make_tokenizer()
+    shared = TokenText.of(tok)
+    assert TokenText.of(tok) is shared and TokenText.of(make_tokenizer()) is not shared
+    ascii_ids = tok.encode("ok", add_special_tokens=False)
+    assert [shared.bytes(t) for t in ascii_ids] == [tok.decode([t]).encode() for t in ascii_ids]
+    assert reads == []                       # whole tokens: their text's bytes, no decoder read
+    ids = tok.encode(TEXT, add_special_tokens=False)
+    assert b"".join(shared.bytes(t) for t in ids) == TEXT.encode()
+    assert reads == [1]                      # a split character's token read it, once
+
+
 def test_text_offsets_follow_the_characters_not_the_token_names():
     tok = make_tokenizer()
     ids = tok.encode(TEXT, add_special_tokens=False)

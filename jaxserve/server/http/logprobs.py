@@ -4,6 +4,8 @@ chat shape (one object per token with its top alternatives)."""
 
 from __future__ import annotations
 
+import weakref
+
 from jaxserve.outputs import Logprob
 from jaxserve.server.http.schemas import ChatLogprobs, CompletionLogprobs, PromptLogprob, TokenLogprob, TopLogprob
 from jaxserve.server.http.token_bytes import TokenBytes, text_offsets
@@ -20,6 +22,20 @@ class TokenText:
         self._cache: dict[int, str] = {}
         self.bytes = TokenBytes(tokenizer)
 
+    @classmethod
+    def of(cls, tokenizer) -> "TokenText":
+        """The one TokenText of `tokenizer` (its caches shared by every request the front serves;
+        a server's tokenizer does not change)."""
+        if tokenizer is None:
+            return cls(None)
+        try:
+            shared = _SHARED.get(tokenizer)
+        except TypeError:          # not weakly referenceable: one per call
+            return cls(tokenizer)
+        if shared is None:
+            shared = _SHARED[tokenizer] = cls(tokenizer)
+        return shared
+
     def __call__(self, token_id: int) -> str:
         text = self._cache.get(token_id)
         if text is None:
@@ -28,6 +44,9 @@ class TokenText:
                 text = self._tokenizer.convert_ids_to_tokens(token_id)
             self._cache[token_id] = text
         return text
+
+
+_SHARED: "weakref.WeakKeyDictionary[object, TokenText]" = weakref.WeakKeyDictionary()
 
 
 # A token outside the distribution it was drawn from has logprob -inf (logprobs_mode="processed":

@@ -240,7 +240,7 @@ class OpenAIFront:
             raise err from e
 
     def _token_text(self, run: EngineRun) -> TokenText:
-        return TokenText(run.aengine.engine.tokenizer)
+        return TokenText.of(run.aengine.engine.tokenizer)
 
     async def _collect(self, run: EngineRun, req, model: str, params: SamplingParams, *, chat: bool,
                        chat_output: Callable[[], ChatOutputParser] | None = None):

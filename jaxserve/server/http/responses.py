@@ -90,7 +90,7 @@ class ResponsesAPI:
         listed = listed_input_items(req)
         sampling = sampling_of(req, front, aengine)
         builder = ResponseBuilder(req, model)
-        answer = AnswerText(sampling.params.logprobs, TokenText(aengine.engine.tokenizer))
+        answer = AnswerText(sampling.params.logprobs, TokenText.of(aengine.engine.tokenizer))
         opens_reasoning = [False]
 
         def parser() -> ChatOutputParser | None:

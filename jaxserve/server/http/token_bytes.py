@@ -40,14 +40,25 @@ def _decoder_kinds(tokenizer) -> set[str]:
     return kinds
 
 
+_UNKNOWN = object()
+
+
 class TokenBytes:
-    """token id -> its bytes (cached per id)."""
+    """token id -> its bytes (cached per id). The decoder's kind is read only when a token first
+    needs it (one that decodes to U+FFFD alone): reading it serializes the whole tokenizer (~40 ms
+    for SmolLM2's), which once ran for every HTTP request, logprobs or not."""
 
     def __init__(self, tokenizer):
         self._tokenizer = tokenizer
         self._cache: dict[int, bytes] = {}
-        kinds = _decoder_kinds(tokenizer) if tokenizer is not None else set()
-        self._byte_level = _byte_level_table() if "ByteLevel" in kinds else None
+        self._byte_level_table = _UNKNOWN
+
+    @property
+    def _byte_level(self) -> dict[str, int] | None:
+        if self._byte_level_table is _UNKNOWN:
+            kinds = _decoder_kinds(self._tokenizer) if self._tokenizer is not None else set()
+            self._byte_level_table = _byte_level_table() if "ByteLevel" in kinds else None
+        return self._byte_level_table
 
     def __call__(self, token_id: int) -> bytes:
         got = self._cache.get(token_id)
