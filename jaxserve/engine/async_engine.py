@@ -38,6 +38,7 @@ from typing import Any, AsyncIterator, Callable, Iterable
 
 from jaxserve.embedding_outputs import EmbeddingRequestOutput
 from jaxserve.engine.input_processor import EngineRequest
+from jaxserve.engine.output_stream import OutputStream
 from jaxserve.engine.stats import EngineStats
 from jaxserve.outputs import CompletionOutput, RequestOutput
 from jaxserve.pooling_params import PoolingParams
@@ -125,7 +126,7 @@ class AsyncEngine:
         self.max_prompt_chars = (None if self.longest_token_chars is None
                                  else (engine.max_model_len - 1) * self.longest_token_chars)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._streams: dict[str, asyncio.Queue] = {}      # event-loop side only
+        self._streams: dict[str, OutputStream] = {}       # event-loop side only
         self._calls: set[asyncio.Future] = set()           # event-loop side only
         self._pause_waiters: list[asyncio.Future] = []     # step-thread side: pause("wait") calls
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -179,7 +180,8 @@ class AsyncEngine:
         request_id = uuid.uuid4().hex if request_id is None else str(request_id)
         if request_id in self._streams:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        q: asyncio.Queue = asyncio.Queue()
+        q = OutputStream(appends=isinstance(params, SamplingParams) and params.output_kind is OutputKind.DELTA
+                         and params.n == 1)
         self._streams[request_id] = q        # registered before tokenizing, so a crash or shutdown finds it
         added = done = False
         last: RequestOutput | None = None
@@ -366,7 +368,7 @@ class AsyncEngine:
         self._tokenizer_pool.shutdown(wait=False)   # what is tokenizing finishes; its stream gets the abort
         live = tuple(self._streams)
         for rid in live:
-            self._streams[rid].put_nowait(_ABORTED)
+            self._streams[rid].put(_ABORTED)
         if self._thread is not None:
             self._commands.put(_Stop(live))
             await asyncio.to_thread(self._thread.join)
@@ -468,16 +470,16 @@ class AsyncEngine:
         for out in outputs:
             q = self._streams.get(out.request_id)
             if q is not None:
-                q.put_nowait(out)
+                q.put(out)
 
     def _deliver_one(self, request_id: str, item) -> None:
         q = self._streams.get(request_id)
         if q is not None:
-            q.put_nowait(item)
+            q.put(item)
 
     def _fail_all(self, err: EngineDeadError) -> None:
         for q in self._streams.values():
-            q.put_nowait(err)
+            q.put(err)
         for fut in list(self._calls):
             if not fut.done():
                 fut.set_exception(err)
