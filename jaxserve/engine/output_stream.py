@@ -32,7 +32,7 @@ class OutputStream:
         items = self._items
         if (items and isinstance(item, RequestOutput) and type(items[-1]) is type(item)
                 and not items[-1].finished):
-            items[-1] = merge_outputs(items[-1], item) if self._appends else item
+            items[-1] = merge_outputs(items[-1], item) if self._appends else replace_output(items[-1], item)
         else:
             items.append(item)
         w = self._waiter
@@ -47,6 +47,15 @@ class OutputStream:
             finally:
                 self._waiter = None
         return self._items.popleft()
+
+
+def replace_output(first: RequestOutput, then: RequestOutput) -> RequestOutput:
+    """`then`, a whole output, in place of the unread `first`: a DELTA request with n > 1 has
+    whole completions each time but sends its prompt's logprobs in one output only, so those
+    are kept when `then` has none."""
+    if then.prompt_logprobs is None and first.prompt_logprobs is not None:
+        return dataclasses.replace(then, prompt_logprobs=first.prompt_logprobs)
+    return then
 
 
 def merge_outputs(first: RequestOutput, then: RequestOutput) -> RequestOutput:

@@ -50,6 +50,15 @@ def test_whole_outputs_replace_the_unread_one_and_markers_keep_their_place():
     assert got[2].outputs[0].token_ids == [5, 6, 7] and got[3] is err
 
 
+def test_a_replaced_output_keeps_the_prompt_logprobs_a_delta_request_sends_once():
+    # n > 1 with DELTA: completions are whole each time, prompt logprobs come in one output only
+    s = OutputStream(appends=False)
+    s.put(_out([5], "a", prompt_logprobs=[None, {2: Logprob(-1.0)}]))
+    s.put(_out([5, 6], "ab", finished=True))
+    [one] = _drain(s)
+    assert one.outputs[0].token_ids == [5, 6] and one.prompt_logprobs == [None, {2: Logprob(-1.0)}]
+
+
 def test_a_reader_that_keeps_up_gets_each_output_and_nothing_merges_after_the_end():
     async def main():
         s = OutputStream(appends=True)
