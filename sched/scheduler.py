@@ -48,6 +48,7 @@ from jaxserve.sched.kv_cache_manager import KVCacheManager, SharedPrefix
 from jaxserve.sched.kv_connector import HeldBlocks, KVConnector, KVLoading
 from jaxserve.sched.limits import RequestLimits
 from jaxserve.sched.admission import Admission
+from jaxserve.sched.chunk_sizer import ChunkSizer
 from jaxserve.sched.lora_slots import LoRASlots
 from jaxserve.sched.preemption import Preemption
 from jaxserve.sched.policy import FairShare, pick_victim
@@ -59,7 +60,6 @@ from jaxserve.sched.scheduler_stats import SchedulerStats, snapshot
 from jaxserve.sched.speculative_scheduling import Speculation, check_verified
 from jaxserve.sched.step_cap import StepCap
 from jaxserve.sched.step_plan import StepPlan
-from jaxserve.sched.step_budget import StepTimeScale, chunk_within, step_allowance
 from jaxserve.sched.stop_conditions import append_until_stop, check_stop
 
 __all__ = ["Overloaded", "Scheduler", "SchedulerConfig"]
@@ -90,7 +90,8 @@ class Scheduler:
         self.preemption = Preemption(config, self.kv)   # victims, swap or recompute, and their counts
         self.admission = Admission(config, self.kv)     # projected KV use and the watermark
         self.num_kv_blocks_in_use_peak = 0  # most blocks in use after any schedule()
-        self._step_time = StepTimeScale()  # measured / predicted step time, learned (observe_step_time)
+        # chunk sizes, the time allowance and the step's predicted time (chunk_sizer.py)
+        self.chunks = ChunkSizer(config, clock, self.running, self.waiting)
         # speculative decoding (None: off): the planner, the draft proposer, their counters
         self.speculation = Speculation(config, draft_proposer) if config.speculation is not None else None
         # KV from elsewhere and KV held for a receiver (kv_connector.py); off until a connector is attached
@@ -191,25 +192,18 @@ class Scheduler:
             preempted_ids=tuple(st.preempted),
             swap_out=tuple((d, h - 1) for d, h in st.swap_out),
             swap_in=tuple((h - 1, d) for h, d in st.swap_in),
-            predicted_s=self._predicted_seconds(st),
+            predicted_s=self.chunks.predicted_seconds(st),
             kv_connector_ops=self.kv_loads.take_ops(),
             lora_loads=self.lora_slots.take_loads() if self.lora_slots is not None else (),
         )
 
-    def _predicted_seconds(self, st: StepPlan) -> float | None:
-        cost = self.config.step_cost
-        if cost is None or not st.decode_reqs or not st.prefill_tiles or st.prefill_tiles > cost.max_tiles:
-            return None
-        decode_s = cost.decode_seconds([r.num_computed_tokens for r in st.decode_reqs])
-        return decode_s + cost.prefill_seconds(st.prefill_tiles, st.prefill_items)
-
     def observe_step_time(self, predicted_s: float, measured_s: float) -> None:
         """A step's measured time against its `predicted_s` (step_budget.StepTimeScale)."""
-        self._step_time.observe(predicted_s, measured_s)
+        self.chunks.step_time.observe(predicted_s, measured_s)
 
     @property
     def step_time_scale(self) -> float:
-        return self._step_time.value
+        return self.chunks.step_time.value
 
     def _schedule_running(self, st: StepPlan, drafts: bool = False) -> None:
         # a request whose pending tokens reach its limits ends at its update: nothing to schedule
@@ -250,9 +244,9 @@ class Scheduler:
                 else:
                     st.add(req, 1 + len(draft), draft=draft)
                 continue
-            # a decode's one token is what _num_new_tokens gives it whenever budget is left (a
+            # a decode's one token is what num_new_tokens gives it whenever budget is left (a
             # one-token chunk is never capped, and costs 1); not asked per request
-            n = 1 if i < num_decodes else self._num_new_tokens(req, req.num_computed_tokens, st)
+            n = 1 if i < num_decodes else self.chunks.num_new_tokens(req, req.num_computed_tokens, st)
             if n == 0:
                 continue
             while not self.kv.allocate_slots(req, n, st.copies):
@@ -338,7 +332,7 @@ class Scheduler:
             starving = self._step - req.arrival_step >= c.starvation_steps
             swapped = req.status is RequestStatus.SWAPPED
             prefix = SharedPrefix(num_tokens=req.num_computed_tokens) if swapped else self._shared_prefix(req, st)
-            n = self._num_new_tokens(req, prefix.num_tokens, st) if prefix is not None else 0
+            n = self.chunks.num_new_tokens(req, prefix.num_tokens, st) if prefix is not None else 0
             partial = prefix is not None and prefix.num_tokens + n < req.num_tokens
             capped = partial and c.max_num_partial_prefills and len(st.partial) >= c.max_num_partial_prefills
             if prefix is None or capped:
@@ -390,43 +384,6 @@ class Scheduler:
             req.host_block_ids = []
             return True
         return self.kv.allocate_slots(req, n, st.copies, prefix, reserve)
-
-    def _num_new_tokens(self, req: Request, num_computed: int, st: StepPlan) -> int:
-        """Tokens to compute for req this step (0 = it cannot run now). Decodes are scheduled
-        before any prompt, so st.decodes is final when a prompt's chunk is sized."""
-        c = self.config
-        budget = st.budget
-        n = req.num_tokens_with_pending - num_computed
-        if not c.enable_chunked_prefill:
-            return n if st.charge(n) <= budget else 0
-        if c.long_prefill_token_threshold:
-            n = min(n, c.long_prefill_token_threshold)
-        cap = c.prefill_cap_beside(st.decodes) if st.decodes and n > 1 else 0
-        if cap:
-            n = min(n, cap)
-        if c.objectives is not None and st.decodes and n > 1:
-            n = self._chunk_within_allowance(req, num_computed, n, st)
-        if st.charge(n) <= budget:
-            return n
-        fit = (budget // c.chunk_granularity) * c.chunk_granularity
-        return fit if fit > 1 else min(1, budget, n)
-
-    def _chunk_within_allowance(self, req: Request, num_computed: int, n: int, st: StepPlan) -> int:
-        """How many of req's n next prompt tokens fit this step's time allowance (step_budget.py)."""
-        cost = self.config.step_cost
-        if st.allowance_s is None:
-            st.decode_s = cost.decode_seconds([r.num_computed_tokens for r in st.decode_reqs])
-            # the model's seconds, as this machine runs them now
-            scale = self._step_time.value
-            st.allowance_s = step_allowance(cost, self.config.objectives, self._clock(), st.decode_reqs,
-                                            st.decode_s, self._prompt_order(), st.budget, scale) / scale
-        return chunk_within(cost, num_computed, n, st.decode_s, st.prefill_tiles, st.prefill_items, st.allowance_s)
-
-    def _prompt_order(self) -> list[Request]:
-        """Requests with prompt tokens left, in the order this step serves them: running ones,
-        then the waiting queue's head."""
-        running = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
-        return running + [self.waiting[j] for j in range(min(len(self.waiting), 8))]
 
     def _shared_prefix(self, req: Request, st: StepPlan) -> SharedPrefix | None:
         prefix = self.kv.find_cached_prefix(req)
