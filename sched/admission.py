@@ -44,6 +44,27 @@ class Admission:
         limit = self.kv.pool.num_total - self.config.watermark_blocks
         return self.kv.pool.num_in_use + growth + need <= limit
 
+    def admits_after_evicting(self, req: Request, prefix: SharedPrefix, running: Sequence[Request],
+                              evicted: Sequence[Request]) -> bool:
+        """Whether req would pass `admits` once the running requests `evicted` gave their blocks
+        back. A preemption for a newcomer is made only if this holds for every request it may
+        evict: otherwise it frees nothing the newcomer can use, and the victim, re-admitted at the
+        next step, can evict another in turn, round after round (a livelock under priorities)."""
+        gone = {r.request_id for r in evicted}
+        rest = [r for r in running if r.request_id not in gone]
+        if not rest:
+            return True
+        pool = self.kv.pool
+        dropped: dict[int, int] = {}
+        for r in evicted:
+            for b in r.block_ids:
+                dropped[b] = dropped.get(b, 0) + 1
+        freed = sum(1 for b, k in dropped.items() if pool.refcount(b) == k)
+        growth = sum(max(0, self.projected_blocks(r) - len(r.block_ids)) for r in rest)
+        shared = sum(1 for b in prefix.block_ids if pool.refcount(b) > dropped.get(b, 0))
+        need = self.projected_blocks(req) - shared
+        return pool.num_in_use - freed + growth + need <= pool.num_total - self.config.watermark_blocks
+
     def running_growth(self, running: Sequence[Request]) -> int:
         """Blocks the running requests are expected to take beyond what they hold."""
         if self._counted > len(running):      # shrunk without new_pass: count afresh

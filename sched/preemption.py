@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from jaxserve.sched.kv_cache_manager import KVCacheManager, cdiv
-from jaxserve.sched.policy import pick_victim
 from jaxserve.sched.request import Request, RequestStatus
 from jaxserve.sched.scheduler_config import SchedulerConfig
 
@@ -36,15 +35,15 @@ class Preemption:
         self.num_swap = 0
         self.num_swapped_blocks = 0  # blocks copied out to the host pool, in total
 
-    def less_urgent_victim(self, req: Request, running: Sequence[Request], admitted: set[str]) -> Request | None:
-        """Under the priority policy, a waiting request may evict a less urgent running one (not
-        one admitted in this very step: its swap-in or first chunk is not even computed yet)."""
+    def less_urgent(self, req: Request, running: Sequence[Request], admitted: set[str]) -> list[Request]:
+        """The running requests a waiting `req` may evict under the priority policy: less urgent
+        ones, not admitted in this very step (their swap-in or first chunk is not even computed
+        yet), never its own fork parent."""
         if self.config.scheduling_policy != "priority":
-            return None
-        parent = req.fork_parent_id  # a fork child never evicts its own parent
-        less_urgent = [r for r in running
-                       if r.priority > req.priority and r.request_id not in admitted and r.request_id != parent]
-        return pick_victim(less_urgent) if less_urgent else None
+            return []
+        parent = req.fork_parent_id
+        return [r for r in running
+                if r.priority > req.priority and r.request_id not in admitted and r.request_id != parent]
 
     def evict(self, victim: Request, may_swap: bool) -> Eviction:
         """Free the victim's device blocks: saved to the host pool (swap) when allowed and worth it,

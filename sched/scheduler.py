@@ -346,9 +346,10 @@ class Scheduler:
             if n == 0:
                 break  # chunking off and the prompt does not fit what is left of the budget
             if not self._admit(req, prefix, n, st):
-                victim = self.preemption.less_urgent_victim(req, self.running, st.admitted)
-                if victim is None:
+                evictable = self.preemption.less_urgent(req, self.running, st.admitted)
+                if not evictable or not self.admission.admits_after_evicting(req, prefix, self.running, evictable):
                     break  # first come, first served: nobody overtakes the head
+                victim = pick_victim(evictable)
                 self._preempt(victim, st)  # priority policy: make room, then look again
                 made_room_for = req
                 j = self.waiting.index(req)  # the victim may have been queued in front of it

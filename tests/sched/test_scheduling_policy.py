@@ -192,3 +192,46 @@ def test_chunk_size_follows_the_itl_budget_and_prefill_throughput():
 def test_bad_policy_settings_are_rejected_with_field_and_value(kw, msg):
     with pytest.raises(ValueError, match=msg):
         SchedulerConfig(num_blocks=8, **kw)
+
+
+def test_no_request_is_evicted_for_a_newcomer_that_still_would_not_fit():
+    # Found by the random workloads: six blocks, two salted prompts of priorities 1 and 2 at the
+    # head of the queue and more urgent public ones behind them. Each step the head was admitted
+    # and a more urgent newcomer evicted the other salted one, yet did not fit beside the one
+    # just admitted (which it may not evict); the victim came back first the next step, and the
+    # two evicted each other forever. Now an eviction is made only if it lets the newcomer in.
+    from jaxserve.sched.speculation import SpeculativeConfig
+    from jaxserve.sched.step_budget import ServiceObjectives
+    from jaxserve.sched.step_cost import StepCostModel
+
+    cfg = SchedulerConfig(
+        num_blocks=7, block_size=4, max_num_seqs=5, max_num_batched_tokens=58, max_model_len=16,
+        long_prefill_token_threshold=4, enable_prefix_caching=True, chunk_granularity=1,
+        objectives=ServiceObjectives(ttft_s=0.147, tpot_s=0.170),
+        step_cost=StepCostModel(decode_s=((2, 0.06),), prefill_s=((1, 0.015), (2, 0.0225), (64, 1.219)),
+                                item_s=0.00665, tile=1, item_tokens=4, calib_context=8),
+        max_num_partial_prefills=0, starvation_steps=5, scheduling_policy="priority", kv_watermark=0.0,
+        admission_output_share=0.0, preemption_mode="auto", num_host_blocks=3, swap_crossover_tokens=10,
+        speculation=SpeculativeConfig(num_speculative_tokens=1, prompt_lookup_min=1, prompt_lookup_max=3,
+                                      prior_acceptance=0.1),
+        max_decode_rows=16)
+    head = [39, 50, 3, 47, 58, 59, 19, 23, 27, 5, 60]
+    spec = {   # step: (id, prompt tail, max_tokens, other fields)
+        0: [("r0", [15, 24], 3, {}), ("r1", [47], 4, dict(ignore_eos=True, stop_token_ids={35})),
+            ("r6", [15, 44, 43, 63], 1, dict(stop_token_ids={15, 44})),
+            ("r7", [10, 34, 59, 5], 1, dict(min_tokens=1, stop_token_ids={8, 21})),
+            ("r9", [13, 19, 36, 46], 1, dict(min_tokens=1, ignore_eos=True, cache_salt="tenant", priority=2))],
+        1: [("r2", [26, 32, 3, 34], 1, dict(ignore_eos=True, stop_token_ids={3, 16}, priority=2))],
+        2: [("r3", [56, 3], 2, dict(min_tokens=1, stop_token_ids={34})),
+            ("r8", [30, 32, 6], 1, dict(stop_token_ids={12}, priority=1))],
+        4: [("r4", [23], 4, dict(min_tokens=3))],
+        10: [("r5", [54, 5, 23, 16], 1, dict(stop_token_ids={43}, cache_salt="tenant", priority=1))],
+    }
+    arrivals = {s: [make_request(rid, head + tail, m, **kw) for rid, tail, m, kw in reqs] for s, reqs in spec.items()}
+    ticks = iter(range(1 << 30))
+    sched = Scheduler(cfg, clock=lambda: 0.01 * next(ticks))
+    evictions = []
+    reqs = drive(sched, arrivals=arrivals, one_step_ahead=True, speculate=True, max_steps=400,
+                 on_step=lambda i, out: (i == 0 and sched.abort_requests(["r0"]), evictions.extend(out.preempted_ids)))
+    assert_outputs_match_reference(reqs.values(), cfg.max_model_len)
+    assert len(evictions) < 20
