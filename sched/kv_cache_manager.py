@@ -144,7 +144,7 @@ class KVCacheManager:
             return False
         if prefix is not None:
             self.pool.incref(prefix.block_ids)
-            req.block_ids = list(prefix.block_ids)
+            req.set_blocks(list(prefix.block_ids))
             req.num_computed_tokens = prefix.num_tokens
             self._nodes[req.request_id] = list(prefix.nodes) + list(prefix.host_nodes)
             if prefix.host_nodes:
@@ -153,7 +153,7 @@ class KVCacheManager:
                 self.cache.pin_host(prefix.host_nodes)
                 dst = self._take(len(prefix.host_nodes))
                 self.cache.load(prefix.host_nodes, dst)
-                req.block_ids.extend(dst)
+                req.add_blocks(dst)
             if self.cache is not None:
                 self.cache.touch(self._nodes[req.request_id])
         i = req.num_computed_tokens // bs
@@ -165,10 +165,10 @@ class KVCacheManager:
             # its other sharers were preempted later in this step, src must not be handed out
             # again (a swap-in would overwrite it before the runner copies it).
             self._pinned.append(src)
-            req.block_ids[i] = dst
+            req.replace_block(i, dst)
         grow = cdiv(req.num_computed_tokens + num_new_tokens, bs) - len(req.block_ids)
         if grow > 0:
-            req.block_ids.extend(self._take(grow))
+            req.add_blocks(self._take(grow))
         return True
 
     def release_pins(self) -> None:
@@ -215,7 +215,7 @@ class KVCacheManager:
         total = max(len(host_ids), cdiv(req.num_computed_tokens + num_new_tokens, self.block_size))
         if total + reserve > self.num_available:
             return None
-        req.block_ids = self._take(total)
+        req.set_blocks(self._take(total))
         # the saved blocks re-enter the prefix cache after the next step (cache_computed_blocks
         # then finds any copies the tree still holds and switches to them)
         self._nodes[req.request_id] = []
@@ -258,7 +258,7 @@ class KVCacheManager:
             node = self.cache.insert(req.prefix_namespace, parent, req.token_slice(j * bs, (j + 1) * bs), own)
             if node.block_id != own:
                 self.pool.incref([node.block_id])
-                req.block_ids[j] = node.block_id
+                req.replace_block(j, node.block_id)
                 self.pool.free([own])
             nodes.append(node)
 
@@ -266,7 +266,7 @@ class KVCacheManager:
         """Take req's blocks and prefix-cache nodes from it without letting them go (a KV
         transfer's sending side keeps them for the receiver); `free_held` lets them go later."""
         held = (req.block_ids, self._nodes.pop(req.request_id, []))
-        req.block_ids = []
+        req.set_blocks([])
         return held
 
     def free_held(self, block_ids: list[int], nodes: list[Node]) -> None:
@@ -277,7 +277,7 @@ class KVCacheManager:
     def free(self, req: Request) -> None:
         """Let go of all of req's blocks; its cached full blocks stay in the tree (evictable)."""
         self.pool.free(req.block_ids)
-        req.block_ids = []
+        req.set_blocks([])
         nodes = self._nodes.pop(req.request_id, None)
         if nodes and self.cache is not None:
             self.cache.release(nodes)

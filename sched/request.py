@@ -84,7 +84,9 @@ class Request:
     # ---- state, mutated by the scheduler ----
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
-    block_ids: list[int] = field(default_factory=list)  # logical block i -> physical block_ids[i]
+    # logical block i -> physical block_ids[i]; changed only through set_blocks, add_blocks and
+    # replace_block, which keep block_table true
+    block_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: int | str | None = None  # the stop token id, or a stop string set by the engine
@@ -105,6 +107,7 @@ class Request:
     # the KV load in flight (kv_connector.py): its generation and the tokens it brings
     kv_load_generation: int = 0
     kv_load_tokens: int = 0
+    _table: tuple[int, ...] | None = None   # block_table's tuple; None once the blocks changed
 
     @property
     def prefix_namespace(self) -> object:
@@ -127,6 +130,29 @@ class Request:
         self.eos_token_ids = frozenset(self.eos_token_ids)
         self.stop_token_ids = frozenset(self.stop_token_ids)
         self.output_token_ids = list(self.output_token_ids)
+
+    # ---- the block table ----
+    @property
+    def block_table(self) -> tuple[int, ...]:
+        """block_ids as a tuple, the same object from step to step until the blocks change: a
+        step's entries carry it without a copy per step, and the runner sees by identity that a
+        row of its table is unchanged (most steps add no block to most requests)."""
+        t = self._table
+        if t is None:
+            t = self._table = tuple(self.block_ids)
+        return t
+
+    def set_blocks(self, block_ids: list[int]) -> None:
+        self.block_ids = block_ids
+        self._table = None
+
+    def add_blocks(self, block_ids) -> None:
+        self.block_ids.extend(block_ids)
+        self._table = None
+
+    def replace_block(self, i: int, block_id: int) -> None:
+        self.block_ids[i] = block_id
+        self._table = None
 
     # ---- derived ----
     @property

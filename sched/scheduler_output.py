@@ -29,7 +29,9 @@ class ScheduledRequest:
     # input tokens this step = all_token_ids[num_computed_tokens : num_computed_tokens + len(token_ids)]
     token_ids: tuple[int, ...]
     num_computed_tokens: int  # tokens whose K/V are already cached (the context before this step)
-    block_ids: tuple[int, ...]  # the full block table after allocation for this step
+    # the full block table after allocation for this step: the request's block_table, the same
+    # tuple from step to step until its blocks change (the runner compares it by identity)
+    block_ids: tuple[int, ...]
     sample: bool  # True iff this step reaches the last known token, so a new token is sampled
     num_output_tokens: int  # outputs sampled before this step, pending ones included (a seeded sampler's step index)
     sampling: SamplingOptions = GREEDY

@@ -83,7 +83,7 @@ class StepPlan:
             token_ids = req.token_slice(c0, min(end, known)) + (PLACEHOLDER_TOKEN,) * max(0, end - max(c0, known))
             sample = end == with_pending
         self.scheduled[req.request_id] = ScheduledRequest(
-            req.request_id, token_ids, c0, tuple(req.block_ids), sample, num_outputs, req.sampling,
+            req.request_id, token_ids, c0, req.block_table, sample, num_outputs, req.sampling,
             len(draft) if draft else 0, self._lora_slot(req))
         self.budget -= n if draft else self.charge(n)
         if draft:
@@ -117,7 +117,7 @@ class StepPlan:
         sample = end == known + pending
         lora = self._lora_slots
         self.scheduled[req.request_id] = ScheduledRequest(
-            req.request_id, (token,), c0, tuple(req.block_ids), sample, num_outputs, req.sampling, 0,
+            req.request_id, (token,), c0, req.block_table, sample, num_outputs, req.sampling, 0,
             lora.slot_of(req) if lora is not None else 0)
         self.budget -= 1
         if num_outputs > 0:

@@ -43,7 +43,7 @@ class DraftModelProposer:
         for j in range(max((k for _, k in batch), default=0)):
             rows = tuple(
                 ScheduledRequest(req.request_id, (last[req.request_id],), req.num_computed_tokens + j,
-                                 tuple(req.block_ids), True, req.num_output_tokens + j,
+                                 req.block_table, True, req.num_output_tokens + j,
                                  draft_options(req.sampling))
                 for req, k in batch if k > j)
             for rid, tokens in self.runner.execute(SchedulerOutput(rows, len(rows))).token_ids.items():

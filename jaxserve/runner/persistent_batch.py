@@ -170,7 +170,7 @@ class PersistentBatch:
                 seat = self._take_seat()
                 seat_of[rid] = seat
             now[rid] = seat
-            if req.block_ids != blocks[seat]:     # a tuple compare: most steps add no block
+            if req.block_ids is not blocks[seat]:   # the scheduler's same tuple while no block changed
                 self._sync_table(seat, req.block_ids)
             s = req.sampling
             if s is not opts[seat]:

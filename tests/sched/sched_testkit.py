@@ -146,6 +146,7 @@ def check_invariants(sched: Scheduler) -> None:
     for req in live:
         if req.status is not RequestStatus.SWAPPED:
             assert len(set(req.block_ids)) == len(req.block_ids), f"{req.request_id} holds a block twice"
+            assert req.block_table == tuple(req.block_ids), f"{req.request_id}: a stale block table"
             for b in req.block_ids:
                 held[b] = held.get(b, 0) + 1
         if req.status.is_waiting and req.status is not RequestStatus.SWAPPED:

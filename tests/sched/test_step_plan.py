@@ -23,7 +23,7 @@ def test_padded_tokens_rounds_chunks_up_to_the_granularity():
 def test_a_prompt_chunk_then_its_last_chunk_then_a_decode_placeholder():
     plan = StepPlan(100, 16)
     req = make_request("a", 20)
-    req.block_ids = [3, 4]
+    req.set_blocks([3, 4])
     plan.add(req, 12)                           # a chunk: no sample, left mid-prefill
     sr = plan.scheduled["a"]
     assert sr.token_ids == tuple(req.prompt_token_ids[:12]) and not sr.sample and sr.num_computed_tokens == 0
@@ -47,7 +47,7 @@ def test_take_back_restores_what_add_advanced():
         for i in range(rng.randrange(1, 6)):
             req = make_request(f"r{i}", rng.randrange(2, 40))
             req.num_computed_tokens = rng.randrange(0, req.num_prompt_tokens)
-            req.block_ids = [10 * i + j for j in range(1, 5)]
+            req.set_blocks([10 * i + j for j in range(1, 5)])
             reqs.append(req)
         before = {r.request_id: _state(r) for r in reqs}
         budget_before = plan.budget
