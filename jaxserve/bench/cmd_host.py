@@ -30,6 +30,9 @@ rounds. `--profile DIR` also writes a cProfile of each batch size's steady decod
 The parts are measured by wrapping those methods on the engine's own objects (no module is
 patched), so the command also runs from an older checkout (run_from_checkout.py) for a
 before/after comparison on the same machine.
+
+`--without-model` times schedule, pack and update alone (host_without_model.py): with a model,
+a long `--input-len` lengthens the device's step and on a CPU evicts the host's caches.
 """
 
 from __future__ import annotations
@@ -72,6 +75,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--cache-dir", default=None,
                    help="keep the random model and the compiled executables here between runs")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--without-model", action="store_true",
+                   help="time schedule, pack and update alone, no model (host_without_model.py): the host "
+                        "path's growth with --input-len, apart from the device's")
+    p.add_argument("--steps", type=int, default=60, help="with --without-model: timed decode steps per round")
     p.add_argument("--output-dir", default="bench_results")
     p.add_argument("--name", default=None, help="file stem of the JSON result (default: host-UTC-TIMESTAMP)")
     p.add_argument("--no-progress", action="store_true")
@@ -207,6 +214,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from jaxserve.bench.random_model import MARKER, make_random_hf_model
 
     batches = sorted({int(b) for b in args.batch_sizes.split(",")})
+    if args.without_model:
+        return _run_without_model(args, batches)
     if batches[0] < 1 or args.rounds < 1 or args.input_len < 1 or args.output_len < 8:
         raise SystemExit("jaxserve bench host: batch sizes and --rounds >= 1, --input-len >= 1, --output-len >= 8")
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
@@ -264,6 +273,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               "environment": environment(), "batches": per_batch, "summary": summary}
     path = write_result(result, args.output_dir, args.name)
     print(_table(per_batch))
+    print(f"result: {path}")
+    return result
+
+
+def _run_without_model(args: argparse.Namespace, batches: list[int]) -> dict[str, Any]:
+    from jaxserve.bench import host_without_model
+
+    if batches[0] < 1 or args.rounds < 1 or args.input_len < 1 or args.steps < 1:
+        raise SystemExit("jaxserve bench host --without-model: batch sizes, --rounds, --input-len, --steps >= 1")
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    per_batch = host_without_model.measure(batches, args.input_len, args.steps, args.rounds, args.seed)
+    for b, row in per_batch.items():
+        log(f"batch {b}: schedule + pack + update {row['host_ms']:.3f} ms/step (rounds "
+            + ", ".join(f"{r['host_ms']:.3f}" for r in row["rounds"]) + ")")
+    result = {"subcommand": "host", "created_utc": started,
+              "config": {k: v for k, v in vars(args).items() if k not in ("func", "bench_run")},
+              "environment": environment(), "batches": per_batch,
+              "summary": {"host_ms": {b: r["host_ms"] for b, r in per_batch.items()}}}
+    path = write_result(result, args.output_dir, args.name)
+    print(host_without_model.table(per_batch))
     print(f"result: {path}")
     return result
 

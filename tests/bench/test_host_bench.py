@@ -42,3 +42,23 @@ def test_buckets_for_one_batch_size_are_valid_engine_buckets():
         b = _buckets(batches)
         assert b["decode_buckets"] == tuple(sorted({1, batches[-1]}))
         EngineConfig(max_num_seqs=batches[-1], **b)      # validates the buckets
+
+
+def test_without_model_times_decode_steps_of_every_batch_size_and_context(tmp_path, monkeypatch):
+    # no model: schedule, pack and update of decode steps only; a burst whose prefill outlasts a
+    # short output would never decode all at once, so the outputs are sized to the prefill
+    from jaxserve.bench import host_without_model
+
+    timed = []
+    real = host_without_model.one_round
+    monkeypatch.setattr(host_without_model, "one_round", lambda *a: timed.append(a) or real(*a))
+    args = build_parser().parse_args([
+        "bench", "host", "--without-model", "--batch-sizes", "1,8", "--input-len", "3000", "--steps", "4",
+        "--rounds", "2", "--output-dir", str(tmp_path), "--name", "w"])
+    result = args.bench_run(args)
+    assert (tmp_path / "w.json").exists() and len(timed) == 4
+    for batch, row in result["batches"].items():
+        for r in row["rounds"]:
+            assert r["host_ms"] == pytest.approx(sum(r[f"{p}_ms"] for p in host_without_model.PARTS))
+            assert all(r[f"{p}_ms"] > 0 for p in host_without_model.PARTS)
+    assert sorted(result["summary"]["host_ms"]) == [1, 8]
