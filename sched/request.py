@@ -107,7 +107,8 @@ class Request:
     # the KV load in flight (kv_connector.py): its generation and the tokens it brings
     kv_load_generation: int = 0
     kv_load_tokens: int = 0
-    _table: tuple[int, ...] | None = None   # block_table's tuple; None once the blocks changed
+    # block_table's tuple; None once the blocks changed (not an argument, not compared or copied)
+    _table: tuple[int, ...] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def prefix_namespace(self) -> object:

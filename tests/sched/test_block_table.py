@@ -3,6 +3,8 @@ the step's entries carry the same object while no block is added or replaced, a 
 a block is added, a shared block copied on write, a prefix-cache duplicate dropped, or the
 request preempted; the runner's table follows it (its rows are checked against a fresh pack)."""
 
+import dataclasses
+
 import numpy as np
 from sched_testkit import FakeRunner, assert_outputs_match_reference, drive, make_request
 
@@ -45,6 +47,8 @@ def test_a_replaced_block_gives_a_new_table():
     t = req.block_table
     req.add_blocks([5])
     assert req.block_table == (3, 9, 5)
+    copy = dataclasses.replace(req, block_ids=[7])      # a copy never inherits the cached tuple
+    assert copy.block_table == (7,) and req == dataclasses.replace(req)
     req.set_blocks([])
     assert req.block_table == ()
 
