@@ -11,6 +11,13 @@ from typing import Any
 import numpy as np
 
 
+def available() -> bool:
+    """Whether matplotlib (the `bench` extra: `pip install 'jaxserve[bench]'`) is installed."""
+    import importlib.util
+
+    return importlib.util.find_spec("matplotlib") is not None
+
+
 def _pyplot() -> Any:
     import matplotlib
 

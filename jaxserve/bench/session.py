@@ -16,6 +16,7 @@ import sys
 import traceback
 from typing import Any, Callable, Sequence
 
+from jaxserve.bench import plots as plot_module
 from jaxserve.bench.args import engine_kwargs, jsonable_args
 from jaxserve.bench.backend_base import Backend, BackendRun, RunOptions, UnsupportedBackend
 from jaxserve.bench.backends import make_backend
@@ -141,7 +142,9 @@ class Session:
         path = write_result(result, self.args.output_dir, self.args.name)
         print(format_result(result))
         written = [path]
-        if not self.args.no_plots:
+        if plots and not self.args.no_plots and not plot_module.available():
+            print("\nplots skipped: matplotlib is not installed (pip install 'jaxserve[bench]')")
+        elif not self.args.no_plots:
             stem = os.path.splitext(path)[0]
             for plot in plots:
                 written.append(plot(result, f"{stem}-{plot.__name__.replace('_', '-')}.png"))
