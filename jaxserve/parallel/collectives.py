@@ -1,7 +1,7 @@
 """The collectives in a compiled step: read from its optimized HLO text.
 
 What XLA's SPMD partitioner inserted is visible only after compilation (the lowered program
-holds named shardings, not collectives). Tests and `jaxserve.parallel.report` count them to
+holds named shardings, not collectives). Tests and `jaxserve.bench.tp_report` count them to
 check the partition is the one designed: per layer one all-reduce after attention and one after
 the MLP, plus, when the vocabulary is split, one for the embedding lookup and one all-gather of
 the sampled rows' logits; never an all-gather of a weight or of the KV arena.

@@ -25,7 +25,7 @@ all-reduce), so every device already holds every token, and:
                  slots: [EP, T/EP * k, D], EP times what it sends on average.
 
 Which is cheaper (docs/benchmarks.md, "Mixture of experts", measured by
-`python -m jaxserve.parallel.expert_report`): ALL_GATHER at every step size measured on CPU fake
+`python -m jaxserve.bench.expert_report`): ALL_GATHER at every step size measured on CPU fake
 devices, decode and prefill (fewer collectives, no padded buffers, and no token slicing: the
 tokens are replicated anyway). `dispatch_for(rows)` is the engine's choice per compiled step.
 ALL_TO_ALL is kept, tested equal, for meshes where tokens are not replicated between layers

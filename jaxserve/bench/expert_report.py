@@ -1,4 +1,4 @@
-"""What expert parallelism costs each device, measured: `python -m jaxserve.parallel.expert_report`.
+"""What expert parallelism costs each device, measured: `python -m jaxserve.bench.expert_report`.
 
 Two tables (docs/benchmarks.md, "Mixture of experts", holds their output):
 
@@ -11,7 +11,7 @@ Two tables (docs/benchmarks.md, "Mixture of experts", holds their output):
    each dispatch form and the bytes its compiled collectives move. This is what chose the
    engine's form (`experts.dispatch_for`).
 
-    python -m jaxserve.parallel.expert_report --cpu-devices 4
+    python -m jaxserve.bench.expert_report --cpu-devices 4
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import time
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m jaxserve.parallel.expert_report", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m jaxserve.bench.expert_report", description=__doc__.split("\n\n")[0])
     p.add_argument("--cpu-devices", type=int, default=None, help="fake this many CPU devices (set before jax starts)")
     p.add_argument("--meshes", default="1x1,2x1,4x1,2x2", help="EPxTP settings of the engine table")
     p.add_argument("--sizes", default="4,32,512,2048", help="token rows of the layer table")

@@ -1,4 +1,4 @@
-"""What tensor parallelism costs each device, measured: `python -m jaxserve.parallel.report`.
+"""What tensor parallelism costs each device, measured: `python -m jaxserve.bench.tp_report`.
 
 For each tensor-parallel size it builds the engine (on fake CPU devices with --cpu-devices),
 then reports the weight and KV arena bytes each device holds (from the arrays' shards), and the
@@ -8,7 +8,7 @@ params' shapes and PartitionSpecs (nothing allocated: it does not fit a CPU's me
 docs/benchmarks.md holds its output; speed needs real devices (scripts/gpu_bench.sh
 --tensor-parallel-size).
 
-    python -m jaxserve.parallel.report --cpu-devices 3 --tensor-parallel-size 1,3   # the embedded model
+    python -m jaxserve.bench.tp_report --cpu-devices 3 --tensor-parallel-size 1,3   # the embedded model
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m jaxserve.parallel.report", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m jaxserve.bench.tp_report", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="checkpoint (default: the embedded SmolLM2-135M)")
     p.add_argument("--tensor-parallel-size", default="1,3", help="comma-separated sizes")
     p.add_argument("--cpu-devices", type=int, default=None, help="fake this many CPU devices (set before jax starts)")
