@@ -68,7 +68,7 @@ def engine_table(meshes: list[tuple[int, int]]) -> str:
             kv = max(bytes_on_each_device(runner.kv_caches).values())
             for bucket in ((8, 0), (8, 4)):
                 runner.load_executables([bucket])
-                ops = collectives(runner._compiled[bucket].as_text())
+                ops = collectives(runner.steps[bucket].as_text())
                 c = count_by_kind(ops)
                 other = sum(v for k, v in c.items() if k not in ("all-reduce", "all-gather", "all-to-all"))
                 rows.append(f"| {ep} x {tp} | {form} | {weights / 2**20:.2f} | {expert_bytes / 2**20:.2f} | "

@@ -54,7 +54,7 @@ def measured_table(model: str | None, sizes: list[int], dtype: str) -> str:
         kv = max(bytes_on_each_device(runner.kv_caches).values())
         for bucket in ((8, 0), (8, 4)):
             runner.load_executables([bucket])
-            ops = collectives(runner._compiled[bucket].as_text())
+            ops = collectives(runner.steps[bucket].as_text())
             counts = count_by_kind(ops)
             other = sum(v for k, v in counts.items() if k not in ("all-reduce", "all-gather"))
             rows.append(f"| {size} | {weights / 2**20:.1f} | {kv / 2**20:.2f} | {bucket} | {counts['all-reduce']} | "

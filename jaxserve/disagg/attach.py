@@ -57,7 +57,7 @@ def attach_connector(engine, config: EngineConfig, *, client_metadata: tuple = (
     if connector is None:
         return None
     engine.scheduler.attach_kv_connector(connector, config.kv_load_failure_policy)
-    engine.runner.kv_connector_worker = connector
+    engine.runner.attach_kv_connector(connector)
     engine.kv_connector = connector
     engine.role = config.role
     return connector

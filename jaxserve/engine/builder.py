@@ -38,6 +38,7 @@ from jaxserve.engine.draft_proposer import DraftModelProposer
 from jaxserve.engine.chat_template import apply_chat_template_override
 from jaxserve.engine.engine import Engine
 from jaxserve.engine.startup_timings import PhaseClock, StartupTimings
+from jaxserve.engine.step_features import step_features
 from jaxserve.engine import warm_start
 from jaxserve.lora import engine_lora as lora_engine
 from jaxserve.models import custom
@@ -320,7 +321,7 @@ def _serve(config: EngineConfig, model_config: ModelConfig, params, *, dtype: st
                              num_host_blocks=0 if hosts is not None else host_pool_blocks(config, arena.bytes_per_block),
                              executable_cache=_cache(ExecutableCache, cache_dir, "executables"), mesh=mesh,
                              coupled_with_draft=_uses_draft_model(config), model=model,
-                             prompt_logprobs=config.enable_prompt_logprobs, pooling=config.enable_embeddings,
+                             features=step_features(config, model_config),
                              expert_dispatch=config.expert_dispatch, batch_invariant=config.batch_invariant)
         jax.block_until_ready(runner.kv_caches)
     with clock.phase("executables"):

@@ -41,6 +41,7 @@ from jaxserve.outputs import RequestMetrics, RequestOutput
 from jaxserve.runner import compile_counter
 from jaxserve.runner import sleep as runner_sleep
 from jaxserve.runner.logit_adjustments import AdjustedSamplingOptions
+from jaxserve.runner.protocol import Runner, carries
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.sched.kv_connector import KVLoadFailed
 from jaxserve.sched.request import Request
@@ -72,9 +73,10 @@ class _InFlight:
 
 
 class Engine:
-    def __init__(self, *, scheduler: Scheduler, runner, tokenizer, vocab_size: int, max_model_len: int,
+    def __init__(self, *, scheduler: Scheduler, runner: Runner, tokenizer, vocab_size: int, max_model_len: int,
                  eos_token_ids: Iterable[int], seed: int = 0, checkpoint_identity: str = "",
-                 model_name: str = "", chunk_policy=None, async_scheduling: bool = True, draft_runner=None):
+                 model_name: str = "", chunk_policy=None, async_scheduling: bool = True,
+                 draft_runner: Runner | None = None):
         self.scheduler = scheduler
         # speculative decoding's draft model (engine/draft_proposer.py): every step runs on it too,
         # and without lookahead (a placeholder would name a token its own sampler never saw)
@@ -91,8 +93,8 @@ class Engine:
         self.async_scheduling = async_scheduling and draft_runner is None
         self.input_processor = InputProcessor(tokenizer=tokenizer, vocab_size=vocab_size,
                                               limits=scheduler.limits, eos_token_ids=self.eos_token_ids,
-                                              prompt_logprobs=getattr(runner, "prompt_logprobs", None) is not None,
-                                              embeddings=getattr(runner, "pooling", None) is not None)
+                                              prompt_logprobs=carries(runner, "prompt_logprobs"),
+                                              embeddings=carries(runner, "pooling"))
         self.outputs = OutputProcessor()
         self._rng = np.random.default_rng(seed)
         self._ids = itertools.count()
@@ -290,7 +292,7 @@ class Engine:
         if self.kv_connector is not None and self._in_flight is None and self.scheduler.only_waiting_for_kv():
             self.kv_connector.wait(0.01)   # nothing to compute until a KV load ends: no busy loop
         self._timer.step_started()
-        if getattr(self.runner, "owner", self) is not self:
+        if self.runner.owner is not self:
             self._take_over_runner()
         with compile_counter.attributed_to(self._compilations):
             speculate = self.scheduler.wants_drafts()
@@ -347,14 +349,15 @@ class Engine:
             self.scheduler.observe_step_time(step.sched_out.predicted_s,
                                              done - max(step.dispatched_at, self._last_done))
         self._last_done = done
-        if result.routed_tokens is not None:
-            self.expert_load.add(result.routed_tokens)
+        features = result.features
+        if "expert_counts" in features:
+            self.expert_load.add(features["expert_counts"])
         updates = self.scheduler.update(step.sched_out, result.token_ids)
         if self._constrained:
             updates = self._advance_grammars(updates)
         processed = self.outputs.process(updates, result.logprobs, time.perf_counter(),
-                                         prompt_logprobs=getattr(result, "prompt_logprobs", None),
-                                         pooled=getattr(result, "pooled", None))
+                                         prompt_logprobs=features.get("prompt_logprobs"),
+                                         pooled=features.get("pooling"))
         for hit in processed.stop_string_hits:
             self.scheduler.finish_requests([hit.scheduler_id], "stop", stop_reason=hit.stop)
         return processed.outputs
@@ -400,7 +403,7 @@ class Engine:
         cache is flushed. Every check runs first: a bad update raises ValueError, changes nothing."""
         if version is not None and (isinstance(version, bool) or not isinstance(version, (int, str))):
             raise ValueError(f"version must be an int, a str or None, got {version!r}")
-        if getattr(self.runner, "step_mirror", None) is not None:
+        if self.runner.step_mirror is not None:
             raise RuntimeError("update_weights is not built for an engine on several hosts (the followers would "
                                "keep the old weights)")
         if self.kv_connector is not None:
@@ -469,7 +472,7 @@ class Engine:
     @property
     def asleep(self) -> bool:
         """Between sleep() and wake_up(): no step runs (the runner's, so engines sharing it agree)."""
-        return getattr(self.runner, "sleep_state", None) is not None
+        return self.runner.sleep_state is not None
 
     def sleep(self, level: int = 1) -> runner_sleep.SleepReport:
         """Give the device memory back until wake_up(): level 0 frees the KV arena, 1 also moves the
@@ -485,7 +488,7 @@ class Engine:
         if self.pausing or (not self.paused and self.has_unfinished_requests()):
             raise RuntimeError("cannot sleep while requests are running: let them finish, or pause() first "
                                "(\"abort\" ends them; \"keep\" holds them to recompute after wake_up and resume)")
-        if getattr(self.runner, "step_mirror", None) is not None:
+        if self.runner.step_mirror is not None:
             raise RuntimeError("sleep is not built for an engine on several hosts (the followers would keep "
                                "their memory)")
         if self.kv_connector is not None:
@@ -507,7 +510,7 @@ class Engine:
         every weight must have come with update_weights first (else ValueError, still asleep).
         Awake already: nothing to do."""
         t0 = time.perf_counter()
-        runners = [r for r in [self.runner, self.draft_runner] if getattr(r, "sleep_state", None) is not None]
+        runners = [r for r in [self.runner, self.draft_runner] if r is not None and r.sleep_state is not None]
         for r in runners:
             runner_sleep.check_can_wake(r)
         kv = weights = 0
@@ -526,7 +529,8 @@ class Engine:
         s = self.scheduler.stats()
         config = self.scheduler.config
         c = self.outputs.counters
-        bytes_per_block = getattr(getattr(self.runner, "arena_spec", None), "bytes_per_block", 0)
+        arena = self.runner.arena_spec
+        bytes_per_block = arena.bytes_per_block if arena is not None else 0
         timing = self._timer.stats()
         return EngineStats(
             num_kv_blocks_total=s.num_kv_blocks_total,
@@ -558,7 +562,7 @@ class Engine:
             host_ms_per_step=timing.host_ms_per_step,
             device_idle_fraction=timing.device_idle_fraction,
             num_steps=timing.steps,
-            kv_cache_dtype=str(getattr(getattr(self.runner, "arena_spec", None), "dtype", "")),
+            kv_cache_dtype=str(arena.dtype) if arena is not None else "",
             kv_cache_bytes_per_block=bytes_per_block,
             spec_num_draft_tokens=s.spec_num_draft_tokens,
             spec_num_accepted_tokens=s.spec_num_accepted_tokens,
@@ -578,7 +582,7 @@ class Engine:
 
 def _mesh_stats(runner) -> dict:
     """The stats fields of the mesh the runner's model is split over (none: one device)."""
-    mesh = getattr(runner, "mesh_info", None)
+    mesh = runner.mesh_info
     if mesh is None:
         return {}
     return dict(mesh_num_devices=mesh.num_devices, mesh_num_hosts=mesh.num_hosts, mesh_axis_sizes=mesh.axis_sizes)

@@ -211,5 +211,5 @@ class Hosts:
 
 def lead(hosts: Hosts, runner) -> None:
     """Make `runner` (rank 0's) publish every step, and stop the followers when this process ends."""
-    runner.step_mirror = hosts
+    runner.mirror_steps_to(hosts)
     atexit.register(hosts.stop_followers)

@@ -29,7 +29,7 @@ import jax
 import numpy as np
 
 from jaxserve.runner import compile_counter
-from jaxserve.runner.batch import pack_step
+from jaxserve.runner.persistent_batch import PersistentBatch
 from jaxserve.runner.kv_arena import allocate_arena
 from jaxserve.runner.warm_plan import BucketReadiness
 from jaxserve.runner.warmup import warm_up_step
@@ -108,7 +108,8 @@ class BackgroundWarmUp:
 def run_on(runner, bucket: tuple[int, int], arena):
     """Run `bucket`'s step and sampler once on the null block of `arena` (not the engine's), with
     zero previous-step tokens, and wait; returns the arena the step hands back (it donates it)."""
-    packed = pack_step(warm_up_step(runner.shapes, bucket), runner.shapes, {}, mask_words=runner.mask_words)
+    # a batch of its own: the engine's seats (the runner's persistent batch) stay as they are
+    packed = PersistentBatch(runner.shapes, mask_words=runner.mask_words).pack(warm_up_step(runner.shapes, bucket), {})
     step, sampler = runner.step_and_sampler(bucket)
     prev = np.zeros((runner.max_sample_rows,), np.int32)
     arena, logits, *_ = step(runner.params, arena, packed.arrays, prev)

@@ -9,8 +9,9 @@ top-k/p, min-p, seed, logprobs wanted, the ids banned before min_tokens), writte
 is taken or its options object changes. What is per step, the token, its position, the sampler's
 step index, the placeholder's source row and the LoRA slot, is read off the ScheduledRequest.
 
-`pack` returns exactly what `batch.pack_step` returns for the same step (the layout is batch.py's;
-tests/runner/test_persistent_batch.py checks it array for array over random sequences of steps):
+`pack` returns exactly what the tests' packing oracle (tests/packing_oracle.py) returns for the
+same step (the layout is batch.py's; tests/runner/test_persistent_batch.py checks it array for
+array over random sequences of steps):
 decode rows are gathered in one fancy index from the seats, prompt chunks and verifications of
 speculative guesses (a few per step at most) take the per-request path, and rows with logit
 adjustments or a grammar mask (penalties, bias, structured output) are packed per row as before.
@@ -143,7 +144,7 @@ class PersistentBatch:
 
     # -- one step ----------------------------------------------------------------------------
     def pack(self, sched_out, prev_rows: Mapping[str, int] | None = None) -> PackedStep:
-        """batch.pack_step's PackedStep for `sched_out`, from the seats (updated here)."""
+        """The PackedStep of `sched_out` (batch.py's layout), from the seats (updated here)."""
         shapes = self.shapes
         block_size, tile = shapes.block_size, shapes.prefill_tile
         seat_of = self._seat_of

@@ -30,6 +30,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxserve.runner.executables import ExecutableStore
+from jaxserve.runner.step_feature import StepFeature, hidden_dtype, step_rows
+
 
 def pooled_sums(hidden: jax.Array, segments: jax.Array, *, num_segments: int) -> jax.Array:
     """hidden [T, D], segments [T] int32 (the slot each row is summed into; num_segments: none)
@@ -55,11 +58,6 @@ class PooledChunk:
     first: int
     count: int
     total: np.ndarray              # [D] float32
-
-
-def step_rows(bucket: tuple[int, int], tile: int) -> int:
-    D, P = bucket
-    return D + P * tile
 
 
 def request_rows(sched_out, bucket: tuple[int, int], tile: int) -> Iterator[tuple[object, int]]:
@@ -113,41 +111,34 @@ def pack(sched_out, bucket: tuple[int, int], tile: int, num_segments: int) -> Po
     return PoolingRows(step_rows(bucket, tile), segments, tuple(reads))
 
 
-class Pooling:
+class Pooling(StepFeature):
     """The runner's part: one compiled `pooled_sums` per step row count, run on a step's hidden
     states when its PoolingRows say so, read back at collect."""
 
-    def __init__(self, runner):
-        from jaxserve.runner.executables import ExecutableStore
+    name = "pooling"
+    step_outputs = frozenset({"hidden"})
 
+    def __init__(self):
         if jax.process_count() > 1:
             # its start-up runs are not mirrored to the other hosts as the steps' are
             raise ValueError("enable_embeddings is not built for an engine on several hosts")
-        self.runner = runner
+
+    def attach(self, runner) -> None:
+        super().attach(runner)
         self.tile = runner.shapes.prefill_tile
         self.num_segments = max_segments(runner.shapes.buckets(), self.tile)
         self._compiled = ExecutableStore(sorted(self.num_segments), self._build, "pooling")
 
-    def _hidden_dtype(self):
-        """The dtype of the steps' hidden states: a compiled step's own output (nothing traced)."""
-        store = self.runner._compiled
-        bucket = next((b for b in store if store.is_loaded(b)), min(store))
-        return store[bucket].out_info[2].dtype
-
     def _lower(self, rows: int):
         r = self.runner
         fn = functools.partial(pooled_sums, num_segments=self.num_segments[rows])
-        hidden = r._input((rows, r.model_config.hidden_size), self._hidden_dtype())
-        segments = r._input((rows,), jnp.int32)
-        if r.mesh is None:
-            return jax.jit(fn).lower(hidden, segments)
-        from jaxserve.parallel.mesh import replicated
-
-        return jax.jit(fn, out_shardings=replicated(r.mesh)).lower(hidden, segments)
+        hidden = r.programs.input_spec((rows, r.model_config.hidden_size), hidden_dtype(r.steps))
+        segments = r.programs.input_spec((rows,), jnp.int32)
+        return r.programs.jit(fn).lower(hidden, segments)
 
     def _build(self, rows: int):
-        return self.runner._load_or_compile({"kind": "pooling", "rows": rows, "segments": self.num_segments[rows]},
-                                            lambda: self._lower(rows))
+        return self.runner.programs.load_or_compile(
+            {"kind": "pooling", "rows": rows, "segments": self.num_segments[rows]}, lambda: self._lower(rows))
 
     def load(self, buckets) -> float:
         """Load (or compile) the functions of these buckets' row counts and run each once (an
@@ -155,25 +146,30 @@ class Pooling:
         t0 = time.perf_counter()
         counts = sorted({step_rows(b, self.tile) for b in buckets})
         self._compiled.load(counts)
-        dtype = self._hidden_dtype()
+        r = self.runner
+        dtype = hidden_dtype(r.steps)
         for rows in counts:
-            hidden = self.runner._on_device(np.zeros((rows, self.runner.model_config.hidden_size), dtype))
-            segments = self.runner._on_device(np.zeros(rows, np.int32))
+            hidden = r.programs.place(np.zeros((rows, r.model_config.hidden_size), dtype))
+            segments = r.programs.place(np.zeros(rows, np.int32))
             jax.block_until_ready(self._compiled[rows](hidden, segments))
         return time.perf_counter() - t0
 
-    def pack(self, sched_out, bucket: tuple[int, int]) -> PoolingRows | None:
+    def loaded_on_demand(self) -> list:
+        return self._compiled.loaded_on_demand
+
+    def pack(self, sched_out, bucket: tuple[int, int] | None) -> PoolingRows | None:
+        if bucket is None:
+            return None
         rows = step_rows(bucket, self.tile)
         return pack(sched_out, bucket, self.tile, self.num_segments[rows])
 
-    def run(self, hidden: jax.Array, rows: PoolingRows):
+    def run(self, outputs, rows: PoolingRows):
         """Dispatch the step's pooling; the sums' copy to the host starts at once."""
-        out = self._compiled[rows.rows](hidden, self.runner._on_device(rows.segments))
+        out = self._compiled[rows.rows](outputs["hidden"], self.runner.programs.place(rows.segments))
         out.copy_to_host_async()
         return rows, out
 
-    @staticmethod
-    def read(dispatched) -> dict[str, PooledChunk]:
+    def read(self, dispatched) -> dict[str, PooledChunk]:
         """Wait for a step's sums: request id -> the positions its rows covered, summed."""
         rows, out = dispatched
         sums = np.asarray(out)

@@ -30,6 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxserve.models import batch_invariant
+from jaxserve.runner.executables import ExecutableStore
+from jaxserve.runner.step_feature import StepFeature, hidden_dtype, step_rows
 from jaxserve.sampling_params import MAX_LOGPROBS
 
 ROW_CHUNK = 128       # rows per LM-head call: [128, V] float32 logits (25 MB for V = 49152)
@@ -93,11 +95,6 @@ class PromptLogprobChunk:
     top_logprobs: np.ndarray       # [n, MAX_LOGPROBS] float32
 
 
-def step_rows(bucket: tuple[int, int], tile: int) -> int:
-    D, P = bucket
-    return D + P * tile
-
-
 def pack(sched_out, bucket: tuple[int, int], tile: int) -> PromptRows | None:
     """The rows of a step (laid out as runner/batch.py lays them) whose logits predict a prompt
     token of a request that asks for prompt logprobs; None when there are none (the usual step)."""
@@ -132,48 +129,34 @@ def pack(sched_out, bucket: tuple[int, int], tile: int) -> PromptRows | None:
     return PromptRows(step_rows(bucket, tile), targets, tuple(reads))
 
 
-class PromptLogprobs:
+class PromptLogprobs(StepFeature):
     """The runner's part: one compiled `prompt_logprobs` per step row count, run on a step's
     hidden states when its PromptRows say so, read back at collect."""
 
-    def __init__(self, runner):
-        from jaxserve.runner.executables import ExecutableStore
+    name = "prompt_logprobs"
+    step_outputs = frozenset({"hidden"})
 
+    def __init__(self):
         if jax.process_count() > 1:
             # its start-up runs are not mirrored to the other hosts as the steps' are
             raise ValueError("enable_prompt_logprobs is not built for an engine on several hosts")
-        self.runner = runner
+
+    def attach(self, runner) -> None:
+        super().attach(runner)
         self.tile = runner.shapes.prefill_tile
         self.row_counts = sorted({step_rows(b, self.tile) for b in runner.shapes.buckets()})
         self._compiled = ExecutableStore(self.row_counts, self._build, "prompt_logprobs")
 
-    def _model(self):
-        if self.runner.model is not None:
-            return self.runner.model
-        from jaxserve.models import registry
-
-        return registry.for_config(self.runner.model_config).model()
-
-    def _hidden_dtype(self):
-        """The dtype of the step's hidden states (the model's activations): a compiled step's own
-        output, so nothing is traced for it (a step loaded from the cache has it too)."""
-        store = self.runner._compiled
-        bucket = next((b for b in store if store.is_loaded(b)), min(store))
-        return store[bucket].out_info[2].dtype
-
     def _lower(self, rows: int):
         r = self.runner
-        fn = functools.partial(prompt_logprobs, config=r.model_config, model=self._model())
-        hidden = r._input((rows, r.model_config.hidden_size), self._hidden_dtype())
-        targets = r._input((rows,), jnp.int32)
-        if r.mesh is None:
-            return jax.jit(fn).lower(r.params, hidden, targets)
-        from jaxserve.parallel.mesh import replicated
-
-        return jax.jit(fn, out_shardings=replicated(r.mesh)).lower(r.params, hidden, targets)
+        fn = functools.partial(prompt_logprobs, config=r.model_config, model=r.model_functions)
+        hidden = r.programs.input_spec((rows, r.model_config.hidden_size), hidden_dtype(r.steps))
+        targets = r.programs.input_spec((rows,), jnp.int32)
+        return r.programs.jit(fn).lower(r.params, hidden, targets)
 
     def _build(self, rows: int):
-        return self.runner._load_or_compile({"kind": "prompt_logprobs", "rows": rows}, lambda: self._lower(rows))
+        return self.runner.programs.load_or_compile({"kind": "prompt_logprobs", "rows": rows},
+                                                    lambda: self._lower(rows))
 
     def load(self, buckets) -> float:
         """Load (or compile) the functions of these buckets' row counts, after their steps, and run
@@ -182,25 +165,29 @@ class PromptLogprobs:
         t0 = time.perf_counter()
         counts = sorted({step_rows(b, self.tile) for b in buckets})
         self._compiled.load(counts)
-        dtype = self._hidden_dtype()
+        r = self.runner
+        dtype = hidden_dtype(r.steps)
         for rows in counts:
-            hidden = self.runner._on_device(np.zeros((rows, self.runner.model_config.hidden_size), dtype))
-            targets = self.runner._on_device(np.zeros(rows, np.int32))   # every row asks: the full path runs
-            jax.block_until_ready(self._compiled[rows](self.runner.params, hidden, targets))
+            hidden = r.programs.place(np.zeros((rows, r.model_config.hidden_size), dtype))
+            targets = r.programs.place(np.zeros(rows, np.int32))   # every row asks: the full path runs
+            jax.block_until_ready(self._compiled[rows](r.params, hidden, targets))
         return time.perf_counter() - t0
 
-    def pack(self, sched_out, bucket: tuple[int, int]) -> PromptRows | None:
-        return pack(sched_out, bucket, self.tile)
+    def loaded_on_demand(self) -> list:
+        return self._compiled.loaded_on_demand
 
-    def run(self, hidden: jax.Array, rows: PromptRows):
+    def pack(self, sched_out, bucket: tuple[int, int] | None) -> PromptRows | None:
+        return None if bucket is None else pack(sched_out, bucket, self.tile)
+
+    def run(self, outputs, rows: PromptRows):
         """Dispatch the step's prompt logprobs; their copy to the host starts at once."""
-        out = self._compiled[rows.rows](self.runner.params, hidden, self.runner._on_device(rows.targets))
+        r = self.runner
+        out = self._compiled[rows.rows](r.params, outputs["hidden"], r.programs.place(rows.targets))
         for v in out.values():
             v.copy_to_host_async()
         return rows, out
 
-    @staticmethod
-    def read(dispatched) -> dict[str, PromptLogprobChunk]:
+    def read(self, dispatched) -> dict[str, PromptLogprobChunk]:
         """Wait for a step's prompt logprobs: request id -> the positions its rows described."""
         rows, out = dispatched
         lp, rank, top_ids, top_lp = (np.asarray(out[k]) for k in ("logprob", "rank", "top_ids", "top_logprobs"))

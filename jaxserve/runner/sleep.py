@@ -2,7 +2,7 @@
 back, with nothing compiled either way (Engine.sleep / wake_up; docs/rl.md).
 
 What a runner holds on its devices is its KV arena (`kv_caches`), its params, the sampler's
-neutral adjustment arrays (`_neutral`: per logits-row count a [R, max_model_len] history and a
+neutral adjustment arrays (`ModelRunner.scratch_arrays()`: per logits-row count a [R, max_model_len] history and a
 [R, V / 32] mask, put on the device again by the first step that needs them) and the previous
 step's sampled ids (a few bytes, kept; so is a draft-coupled sampler's [R, V] "no draft" input).
 Every level frees the arena and the neutral arrays; the levels, vLLM's 1 and 2 plus a KV-only one:
@@ -127,9 +127,8 @@ def sleep(runner, level: int) -> tuple[dict[int, int], dict[int, int], dict[int,
         k.delete()
         v.delete()
     runner.kv_caches = None
-    scratch = bytes_on_each_device(runner._neutral)
-    runner._neutral = {}            # only the runner holds them: dropped, they are freed
-    runner._prev_rows = {}          # no placeholder may point into a step from before the sleep
+    scratch = bytes_on_each_device(runner.scratch_arrays())
+    runner.forget_step_state()      # only the runner holds them: dropped, they are freed
     runner.sleep_state = state
     return arena, weights, scratch, held_elsewhere, host_bytes
 
@@ -161,7 +160,7 @@ def wake_up(runner) -> tuple[int, int]:
         back = [jax.device_put(h, leaf.sharding) if is_abstract(leaf) else leaf for leaf, h in zip(leaves, host)]
         restored = sum(sum(bytes_on_each_device(b).values()) for b, leaf in zip(back, leaves) if is_abstract(leaf))
         params = jax.tree.unflatten(treedef, back)
-    kv_caches = runner._allocate_arena()
+    kv_caches = runner.allocate_arena()
     jax.block_until_ready((params, kv_caches))
     runner.params, runner.kv_caches = params, kv_caches
     runner.sleep_state = None

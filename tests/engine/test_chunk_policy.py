@@ -10,7 +10,8 @@ from jaxserve import LLM, SamplingParams
 from jaxserve.config import EngineConfig
 from jaxserve.engine.builder import runner_shapes
 from jaxserve.engine.chunk_policy import ITEM_TOKENS, resolve_chunk_policy
-from jaxserve.runner.batch import bucket_for, pack_step
+from jaxserve.runner.batch import bucket_for
+from tests.packing_oracle import pack_step
 from jaxserve.runner.calibration import Calibrator
 from tests.conftest import TINY_ENGINE
 from tests.sched.sched_testkit import check_invariants

@@ -11,7 +11,7 @@ from jaxserve import LLM, PoolingParams, SamplingParams
 from jaxserve.embedding_outputs import EmbeddingRequestOutput
 from jaxserve.engine.input_processor import InputProcessor
 from jaxserve.engine.pooled_embedding import PooledEmbedding
-from jaxserve.runner.batch import pack_step
+from tests.packing_oracle import pack_step
 from jaxserve.runner.buckets import RunnerShapes
 from jaxserve.runner.pooling import PooledChunk, pack
 from jaxserve.sched.limits import RequestLimits

@@ -19,7 +19,13 @@ class FakeRunner:
     """Keeps each request's context as the scheduler feeds it; next token = hash of the context.
     Like the real runner, it resolves a placeholder from the previous dispatched step's tokens."""
 
+    # the rest of the Runner protocol (jaxserve/runner/protocol.py): no features, one device, no
+    # real arena, never asleep
+    features = ()
+    step_mirror = sleep_state = arena_spec = mesh_info = None
+
     def __init__(self):
+        self.owner = None
         self.contexts: dict[str, list[int]] = {}
         self.steps = 0
         self.placeholders = 0

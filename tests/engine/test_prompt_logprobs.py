@@ -8,7 +8,7 @@ import pytest
 
 from jaxserve import LLM, SamplingParams
 from jaxserve.engine.input_processor import InputProcessor
-from jaxserve.runner.batch import pack_step
+from tests.packing_oracle import pack_step
 from jaxserve.runner.buckets import RunnerShapes
 from jaxserve.runner.prompt_logprobs import pack
 from jaxserve.sched.limits import RequestLimits

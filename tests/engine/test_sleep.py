@@ -68,7 +68,7 @@ def test_level_1_releases_the_arena_and_the_weights_and_wakes_up_serving_the_sam
     assert greedy_ids(llm) == expected            # the second from the prefix cache
     assert llm.stats().prefix_cache_nodes > 0
     arena, weights = device_bytes(runner.kv_caches), device_bytes(runner.params)
-    scratch = device_bytes(runner._neutral)       # the sampler's neutral arrays, made again when needed
+    scratch = device_bytes(runner.scratch_arrays())       # the sampler's neutral arrays, made again when needed
     assert arena == spec.num_blocks * spec.bytes_per_block > 0 and scratch > 0
     buffers = [weakref.ref(x) for x in jax.tree.leaves((runner.params, runner.kv_caches))]
     live_before = live_bytes()

@@ -306,11 +306,17 @@ def test_a_quantized_engine_quantizes_a_complete_named_update_as_a_fresh_start_w
 
 def test_an_update_is_refused_where_it_is_not_built(llm, second_dir):
     engine, params, updates = llm.engine, llm.engine.runner.params, llm.engine.num_weight_updates
-    for attr, target, words in (("kv_connector", engine, "disaggregated"), ("step_mirror", engine.runner, "several hosts")):
-        setattr(target, attr, object())
+    def disaggregated(on):
+        engine.kv_connector = object() if on else None
+
+    def several_hosts(on):
+        engine.runner.mirror_steps_to(object() if on else None)
+
+    for make, words in ((disaggregated, "disaggregated"), (several_hosts, "several hosts")):
+        make(True)
         try:
             with pytest.raises(RuntimeError, match=words):
                 llm.update_weights(pytree_of(llm, second_dir))
         finally:
-            setattr(target, attr, None)
+            make(False)
     assert engine.runner.params is params and engine.num_weight_updates == updates

@@ -130,7 +130,7 @@ def test_outputs_are_unchanged_under(llm, reference, overrides):
 def test_the_model_identity_keys_the_executables_and_names_the_engine(llm, params):
     identity = llm.checkpoint_identity
     assert identity == custom.model_identity(llm.custom_model, params)
-    assert llm.engine.runner._program_inputs["model_identity"] == identity
+    assert llm.engine.runner.programs.identity["model_identity"] == identity
     assert llm.engine.model_name == "tiny-rope-lm"
     # other shapes (a longer vocabulary row), other identity
     wider = {**params, "unembed": jnp.zeros((ex.D_MODEL, ex.VOCAB + 1))}

@@ -96,7 +96,7 @@ def engine(model_dir: str, *settings: str) -> dict:
         for bucket in ((4, 0), (4, 4)):
             runner.load_executables([bucket])
             steps[str(bucket)] = [[c.kind, c.dtype, list(c.shape)] for c in
-                                  collectives(runner._compiled[bucket].as_text())]
+                                  collectives(runner.steps[bucket].as_text())]
         report[setting] = {"outputs": outputs, "collectives": steps,
                            "mesh": {k: int(v) for k, v in runner.mesh.shape.items()} if runner.mesh else None,
                            "compilations_after_warmup": llm.engine.stats().num_compilations_after_warmup,

@@ -85,7 +85,7 @@ def main(model_dir: str) -> dict:
         "tensor_parallel_size": llm.config.tensor_parallel_size,
     }
     arena, weights = bytes_on_each_device(runner.kv_caches), bytes_on_each_device(runner.params)
-    scratch = bytes_on_each_device(runner._neutral)
+    scratch = bytes_on_each_device(runner.scratch_arrays())
     live = per_device(live_buffers())
     slept = llm.sleep(1)
     after = per_device(live_buffers())

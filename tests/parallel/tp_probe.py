@@ -53,7 +53,7 @@ def leaf_bytes(params) -> list[dict]:
 
 
 def step_collectives(runner, bucket) -> list[list]:
-    text = runner._compiled[bucket].as_text()            # the executable the engine runs
+    text = runner.steps[bucket].as_text()            # the executable the engine runs
     return [[c.kind, c.dtype, list(c.shape)] for c in collectives(text)]
 
 

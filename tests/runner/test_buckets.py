@@ -5,7 +5,8 @@ import pytest
 
 from jaxserve.config import EngineConfig
 from jaxserve.engine.builder import runner_shapes
-from jaxserve.runner.batch import batch_shapes, pack_step
+from jaxserve.runner.batch import batch_shapes
+from tests.packing_oracle import pack_step
 from jaxserve.runner.buckets import RunnerShapes, default_decode_only_buckets
 from jaxserve.sched.scheduler_output import PLACEHOLDER_TOKEN, ScheduledRequest, SchedulerOutput
 

@@ -1,12 +1,12 @@
 """The persistent batch (runner/persistent_batch.py) packs every step exactly as a fresh
-batch.pack_step does: over random sequences of steps where requests arrive, decode with and
+the packing oracle (tests/packing_oracle.py) does: over random sequences of steps where requests arrive, decode with and
 without placeholders, prefill in chunks, verify guesses, grow their block tables, change their
 options, leave, come back under new blocks and reuse the ids of requests that left."""
 
 import numpy as np
 import pytest
 
-from jaxserve.runner.batch import pack_step
+from tests.packing_oracle import pack_step
 from jaxserve.runner.buckets import RunnerShapes
 from jaxserve.runner.logit_adjustments import AdjustedSamplingOptions, KnownTokens, LogitAdjustments
 from jaxserve.runner.persistent_batch import PersistentBatch

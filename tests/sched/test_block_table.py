@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 from sched_testkit import FakeRunner, assert_outputs_match_reference, drive, make_request
 
-from jaxserve.runner.batch import pack_step
+from tests.packing_oracle import pack_step
 from jaxserve.runner.buckets import RunnerShapes
 from jaxserve.runner.persistent_batch import PersistentBatch
 from jaxserve.sched import Scheduler, SchedulerConfig
