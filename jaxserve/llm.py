@@ -26,7 +26,7 @@ from jaxserve.sampling_params import OutputKind, SamplingParams
 if TYPE_CHECKING:
     from jax.sharding import Mesh
 
-    from jaxserve.engine.engine import WeightUpdate
+    from jaxserve.engine.control_plane import WeightUpdate
     from jaxserve.lora.request import LoRARequest
     from jaxserve.models.custom import CustomModel
     from jaxserve.runner.sleep import SleepReport, WakeUpReport

@@ -56,8 +56,5 @@ def attach_connector(engine, config: EngineConfig, *, client_metadata: tuple = (
     connector = build_connector(engine, config, client_metadata=client_metadata)
     if connector is None:
         return None
-    engine.scheduler.attach_kv_connector(connector, config.kv_load_failure_policy)
-    engine.runner.attach_kv_connector(connector)
-    engine.kv_connector = connector
-    engine.role = config.role
+    engine.attach_kv_connector(connector, config.role, config.kv_load_failure_policy)
     return connector

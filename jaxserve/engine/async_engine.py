@@ -25,6 +25,7 @@ unhealthy, and later calls fail at once: nothing waits forever.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import queue
@@ -194,6 +195,10 @@ class AsyncEngine:
             door = self.engine.input_processor
             request = await self._off_step_thread(door.process, prompt, params, priority=priority,
                                                   lora_request=lora_request)
+            if request.lora_request is not None:    # its files read here, not on the step thread
+                read = await self._off_step_thread(self.engine.read_lora, request.lora_request, for_request=True)
+                if read is not None:
+                    request = dataclasses.replace(request, lora_read=read)
             if self._error is None and not self._stopped:   # else the queue holds the error or the abort
                 self._commands.put(_Add(request_id, request, arrival_time, kv_transfer))
                 added = True
@@ -253,6 +258,11 @@ class AsyncEngine:
         """fn(tokenizer) in a tokenizer thread: never on the step thread or the event loop."""
         return await self._off_step_thread(fn, self.engine.tokenizer)
 
+    async def run_off_step_thread(self, fn: Callable, *args, **kwargs) -> Any:
+        """fn(*args, **kwargs) on the door's worker threads (tokenizing, reading adapter files):
+        never on the step thread, never on the event loop."""
+        return await self._off_step_thread(fn, *args, **kwargs)
+
     async def _off_step_thread(self, fn: Callable, *args, **kwargs) -> Any:
         if self._stopped:
             raise EngineStoppedError("the engine is shut down")
@@ -281,7 +291,8 @@ class AsyncEngine:
 
     # LoRA adapters (Engine.add_lora and friends), run on the step thread between steps
     async def add_lora(self, lora_request) -> bool:
-        return await self.call(lambda engine: engine.add_lora(lora_request))
+        read = await self._off_step_thread(self.engine.read_lora, lora_request)   # its files, read here
+        return await self.call(lambda engine: engine.add_lora(lora_request, read))
 
     async def remove_lora(self, name_or_id: str | int) -> bool:
         return await self.call(lambda engine: engine.remove_lora(name_or_id))

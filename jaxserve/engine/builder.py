@@ -173,16 +173,17 @@ def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, 
     eos = set(model_config.eos_token_ids)
     if ckpt.tokenizer is not None and ckpt.tokenizer.eos_token_id is not None:
         eos.add(ckpt.tokenizer.eos_token_id)
+    # the checkpoint's config (adapters name its unreplicated heads) and the stored layout
+    lora = (functools.partial(lora_engine.build, model_config=source_config, max_loras=config.max_loras,
+                              max_rank=config.max_lora_rank, heads=layout, mesh=mesh)
+            if config.enable_lora else None)
+    # a weight update of a quantized engine goes through the same pass (engine/weight_update.py)
+    requantize = (functools.partial(_requantized_params, config, dict(ckpt.config), source_config, dtype, layout, mesh)
+                  if config.quantization != "none" else None)
     engine = _serve(config, model_config, params, dtype=dtype, kv_dtype=quant.kv_dtype, mesh=mesh, hosts=hosts,
                     clock=clock, identity=ckpt.identity, tokenizer=ckpt.tokenizer, eos_token_ids=eos,
-                    model_name=os.path.basename(ckpt.source.rstrip("/")), cache_dir=cache_dir, progress=progress)
-    if config.enable_lora:
-        # the checkpoint's config (adapters name its unreplicated heads) and the stored layout
-        lora_engine.attach(engine, source_config, config.max_loras, config.max_lora_rank, layout, mesh)
-    if config.quantization != "none":
-        # a weight update of a quantized engine goes through the same pass (engine/weight_update.py)
-        engine.requantize = functools.partial(_requantized_params, config, dict(ckpt.config), source_config, dtype,
-                                              layout, mesh)
+                    model_name=os.path.basename(ckpt.source.rstrip("/")), cache_dir=cache_dir, progress=progress,
+                    lora=lora, requantize=requantize)
     return _with_connector(engine, config)
 
 
@@ -292,11 +293,12 @@ def build_custom_engine(config: EngineConfig, model: CustomModel, params, tokeni
 
 def _serve(config: EngineConfig, model_config: ModelConfig, params, *, dtype: str, mesh, hosts, clock: PhaseClock,
            identity: str, tokenizer, eos_token_ids: set[int], model_name: str, cache_dir: str | None,
-           progress: bool, kv_dtype: str | None = None, model=None) -> Engine:
+           progress: bool, kv_dtype: str | None = None, model=None, lora=None, requantize=None) -> Engine:
     """From placed params on: the KV arena, the runner and its executables, warm-up, calibration,
     the draft model, the scheduler and the Engine. `dtype`: the model's (and the arena's, unless
     `kv_dtype` says otherwise); `model`: the runner's forward (None: the config's architecture in
-    the registry)."""
+    the registry); `lora`: (runner, scheduler) -> the engine's EngineLoRA (enable_lora);
+    `requantize`: a quantized engine's pass from float tensors to its params."""
     tp = config.tensor_parallel_size
     if config.warm_up == "background":
         refusal = warm_start.background_refusal(config, multi_host=hosts is not None)
@@ -352,19 +354,21 @@ def _serve(config: EngineConfig, model_config: ModelConfig, params, *, dtype: st
     if _uses_draft_model(config):
         with clock.phase("draft_model"):
             draft = build_draft_runner(config, runner, cache_dir, dtype, progress=progress)
+    scheduler = _scheduler(config, runner, max_model_len, chunking, draft)
+    warming = warm_start.prepare(scheduler, runner, stages) if stages is not None else None
     engine = Engine(
-        scheduler=_scheduler(config, runner, max_model_len, chunking, draft), runner=runner,
+        scheduler=scheduler, runner=runner,
         tokenizer=apply_chat_template_override(tokenizer, config.chat_template),
         vocab_size=model_config.vocab_size, max_model_len=max_model_len, eos_token_ids=eos_token_ids,
         seed=config.seed, checkpoint_identity=identity, model_name=model_name,
         chunk_policy=chunking, async_scheduling=config.async_scheduling, draft_runner=draft,
+        startup_timings=clock.timings(), deferred_calibration=deferred, requantize=requantize,
+        lora=lora(runner, scheduler) if lora is not None else None, background_warm_up=warming,
     )
-    engine.startup_timings = clock.timings()
-    engine.deferred_calibration = deferred
     pace_collector(config.python_gc_threshold)
     log.info("%s", engine.startup_timings.describe())
-    if stages is not None:
-        warm_start.start(engine, stages)
+    if warming is not None:
+        warming.start()
     return engine
 
 
@@ -375,11 +379,10 @@ def prepare_for_requests(engine: Engine, requests: Sequence[tuple[int, int]], *,
     generate`). `requests`: (prompt tokens, most output tokens) per sequence. Adds the time to the
     engine's start-up timings and returns them."""
     report = warm_up(engine.runner, buckets_for_requests(engine.runner.shapes, requests), progress=progress)
-    engine.startup_timings = engine.startup_timings.plus(executables=report.load_seconds,
-                                                         warm_up=report.run_seconds)
+    timings = engine.record_startup(executables=report.load_seconds, warm_up=report.run_seconds)
     log.info("warmed %d steps %s for %d sequences; %s", len(report.ran), report.ran, len(requests),
-             engine.startup_timings.describe())
-    return engine.startup_timings
+             timings.describe())
+    return timings
 
 
 def _calibrate(config: EngineConfig, runner: ModelRunner, checkpoint_identity: str, cache_dir: str | None,
@@ -535,7 +538,7 @@ def _engine_on_shared_runner(config: EngineConfig, other: Engine) -> Engine:
         tokenizer=other.tokenizer, vocab_size=other.vocab_size, max_model_len=other.max_model_len,
         eos_token_ids=other.eos_token_ids, seed=config.seed, checkpoint_identity=other.checkpoint_identity,
         model_name=other.model_name, chunk_policy=chunking, async_scheduling=config.async_scheduling,
+        startup_timings=StartupTimings(),     # it loaded, compiled and measured nothing
+        requantize=other.requantize,
     )
-    engine.startup_timings = StartupTimings()     # it loaded, compiled and measured nothing
-    engine.requantize = other.requantize
     return engine

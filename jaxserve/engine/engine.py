@@ -24,22 +24,24 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from jaxserve.engine.detokenizer import IncrementalDetokenizer
-from jaxserve.engine import weight_update
-from jaxserve.engine.draft_proposer import draft_sampling
+from jaxserve.engine.control_plane import EngineControl
 from jaxserve.engine.deferred_calibration import run_if_idle
+from jaxserve.engine.detokenizer import IncrementalDetokenizer
+from jaxserve.engine.draft_proposer import draft_sampling
 from jaxserve.engine.expert_load import ExpertLoad
-from jaxserve.lora.request import LoRARequest
 from jaxserve.engine.input_processor import EngineRequest, InputProcessor
+from jaxserve.engine.kv_transfer_request import mark_kv_transfer
 from jaxserve.engine.output_processor import OutputProcessor
 from jaxserve.engine.pooled_embedding import PooledEmbedding
 from jaxserve.engine.request_state import RequestState, SampleState
 from jaxserve.engine.sampling_options import sampling_options
-from jaxserve.engine.stats import EngineStats
+from jaxserve.engine.stats import EngineStats, mesh_fields, scheduler_fields
+from jaxserve.engine.startup_timings import StartupTimings
 from jaxserve.engine.step_timing import StepTimer
+from jaxserve.lora.engine_methods import EngineLoRAMethods
+from jaxserve.lora.request import LoRARequest
 from jaxserve.outputs import RequestMetrics, RequestOutput
 from jaxserve.runner import compile_counter
-from jaxserve.runner import sleep as runner_sleep
 from jaxserve.runner.logit_adjustments import AdjustedSamplingOptions
 from jaxserve.runner.protocol import Runner, carries
 from jaxserve.sampling_params import SamplingParams
@@ -50,19 +52,6 @@ from jaxserve.sched.scheduler_output import SchedulerOutput
 
 log = logging.getLogger(__name__)
 
-PAUSE_MODES = ("abort", "wait", "keep")
-
-
-@dataclass(frozen=True, slots=True)
-class WeightUpdate:
-    """What one update_weights call did."""
-
-    version: int | str | None
-    seconds: float                   # checks, placement and the swap, on the calling thread
-    num_requests_recomputed: int     # requests that held KV and will recompute it
-    num_prefix_blocks_flushed: int   # cached prefix blocks forgotten
-
-
 @dataclass(slots=True)
 class _InFlight:
     """A dispatched step whose sampled tokens the host has not read yet."""
@@ -72,11 +61,18 @@ class _InFlight:
     dispatched_at: float
 
 
-class Engine:
+class Engine(EngineControl, EngineLoRAMethods):
     def __init__(self, *, scheduler: Scheduler, runner: Runner, tokenizer, vocab_size: int, max_model_len: int,
                  eos_token_ids: Iterable[int], seed: int = 0, checkpoint_identity: str = "",
                  model_name: str = "", chunk_policy=None, async_scheduling: bool = True,
-                 draft_runner: Runner | None = None):
+                 draft_runner: Runner | None = None, startup_timings: StartupTimings | None = None,
+                 requantize=None, lora=None, deferred_calibration=None, background_warm_up=None):
+        """The builder's parts (engine/builder.py): startup_timings, what building took;
+        requantize, a quantized engine's pass from checkpoint-named float tensors to its params
+        (weight updates); lora, the adapters (lora/engine_lora.py EngineLoRA; None: enable_lora
+        off); deferred_calibration, a cold server's start-up calibration, run by run_idle_work
+        (engine/deferred_calibration.py); background_warm_up, the thread warming the buckets not
+        needed yet (engine/warm_start.py; warm_up="background")."""
         self.scheduler = scheduler
         # speculative decoding's draft model (engine/draft_proposer.py): every step runs on it too,
         # and without lookahead (a placeholder would name a token its own sampler never saw)
@@ -104,9 +100,14 @@ class Engine:
         self._in_flight: _InFlight | None = None
         self._last_done = 0.0    # when the last collected step's tokens were in (perf_counter)
         self._constrained: set[str] = set()   # scheduler ids of live samples with structured output
-        # disaggregated prefill and decode (jaxserve/disagg/attach.py); None: colocated
+        # disaggregated prefill and decode (attach_kv_connector); None: colocated
         self.kv_connector = None
         self.role = "both"
+        self.startup_timings = startup_timings if startup_timings is not None else StartupTimings()
+        self.requantize = requantize
+        self.lora = lora
+        self.deferred_calibration = deferred_calibration
+        self.background_warm_up = background_warm_up
         # weights and pause (engine/weight_update.py, docs/rl.md)
         self.weights_version: int | str | None = None
         self.num_weight_updates = 0
@@ -114,14 +115,19 @@ class Engine:
         self.pausing = False       # pause("wait"): the requests in flight run to their end first
         self._held: list[tuple] = []        # (request_id, EngineRequest, arrival_time, kv_transfer)
         self._drained: list[RequestOutput] = []   # outputs of a step collected outside step()
-        # a quantized engine's pass from checkpoint-named float tensors to its params (builder.py)
-        self.requantize = None
-        # warm_up="background": the thread warming the buckets not needed yet (engine/warm_start.py)
-        self.background_warm_up = None
-        # a cold server's start-up calibration, run by run_idle_work (engine/deferred_calibration.py)
-        self.deferred_calibration = None
-        # LoRA adapters (lora/engine_lora.py): set by the builder with enable_lora, else None
-        self.lora = None
+
+    def attach_kv_connector(self, connector, role: str, load_failure_policy: str) -> None:
+        """Disaggregated prefill or decode (disagg/attach.py): the connector's scheduler side goes
+        to the scheduler, its runner side to the runner, its transfers' waits to this loop."""
+        self.scheduler.attach_kv_connector(connector, load_failure_policy)
+        self.runner.attach_kv_connector(connector)
+        self.kv_connector = connector
+        self.role = role
+
+    def record_startup(self, **seconds: float) -> StartupTimings:
+        """Add start-up phases done after building (builder.prepare_for_requests' warm-up)."""
+        self.startup_timings = self.startup_timings.plus(**seconds)
+        return self.startup_timings
 
     # -- the door ----------------------------------------------------------------------------
     def new_request_id(self) -> str:
@@ -152,7 +158,8 @@ class Engine:
             return request_id
         now = time.perf_counter() if arrival_time is None else arrival_time
         params = req.params
-        adapter = self._adapter(req.lora_request)   # a bad adapter fails here, before anything is queued
+        # a bad adapter fails here, before anything is queued
+        adapter = self._adapter(req.lora_request, req.lora_read)
         ids = [request_id] if params.n == 1 else [f"{request_id}#{i}" for i in range(params.n)]
         # an embedding's one token is never shown: nothing to detokenize
         detok = self._detokenizer if req.pooling is None else (lambda _: None)
@@ -177,7 +184,7 @@ class Engine:
             if isinstance(sched_req.sampling, AdjustedSamplingOptions) and sched_req.sampling.adjust is not None:
                 sched_req.sampling.adjust.tokens.request = sched_req   # the penalties read its tokens
             if kv_transfer is not None:
-                self._mark_kv_transfer(sched_req, kv_transfer, params.n)
+                mark_kv_transfer(sched_req, kv_transfer, params.n, self.kv_connector, self.role)
             if req.constraints:
                 self._constrained.add(sid)
             if i == 0:
@@ -189,50 +196,6 @@ class Engine:
                                       pooled=(PooledEmbedding(req.pooling, len(req.prompt_token_ids))
                                               if req.pooling is not None else None)))
         return request_id
-
-    def _adapter(self, lora_request: LoRARequest | None):
-        if lora_request is None:
-            return None
-        if self.lora is None:
-            raise ValueError(f"lora_request {lora_request.lora_name!r} needs an engine built with enable_lora=True "
-                             f"(jaxserve serve --enable-lora)")
-        return self.lora.resolve(lora_request)
-
-    # -- LoRA adapters (lora/engine_lora.py; vLLM's names) ----------------------------------
-    def add_lora(self, lora_request: LoRARequest) -> bool:
-        """Register an adapter from its PEFT directory on the host (read and checked now; a device
-        slot is given when a request needs it). False: that adapter is registered already."""
-        if self.lora is None:
-            raise ValueError("add_lora needs an engine built with enable_lora=True")
-        return self.lora.add(lora_request)
-
-    def remove_lora(self, name_or_id: str | int) -> bool:
-        """Unregister an adapter by name or lora_int_id. False: no such adapter. ValueError while
-        requests under it are live."""
-        if self.lora is None:
-            return False
-        return self.lora.remove(name_or_id)
-
-    def list_loras(self) -> list[LoRARequest]:
-        return [] if self.lora is None else self.lora.list()
-
-    def _mark_kv_transfer(self, sched_req: Request, kv_transfer, n: int) -> None:
-        side = "send" if kv_transfer == "send" else "load"
-        conn = self.kv_connector
-        have = conn is not None and (conn.can_send if side == "send" else conn.can_load)
-        if not have:
-            raise ValueError(f"kv_transfer {side}: this engine's role is {self.role!r} (a KV {side} needs "
-                             f"--role {'prefill' if side == 'send' else 'decode'})")
-        if n != 1:
-            raise ValueError(f"kv_transfer needs n=1, got n={n}")
-        if side == "load" and sched_req.sampling.num_prompt_logprobs is not None:
-            raise ValueError("prompt_logprobs need the prompt computed here, not loaded with kv_transfer")
-        if side == "load" and sched_req.sampling.pooling is not None:
-            raise ValueError("an embedding needs the prompt computed here, not loaded with kv_transfer")
-        if side == "send":
-            sched_req.kv_send = True
-        else:
-            sched_req.remote_kv = kv_transfer
 
     def take_request_errors(self) -> list[tuple[str, Exception]]:
         """Requests the engine ended with an error since the last call (a KV load that failed
@@ -324,8 +287,6 @@ class Engine:
     def _dispatch(self, sched_out: SchedulerOutput) -> _InFlight | None:
         self.runner.owner = self     # whose block ids the arena's contents now follow
         self.outputs.mark_scheduled((r.request_id for r in sched_out.requests), time.perf_counter())
-        if sched_out.lora_loads:     # adapters this step's schedule put into slots, written first
-            self.lora.apply_loads(sched_out.lora_loads)
         if self.draft_runner is None:
             handle = self.runner.dispatch(sched_out)   # block operations run even with no request
         else:
@@ -394,132 +355,6 @@ class Engine:
         if self._in_flight is not None or not self.scheduler.reset_prefix_cache():
             raise RuntimeError("cannot reset the prefix cache while requests are running")
 
-    # -- weights and pause (docs/rl.md) ------------------------------------------------------
-    def update_weights(self, update: Any, *, version: int | str | None = None) -> WeightUpdate:
-        """Serve new weights from the next step on (engine/weight_update.py: a params pytree, or
-        (checkpoint name, array) pairs). Nothing compiles: the steps take the params as an
-        argument. KV computed under the old weights is never read again: requests holding KV go
-        back to the waiting queue and recompute theirs (they keep their outputs), and the prefix
-        cache is flushed. Every check runs first: a bad update raises ValueError, changes nothing."""
-        if version is not None and (isinstance(version, bool) or not isinstance(version, (int, str))):
-            raise ValueError(f"version must be an int, a str or None, got {version!r}")
-        if self.runner.step_mirror is not None:
-            raise RuntimeError("update_weights is not built for an engine on several hosts (the followers would "
-                               "keep the old weights)")
-        if self.kv_connector is not None:
-            raise RuntimeError("update_weights is not built for disaggregated prefill/decode roles (a KV transfer "
-                               "between two weight versions is not guarded)")
-        t0 = time.perf_counter()
-        new = weight_update.new_params(self.runner, update, requantize=self.requantize)
-        self._drain()
-        recomputed = self.scheduler.recompute_all()
-        flushed = self.scheduler.stats().num_kv_blocks_cached
-        if not self.scheduler.reset_prefix_cache():
-            raise RuntimeError("the prefix cache could not be flushed: blocks are still held")  # a bug
-        self.runner.params = new
-        self.weights_version = version
-        self.num_weight_updates += 1
-        return WeightUpdate(version=version, seconds=time.perf_counter() - t0,
-                            num_requests_recomputed=recomputed, num_prefix_blocks_flushed=flushed)
-
-    def pause(self, mode: str = "abort") -> list[str]:
-        """Stop stepping. mode: "abort" ends every request in flight or held (finish_reason
-        "abort"; returns their ids); "wait" lets the requests in flight run to their end first
-        (paused once they have: `paused`, meanwhile `pausing`); "keep" holds them where they are,
-        to continue after resume() (under new weights if update_weights ran meanwhile). Requests
-        added while paused or pausing are accepted and held until resume()."""
-        if mode not in PAUSE_MODES:
-            raise ValueError(f"pause mode must be one of {PAUSE_MODES}, got {mode!r}")
-        aborted: list[str] = []
-        if mode == "wait":
-            self.pausing = not self.paused and self.has_unfinished_requests()
-            self.paused = not self.pausing
-            return aborted
-        self._drain()
-        if mode == "abort":
-            aborted = self.outputs.request_ids() + [h[0] for h in self._held]
-            self.abort(aborted)
-        self.pausing, self.paused = False, True
-        return aborted
-
-    def resume(self) -> list[tuple[str, Exception]]:
-        """Step again; the requests held while paused are queued now, in the order they came.
-        Returns those that could not be (their id and the error, e.g. the queue is full)."""
-        self.paused = self.pausing = False
-        held, self._held = self._held, []
-        failed = []
-        for request_id, req, arrival_time, kv_transfer in held:
-            try:
-                self.add_processed(request_id, req, arrival_time=arrival_time,
-                                   **({"kv_transfer": kv_transfer} if kv_transfer is not None else {}))
-            except Exception as e:  # noqa: BLE001 - each held request fails alone, as at the door
-                failed.append((request_id, e))
-        return failed
-
-    def take_drained(self) -> list[RequestOutput]:
-        """Outputs of a step collected outside step() (by pause or update_weights), not yet returned."""
-        out, self._drained = self._drained, []
-        return out
-
-    def _drain(self) -> None:
-        """Collect the step in flight (the one-step-ahead loop's), keeping its outputs for the caller."""
-        behind, self._in_flight = self._in_flight, None
-        if behind is not None:
-            with compile_counter.attributed_to(self._compilations):
-                self._drained += self._finish(behind)
-
-    # -- sleep and wake up (runner/sleep.py, docs/rl.md) ---------------------------------------
-    @property
-    def asleep(self) -> bool:
-        """Between sleep() and wake_up(): no step runs (the runner's, so engines sharing it agree)."""
-        return self.runner.sleep_state is not None
-
-    def sleep(self, level: int = 1) -> runner_sleep.SleepReport:
-        """Give the device memory back until wake_up(): level 0 frees the KV arena, 1 also moves the
-        weights to host memory, 2 drops them (update_weights must bring new ones before wake_up).
-        Refused while requests run unless the engine is paused: then requests kept ("keep") lose
-        their KV and recompute it after wake_up and resume, as after update_weights. The prefix
-        cache is flushed (the arena's contents are gone). Requests added while asleep wait for
-        wake_up. Returns the bytes released (runner/sleep.py)."""
-        if level not in runner_sleep.LEVELS:
-            raise ValueError(f"sleep level must be one of {runner_sleep.LEVELS}, got {level!r}")
-        if self.asleep:
-            raise RuntimeError(f"the engine is asleep already (level {self.runner.sleep_state.level}): wake_up() first")
-        if self.pausing or (not self.paused and self.has_unfinished_requests()):
-            raise RuntimeError("cannot sleep while requests are running: let them finish, or pause() first "
-                               "(\"abort\" ends them; \"keep\" holds them to recompute after wake_up and resume)")
-        if self.runner.step_mirror is not None:
-            raise RuntimeError("sleep is not built for an engine on several hosts (the followers would keep "
-                               "their memory)")
-        if self.kv_connector is not None:
-            raise RuntimeError("sleep is not built for disaggregated prefill/decode roles (leases hold arena blocks)")
-        if self.background_warm_up is not None:
-            self.background_warm_up.join()    # its first runs read the weights that sleep lets go
-        t0 = time.perf_counter()
-        self._drain()
-        self.scheduler.recompute_all()
-        if not self.scheduler.reset_prefix_cache():
-            raise RuntimeError("the prefix cache could not be flushed: blocks are still held")  # a bug
-        runners = [self.runner] + ([self.draft_runner] if self.draft_runner is not None else [])
-        with compile_counter.attributed_to(self._compilations):
-            released = [runner_sleep.sleep(r, level) for r in runners]
-        return runner_sleep.report(level, released, time.perf_counter() - t0)
-
-    def wake_up(self) -> runner_sleep.WakeUpReport:
-        """Take the arena (zeroed) and the weights back; nothing compiles. After sleep(level=2)
-        every weight must have come with update_weights first (else ValueError, still asleep).
-        Awake already: nothing to do."""
-        t0 = time.perf_counter()
-        runners = [r for r in [self.runner, self.draft_runner] if r is not None and r.sleep_state is not None]
-        for r in runners:
-            runner_sleep.check_can_wake(r)
-        kv = weights = 0
-        with compile_counter.attributed_to(self._compilations):
-            for r in runners:
-                a, w = runner_sleep.wake_up(r)
-                kv, weights = kv + a, weights + w
-        return runner_sleep.WakeUpReport(kv_cache_bytes=kv, weight_bytes=weights, seconds=time.perf_counter() - t0)
-
     # -- introspection -----------------------------------------------------------------------
     @property
     def finished_by_reason(self) -> dict[str, int]:
@@ -533,40 +368,18 @@ class Engine:
         bytes_per_block = arena.bytes_per_block if arena is not None else 0
         timing = self._timer.stats()
         return EngineStats(
-            num_kv_blocks_total=s.num_kv_blocks_total,
-            num_kv_blocks_free=s.num_kv_blocks_free,
-            num_kv_blocks_cached=s.num_kv_blocks_cached,
-            num_requests_running=s.num_running,
-            num_requests_waiting=s.num_waiting,
-            num_preemptions=s.num_preemptions,
+            **scheduler_fields(s, config, bytes_per_block),
             num_compilations_after_warmup=self._compilations.count,
             prompt_tokens_total=c.prompt_tokens,
             generation_tokens_total=c.generation_tokens,
-            prefix_cache_queries=s.prefix_cache_queries,
-            prefix_cache_hits=s.prefix_cache_hits,
             num_requests_finished=c.finished,
             uptime_s=time.monotonic() - self._start,
-            num_preemptions_recompute=s.num_preemptions_recompute,
-            num_preemptions_swap=s.num_preemptions_swap,
-            num_swapped_blocks=s.num_swapped_blocks,
-            prefill_chunk_tokens=config.long_prefill_token_threshold or config.decode_step_prefill_cap,
-            prefix_cache_nodes=s.prefix_cache_nodes,
-            prefix_cache_host_hits=s.prefix_cache_host_hits,
-            num_host_blocks_total=s.num_host_blocks_total,
-            num_host_blocks_cached=s.num_host_blocks_cached,
-            num_host_blocks_in_use=s.num_host_blocks_in_use,
-            kv_offload_bytes_saved=s.kv_blocks_saved * bytes_per_block,
-            kv_offload_bytes_loaded=s.kv_blocks_loaded * bytes_per_block,
             prefill_policy=self.chunk_policy.describe() if self.chunk_policy is not None else "",
-            step_time_scale=s.step_time_scale,
             host_ms_per_step=timing.host_ms_per_step,
             device_idle_fraction=timing.device_idle_fraction,
             num_steps=timing.steps,
             kv_cache_dtype=str(arena.dtype) if arena is not None else "",
             kv_cache_bytes_per_block=bytes_per_block,
-            spec_num_draft_tokens=s.spec_num_draft_tokens,
-            spec_num_accepted_tokens=s.spec_num_accepted_tokens,
-            spec_num_verifications=s.spec_num_verifications,
             weights_version="" if self.weights_version is None else str(self.weights_version),
             num_weight_updates=self.num_weight_updates,
             paused=self.paused,
@@ -576,13 +389,6 @@ class Engine:
             expert_tokens_window=self.expert_load.window_per_expert,
             expert_tokens_total=self.expert_load.total_per_expert,
             expert_load_imbalance=self.expert_load.imbalance,
-            **_mesh_stats(self.runner),
+            **mesh_fields(self.runner.mesh_info),
         )
 
-
-def _mesh_stats(runner) -> dict:
-    """The stats fields of the mesh the runner's model is split over (none: one device)."""
-    mesh = runner.mesh_info
-    if mesh is None:
-        return {}
-    return dict(mesh_num_devices=mesh.num_devices, mesh_num_hosts=mesh.num_hosts, mesh_axis_sizes=mesh.axis_sizes)

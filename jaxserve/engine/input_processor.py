@@ -38,6 +38,9 @@ class EngineRequest:
     pooling: PoolingParams | None = None   # an embedding request (params: its one dropped token)
     # the LoRA adapter it runs under (None: the base model); the engine resolves it in its registry
     lora_request: LoRARequest | None = None
+    # that adapter's files, read off the step thread when it is not registered yet
+    # (Engine.read_lora; lora/registry.py ReadAdapter), so registering it on the step thread reads nothing
+    lora_read: object = None
 
 
 _PROMPT_KEYS = {"prompt", "prompt_token_ids", "cache_salt"}

@@ -87,3 +87,40 @@ class EngineStats:
         d["spec_mean_accepted"] = self.spec_mean_accepted
         d["mesh_axis_sizes"] = dict(self.mesh_axis_sizes)
         return d
+
+
+def scheduler_fields(s, config, bytes_per_block: int) -> dict:
+    """The EngineStats fields read off the scheduler's SchedulerStats and config."""
+    return dict(
+        num_kv_blocks_total=s.num_kv_blocks_total,
+        num_kv_blocks_free=s.num_kv_blocks_free,
+        num_kv_blocks_cached=s.num_kv_blocks_cached,
+        num_requests_running=s.num_running,
+        num_requests_waiting=s.num_waiting,
+        num_preemptions=s.num_preemptions,
+        prefix_cache_queries=s.prefix_cache_queries,
+        prefix_cache_hits=s.prefix_cache_hits,
+        num_preemptions_recompute=s.num_preemptions_recompute,
+        num_preemptions_swap=s.num_preemptions_swap,
+        num_swapped_blocks=s.num_swapped_blocks,
+        prefill_chunk_tokens=config.long_prefill_token_threshold or config.decode_step_prefill_cap,
+        prefix_cache_nodes=s.prefix_cache_nodes,
+        prefix_cache_host_hits=s.prefix_cache_host_hits,
+        num_host_blocks_total=s.num_host_blocks_total,
+        num_host_blocks_cached=s.num_host_blocks_cached,
+        num_host_blocks_in_use=s.num_host_blocks_in_use,
+        kv_offload_bytes_saved=s.kv_blocks_saved * bytes_per_block,
+        kv_offload_bytes_loaded=s.kv_blocks_loaded * bytes_per_block,
+        step_time_scale=s.step_time_scale,
+        spec_num_draft_tokens=s.spec_num_draft_tokens,
+        spec_num_accepted_tokens=s.spec_num_accepted_tokens,
+        spec_num_verifications=s.spec_num_verifications,
+    )
+
+
+def mesh_fields(mesh) -> dict:
+    """The stats fields of the mesh the runner's model is split over (parallel/mesh.py MeshInfo;
+    None: one device, no fields)."""
+    if mesh is None:
+        return {}
+    return dict(mesh_num_devices=mesh.num_devices, mesh_num_hosts=mesh.num_hosts, mesh_axis_sizes=mesh.axis_sizes)

@@ -45,10 +45,10 @@ def plan(config: EngineConfig, runner) -> list[WarmStage]:
                        max_num_batched_tokens=config.max_num_batched_tokens)
 
 
-def start(engine, stages: list[WarmStage]) -> BackgroundWarmUp:
-    """Cap the engine's scheduler at the first stage (whose buckets the caller warmed) and start
-    warming the rest. The engine keeps the thread as `engine.background_warm_up`."""
-    scheduler = engine.scheduler
+def prepare(scheduler, runner, stages: list[WarmStage]) -> BackgroundWarmUp:
+    """Cap the scheduler at the first stage (whose buckets the caller warmed) and make the thread
+    that warms the rest (not started: the engine built on them keeps it as
+    `engine.background_warm_up`, and the builder starts it once the engine exists)."""
 
     def on_cap(cap) -> None:
         scheduler.step_cap = cap            # one attribute: the step thread reads it whole
@@ -58,7 +58,5 @@ def start(engine, stages: list[WarmStage]) -> BackgroundWarmUp:
     readiness.mark_ready(stages[0].buckets)
     scheduler.step_cap = readiness.cap
     readiness.on_cap = on_cap
-    warming = BackgroundWarmUp(engine.runner, readiness)
-    engine.background_warm_up = warming
     log.info("warm-up: %s; the other buckets warm in the background", readiness.describe())
-    return warming.start()
+    return BackgroundWarmUp(runner, readiness)

@@ -2,10 +2,11 @@
 component and the device slots.
 
 Built by the engine builder when `enable_lora` is on (`slotted_params` before the runner is made,
-so every step is compiled with the slot arrays; `attach` once the engine exists, which compiles
-the slot writer before the engine counts compilations). The engine's door resolves a request's
-LoRARequest here (registering it from its path if needed), and before each step is dispatched
-the loads its schedule assigned are written into their slots (`apply_loads`).
+so every step is compiled with the slot arrays; `build` before the engine exists, which compiles
+the slot writer before the engine counts compilations and gives the runner its slot-write
+feature, lora/slot_writes.py: the runner writes the loads each step's schedule assigned, before
+the step). The engine's door resolves a request's LoRARequest here (registering it from its path
+if needed); the fronts read an adapter's files off the step thread first (`read`).
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jaxserve.lora.device_slots import DeviceLoRASlots, with_empty_slots
-from jaxserve.lora.registry import LoRARegistry, RegisteredAdapter
+from jaxserve.lora.registry import LoRARegistry, ReadAdapter, RegisteredAdapter
 from jaxserve.lora.request import LoRARequest
+from jaxserve.lora.slot_writes import LoRASlotWrites
 from jaxserve.lora.targets import LoRATargets
 from jaxserve.models import registry as model_registry
 
@@ -40,14 +42,20 @@ class LoRAStats:
 
 
 class EngineLoRA:
-    def __init__(self, registry: LoRARegistry, device: DeviceLoRASlots, runner, scheduler) -> None:
+    def __init__(self, registry: LoRARegistry, device: DeviceLoRASlots, scheduler) -> None:
         self.registry = registry
         self.device = device
-        self.runner = runner
         self.scheduler = scheduler
 
-    def add(self, request: LoRARequest) -> bool:
-        return self.registry.add(request)
+    def read(self, request: LoRARequest) -> ReadAdapter | None:
+        """Read an adapter's files for a later `add` or `resolve` (any thread: touches nothing
+        shared); None when that adapter is registered already."""
+        if not isinstance(request, LoRARequest):
+            raise ValueError(f"expected a LoRARequest, got {type(request).__name__}")
+        return self.registry.read(request)
+
+    def add(self, request: LoRARequest, read: ReadAdapter | None = None) -> bool:
+        return self.registry.add(request, read)
 
     def remove(self, name_or_id: str | int) -> bool:
         """Unregister an adapter. False: none by that name or id. Refused (ValueError) while
@@ -66,17 +74,8 @@ class EngineLoRA:
     def list(self) -> list[LoRARequest]:
         return self.registry.list()
 
-    def resolve(self, request: LoRARequest) -> RegisteredAdapter:
-        return self.registry.resolve(request)
-
-    def apply_loads(self, loads) -> None:
-        """Write the adapters a step's schedule put into slots (SchedulerOutput.lora_loads)."""
-        for slot, key in loads:
-            adapter = self.registry.by_key(key)
-            if adapter is None:   # remove() refuses while requests use it: never expected
-                raise RuntimeError(f"LoRA slot {slot}: adapter {key!r} is no longer registered")
-            if self.device.resident.get(slot) != key:
-                self.runner.params = self.device.write(self.runner.params, slot, key, adapter.values)
+    def resolve(self, request: LoRARequest, read: ReadAdapter | None = None) -> RegisteredAdapter:
+        return self.registry.resolve(request, read)
 
     def stats(self) -> LoRAStats:
         slots = self.scheduler.lora_slots
@@ -84,9 +83,12 @@ class EngineLoRA:
                          slots.num_evictions)
 
 
-def attach(engine, model_config, max_loras: int, max_rank: int, heads=None, mesh=None) -> None:
-    """Give a built engine its adapters: the registry, and the slot writer compiled now."""
+def build(runner, scheduler, model_config, max_loras: int, max_rank: int, heads=None, mesh=None) -> EngineLoRA:
+    """An engine's adapters: the registry, and the slot writer, compiled now and handed to the
+    runner as a step feature."""
     targets = lora_targets(model_config, heads)
     device = DeviceLoRASlots(targets, max_loras, mesh)
-    engine.runner.params = device.warm(engine.runner.params)
-    engine.lora = EngineLoRA(LoRARegistry(targets, max_rank), device, engine.runner, engine.scheduler)
+    registry = LoRARegistry(targets, max_rank)
+    runner.params = device.warm(runner.params)
+    runner.add_feature(LoRASlotWrites(registry, device))
+    return EngineLoRA(registry, device, scheduler)

@@ -62,9 +62,10 @@ def check_enabled(engine) -> None:
         raise ValueError("this server does not serve LoRA adapters: start it with --enable-lora")
 
 
-def register_now(engine, name: str, path: str) -> LoRARequest:
+def register_now(engine, name: str, path: str, read=None) -> LoRARequest:
     """Register an adapter on the engine (called on its step thread, or before it serves). A name
-    already in use, a missing path or an adapter that does not fit the model is a ValueError."""
+    already in use, a missing path or an adapter that does not fit the model is a ValueError.
+    read: its files read beforehand off the step thread (Engine.read_lora; None: read here)."""
     check_enabled(engine)
     if not name:
         raise ValueError("lora_name must be a non-empty string")
@@ -75,7 +76,7 @@ def register_now(engine, name: str, path: str) -> LoRARequest:
     if registered(engine, name) is not None:
         raise ValueError(f"the LoRA adapter {name!r} is already loaded; unload it first to load other weights")
     request = LoRARequest(name, _next_id(engine.list_loras()), path)
-    engine.add_lora(request)
+    engine.add_lora(request, read)
     return request
 
 
@@ -88,7 +89,16 @@ def unregister_now(engine, name: str) -> None:
 
 
 async def load_adapter(aengine, name: str, path: str) -> LoRARequest:
-    return await aengine.call(lambda engine: register_now(engine, name, path))
+    # the PEFT directory is read off the step thread (the id is the step thread's to choose: the
+    # read is made under a provisional one, and the registry keeps it only if the request matches)
+    read = await aengine.run_off_step_thread(_read_ahead, aengine.engine, name, path)
+    return await aengine.call(lambda engine: register_now(engine, name, path, read))
+
+
+def _read_ahead(engine, name: str, path: str):
+    if getattr(engine, "lora", None) is None or not name or not path:
+        return None
+    return engine.read_lora(LoRARequest(name, 1, path))
 
 
 async def unload_adapter(aengine, name: str) -> None:

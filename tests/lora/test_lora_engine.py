@@ -199,3 +199,43 @@ def test_a_weight_update_keeps_the_resident_adapters(llm, adapter_dirs, hf_token
     tokens, _ = _generate(llm, [None if n is None else lora(adapter_dirs, n, i + 1) for i, n in enumerate(names)])
     assert tokens == [hf_tokens[n] for n in names]
     assert llm.stats().num_compilations_after_warmup == 0
+
+
+def test_the_async_engine_reads_adapter_files_off_the_step_thread(llm, adapter_dirs, hf_tokens, monkeypatch):
+    """add_lora and a request naming an unregistered adapter read its PEFT directory on the door's
+    worker threads; the step thread only registers what was read (it reads no file)."""
+    import asyncio
+    import threading
+
+    from jaxserve.engine.async_engine import AsyncEngine
+    from jaxserve.lora import registry
+
+    reads = []
+    real = registry.load_peft_adapter
+
+    def recording(path, *args, **kwargs):
+        reads.append((os.path.basename(path), threading.current_thread()))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(registry, "load_peft_adapter", recording)
+    for name in ("kq3", "all8"):
+        llm.remove_lora(name)
+
+    async def main():
+        aengine = AsyncEngine(llm.engine)
+        try:
+            assert await aengine.add_lora(lora(adapter_dirs, "kq3", 4))
+            final = None
+            async for out in aengine.generate({"prompt_token_ids": PROMPT}, GREEDY,
+                                              lora_request=lora(adapter_dirs, "all8", 2)):
+                final = out
+            return await aengine.call(lambda engine: threading.current_thread()), final
+        finally:
+            await aengine.shutdown()
+
+    step_thread, final = asyncio.run(main())
+    assert sorted(name for name, _ in reads) == ["all8", "kq3"]      # each directory read once
+    assert all(thread is not step_thread and thread is not threading.main_thread() for _, thread in reads)
+    assert list(final.outputs[0].token_ids) == hf_tokens["all8"]
+    assert {r.lora_name for r in llm.list_loras()} >= {"kq3", "all8"}
+    check_invariants(llm.engine.scheduler)

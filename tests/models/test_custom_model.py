@@ -374,7 +374,7 @@ def test_a_restart_reuses_the_compiled_steps_until_the_model_source_changes(tmp_
     import random
     import shutil
 
-    from jaxserve.runner import model_runner
+    from jaxserve.runner import programs
 
     shutil.copy(ex.__file__, tmp_path / "lab_model_under_edit.py")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -397,7 +397,7 @@ def test_a_restart_reuses_the_compiled_steps_until_the_model_source_changes(tmp_
     # every start takes it from there again (the samplers' programs do not depend on the arena, and
     # an earlier test may have compiled the same ones)
     compiled_steps = []
-    keep = model_runner.compile_to_keep
+    keep = programs.compile_to_keep
 
     def counting(*a, **k):
         compiled, keepable = keep(*a, **k)
@@ -405,7 +405,7 @@ def test_a_restart_reuses_the_compiled_steps_until_the_model_source_changes(tmp_
             compiled_steps.append(1)
         return compiled, keepable
 
-    monkeypatch.setattr(model_runner, "compile_to_keep", counting)
+    monkeypatch.setattr(programs, "compile_to_keep", counting)
 
     def start():
         before = len(compiled_steps)

@@ -20,16 +20,16 @@ rank, port, model_dir, report = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.
 # sampler this rank compiles (a miss of the executable cache), written as it happens
 shapes = {**TINY_SHAPES, "cache_dir": os.environ.get("CACHE_DIR", "")}
 if os.environ.get("COMPILE_LOG"):
-    from jaxserve.runner import model_runner
+    from jaxserve.runner import programs
 
-    keep = model_runner.compile_to_keep
+    keep = programs.compile_to_keep
 
     def logged(lowered, *args, **kwargs):
         with open(os.environ["COMPILE_LOG"], "a") as log:
             log.write("compiled\n")
         return keep(lowered, *args, **kwargs)
 
-    model_runner.compile_to_keep = logged
+    programs.compile_to_keep = logged
 llm = LLM(model_dir, **shapes, tensor_parallel_size=4, num_hosts=2, host_rank=rank,
           coordinator_address=f"127.0.0.1:{port}", host_timeout_s=10.0)
 outs = llm.generate(TINY_PROMPTS, SamplingParams(max_tokens=12, min_tokens=12, temperature=0.0), use_tqdm=False)

@@ -167,16 +167,16 @@ def embedded(size: int) -> dict:
 def start(model_dir: str, cache_dir: str, size: str) -> dict:
     """One engine start, as a server's would be: what it compiled (steps and samplers go through
     compile_to_keep only when the executable cache misses) and what it generates."""
-    from jaxserve.runner import model_runner
+    from jaxserve.runner import programs
 
     compiled = []
-    keep = model_runner.compile_to_keep
+    keep = programs.compile_to_keep
 
     def counting(lowered, *args, **kwargs):
         compiled.append(1)
         return keep(lowered, *args, **kwargs)
 
-    model_runner.compile_to_keep = counting
+    programs.compile_to_keep = counting
     llm = LLM(model_dir, **{**TINY_SHAPES, "cache_dir": cache_dir}, tensor_parallel_size=int(size))
     greedy = SamplingParams(max_tokens=12, min_tokens=12, temperature=0.0)
     outs = llm.generate(TINY_PROMPTS, greedy, use_tqdm=False)
