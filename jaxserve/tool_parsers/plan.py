@@ -67,6 +67,8 @@ def function_tools(tools: Sequence[dict[str, Any]] | None, field_name: str = "to
         params = fn.get("parameters")
         if params is not None and not isinstance(params, dict):
             raise ToolError(f"{where}.function.parameters must be a JSON schema object", field_name)
+        if params is not None:
+            _check_schema(params, f"{where}.function.parameters", field_name)
         description = fn.get("description")
         if description is not None and not isinstance(description, str):
             raise ToolError(f"{where}.function.description must be a string", field_name)
@@ -74,6 +76,20 @@ def function_tools(tools: Sequence[dict[str, Any]] | None, field_name: str = "to
             raise ToolError(f"{where}: a second tool named {name!r}", field_name)
         out.append(FunctionTool(name, description, params))
     return out
+
+
+def _check_schema(schema: dict[str, Any], where: str, field_name: str) -> None:
+    """A tool's parameters must be a valid JSON Schema whatever the tool_choice: under "auto" the
+    model is only told about it, but a schema the constrained choices would refuse (a 400 there)
+    must not pass here either (jsonschema checks it against its metaschema, Draft 2020-12)."""
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as e:
+        at = "".join(f"[{p!r}]" for p in e.path)
+        raise ToolError(f"{where}{at} is not a valid JSON Schema: {e.message}", field_name) from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -232,6 +232,10 @@ def test_llm_chat_takes_tools(tiny_chat_llm):
     (dict(tools=[{"type": "function", "function": {"name": "bad name"}}]), "tools"),
     (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "wat"}}}],
           tool_choice="required"), "tools"),
+    # under every tool_choice, auto (the default) and none included: the schema is checked at the door
+    (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": 12}}}]), "tools"),
+    (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": 12}}}],
+          tool_choice="none"), "tools"),
     (dict(messages=MESSAGES + [{"role": "assistant", "tool_calls": [
         {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{not json"}}]}]),
      "messages[1].tool_calls[0]"),

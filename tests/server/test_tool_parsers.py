@@ -166,6 +166,9 @@ def test_openai_shapes_are_checked():
     assert function_tools([{"type": "function", "function": {"name": "f"}}]) == [FunctionTool("f")]
     for bad in ([{"type": "retrieval"}], [{"type": "function", "function": {"name": "a b"}}],
                 [{"type": "function", "function": {"name": "f", "parameters": []}}],
+                [{"type": "function", "function": {"name": "f", "parameters": {"type": 12}}}],
+                [{"type": "function", "function": {"name": "f", "parameters": {
+                    "type": "object", "properties": {"x": {"type": "integer", "minimum": "zero"}}}}}],
                 [{"type": "function", "function": {"name": "f"}}] * 2):
         with pytest.raises(ToolError):
             function_tools(bad)
