@@ -56,6 +56,9 @@ def add_server_parsers(subparsers) -> None:
                    help="largest max_tokens accepted (default: max_model_len bounds it)")
     g.add_argument("--max-prompts", type=int, default=64,
                    help="most prompts in one /v1/completions request (a list of prompts)")
+    g.add_argument("--max-embedding-inputs", type=int, default=4096,
+                   help="most inputs in one embeddings request (HTTP /v1/embeddings, gRPC Embed); they run a "
+                        "window of half the engine's seats at a time, beside other requests")
     g.add_argument("--http-header-timeout", type=float, default=10.0,
                    help="seconds an HTTP request's headers may take to arrive; the connection is closed after")
     g.add_argument("--http-body-timeout", type=float, default=60.0,
@@ -116,7 +119,8 @@ def server_config_from_args(args: argparse.Namespace):
                         lenient_api=args.lenient_api, chat_content_special_tokens=args.chat_content_special_tokens,
                         lora_modules=tuple(parse_lora_modules(getattr(args, "lora_modules", None))),
                         limits=RequestCaps(max_n=args.max_n, max_tokens=args.max_tokens_limit,
-                                           max_prompts=args.max_prompts))
+                                           max_prompts=args.max_prompts,
+                                           max_embedding_inputs=args.max_embedding_inputs))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

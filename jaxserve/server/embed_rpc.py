@@ -9,13 +9,12 @@ INTERNAL when the engine fails. A cancelled call cancels (and so aborts) every i
 
 from __future__ import annotations
 
-import asyncio
-
 import grpc
 
 from jaxserve.engine.async_engine import EmbeddingAborted, EngineDeadError, EngineStoppedError
 from jaxserve.pooling_params import PoolingParams
 from jaxserve.proto import generation_pb2 as pb
+from jaxserve.server.embedding_batches import check_input_count, default_window, embed_windowed
 from jaxserve.server.state import Overloaded
 
 
@@ -47,6 +46,7 @@ async def embed(servicer, request: pb.EmbedRequest, context) -> pb.EmbedResponse
     try:
         prompts = embed_prompts(request)
         params = pooling_params(request)
+        check_input_count(len(prompts), servicer.limits.max_embedding_inputs)
     except ValueError as e:
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
     if state.active_streams >= servicer.max_concurrent_streams:
@@ -54,12 +54,9 @@ async def embed(servicer, request: pb.EmbedRequest, context) -> pb.EmbedResponse
                             f"{state.active_streams} streams are active, the limit is "
                             f"max_concurrent_streams={servicer.max_concurrent_streams}; retry later")
     state.active_streams += 1
-    rid = request.request_id or None
-    tasks = [asyncio.ensure_future(aengine.embed(p, params, priority=request.priority,
-                                                 request_id=f"{rid}-{i}" if rid else None))
-             for i, p in enumerate(prompts)]
     try:
-        outs = await asyncio.gather(*tasks)
+        outs = await embed_windowed(aengine, prompts, params, window=default_window(aengine.engine),
+                                    request_id=request.request_id or None, priority=request.priority)
     except ValueError as e:
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
     except Overloaded as e:
@@ -69,10 +66,6 @@ async def embed(servicer, request: pb.EmbedRequest, context) -> pb.EmbedResponse
     except (EngineStoppedError, EmbeddingAborted) as e:
         await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
     finally:
-        for t in tasks:
-            if not t.done():
-                t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
         state.active_streams -= 1
         state.streams_changed.set()
     embeddings = [pb.Embedding(values=o.outputs.embedding, prompt_tokens=len(o.prompt_token_ids)) for o in outs]

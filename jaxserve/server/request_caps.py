@@ -17,11 +17,16 @@ class RequestCaps:
     # prompts in one /v1/completions request (each is an engine request of its own): enough for
     # batched evaluation clients (lm-eval sends its batch in one request), not a queue's worth
     max_prompts: int = 64
+    # inputs in one embeddings request (each an engine request; they enter the engine a window at
+    # a time: server/embedding_batches.py): OpenAI's API takes 2,048; twice that here
+    max_embedding_inputs: int = 4096
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_n, int) or self.max_n < 1:
             raise ValueError(f"max_n={self.max_n!r} must be an integer >= 1")
         if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
             raise ValueError(f"max_tokens={self.max_tokens!r} must be an integer >= 1 or None")
-        if not isinstance(self.max_prompts, int) or self.max_prompts < 1:
-            raise ValueError(f"max_prompts={self.max_prompts!r} must be an integer >= 1")
+        for name in ("max_prompts", "max_embedding_inputs"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name}={v!r} must be an integer >= 1")

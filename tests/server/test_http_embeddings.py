@@ -89,11 +89,19 @@ def test_token_ids_lists_of_them_and_normalize_false(server, tiny_llama_dir):
     ({"input": "hi", "poolin": "mean"}, "poolin", 400),    # unknown fields are refused
     ({"input": "hi", "encoding_format": "int8"}, "encoding_format", 400),
     ({"input": "hi", "model": "other"}, "model", 404),
+    ({"input": ["a"] * 4097}, "input", 400),              # over --max-embedding-inputs (4096)
 ])
 def test_refusals(server, body, param, status):
     code, j = post(server, body)
     assert code == status, j
     assert j["error"]["param"] == param, j
+
+
+def test_too_many_inputs_are_refused_naming_the_cap_before_any_is_queued(server):
+    code, j = post(server, {"input": ["hello there"] * 10_000})
+    assert code == 400 and "--max-embedding-inputs" in j["error"]["message"] and "4096" in j["error"]["message"]
+    stats = server.stats()
+    assert stats.num_requests_running == stats.num_requests_waiting == 0
 
 
 def test_a_refused_input_leaves_nothing_queued(server):

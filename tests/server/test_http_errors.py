@@ -171,3 +171,38 @@ def test_a_client_leaving_before_a_whole_answer_aborts_its_request(server):
         assert server.engine.finished_by_reason.get("abort", 0) == aborted + 1
     finally:
         server.gate.open()
+
+
+@pytest.mark.parametrize("path, stream", [("/completions", True), ("/completions", False),
+                                          ("/chat/completions", True), ("/responses", True)])
+def test_a_client_leaving_while_its_request_waits_aborts_it_before_any_output(server, path, stream):
+    """Every seat held (the gate closed), the request waits in the queue and has sent nothing: a
+    streamed answer's connection is watched all the same, so its leaving aborts the request."""
+    seats = server.engine.scheduler.config.max_num_seqs
+    hold = {"model": server.model, "prompt": PROMPT, "max_tokens": 8, "ignore_eos": True}
+    if path == "/completions":
+        body = {"model": server.model, "prompt": PROMPT, "max_tokens": 8, "stream": stream}
+    elif path == "/chat/completions":
+        body = {"model": server.model, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 8,
+                "stream": stream}
+    else:
+        body = {"model": server.model, "input": PROMPT, "max_output_tokens": 8, "stream": stream}
+    aborted = server.engine.finished_by_reason.get("abort", 0)
+    server.gate.close()
+    holders = []
+    try:
+        for _ in range(seats):
+            holders.append(raw_post(server, "/completions", hold))
+        wait_until(lambda: server.stats().num_requests_running == seats, "every seat taken")
+        leaver = raw_post(server, path, body)
+        wait_until(lambda: server.stats().num_requests_waiting == 1, "the request to wait for a seat")
+        leaver.close()
+        wait_until(lambda: server.stats().num_requests_waiting == 0, "the waiting request to be aborted")
+        assert server.engine.finished_by_reason.get("abort", 0) == aborted + 1
+        assert server.stats().num_requests_running == seats     # the others are untouched
+    finally:
+        server.gate.open()
+        for s in holders:
+            s.close()
+    wait_until(lambda: server.stats().num_requests_running == 0, "the held requests to end")
+    assert blocks_all_free(server.stats())

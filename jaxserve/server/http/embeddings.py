@@ -13,7 +13,6 @@ aborts the inputs already queued.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import time
 
@@ -24,6 +23,7 @@ from starlette.requests import Request
 
 from jaxserve.engine.async_engine import EmbeddingAborted
 from jaxserve.pooling_params import PoolingParams
+from jaxserve.server.embedding_batches import check_input_count, default_window, embed_windowed
 from jaxserve.server.http import errors
 from jaxserve.server.http.disconnect import ClientDisconnected, unless_disconnected
 from jaxserve.server.http.embedding_schemas import (EmbeddingData, EmbeddingRequest, EmbeddingResponse,
@@ -69,6 +69,10 @@ async def embeddings(front, req: EmbeddingRequest, http: Request):
                                  "(EngineConfig.enable_embeddings)")
     check_dimensions(req, aengine.engine.runner.model_config.hidden_size)
     prompts = prompts_of(req)
+    try:
+        check_input_count(len(prompts), front.limits.max_embedding_inputs)
+    except ValueError as e:
+        raise errors.bad_request(str(e), "input") from None
     params = PoolingParams(req.pooling, normalize=req.normalize)
     st = front.state
     if st.active_streams >= front.max_concurrent_streams:
@@ -91,11 +95,11 @@ async def embeddings(front, req: EmbeddingRequest, http: Request):
 
 
 async def _embed_all(aengine, prompts: list[dict], params: PoolingParams, rid: str, arrival: float) -> list:
-    """Every input's embedding, in order; the first failure cancels the others (aborting them)."""
-    tasks = [asyncio.ensure_future(aengine.embed(p, params, request_id=f"{rid}-{i}", arrival_time=arrival))
-             for i, p in enumerate(prompts)]
+    """Every input's embedding, in order, a window at a time (server/embedding_batches.py); the
+    first failure cancels the others (aborting them)."""
     try:
-        return await asyncio.gather(*tasks)
+        return await embed_windowed(aengine, prompts, params, window=default_window(aengine.engine),
+                                    request_id=rid, arrival_time=arrival)
     except EmbeddingAborted as e:
         raise errors.unavailable(str(e)) from e
     except Exception as e:
@@ -105,11 +109,6 @@ async def _embed_all(aengine, prompts: list[dict], params: PoolingParams, rid: s
         if err.status == 400 and err.param is None:   # the door's refusals are about the input
             err.param = "input"
         raise err from e
-    finally:
-        for t in tasks:
-            if not t.done():
-                t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def add_embeddings_route(app, front, authorized) -> None:
