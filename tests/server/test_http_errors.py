@@ -85,6 +85,7 @@ def test_without_the_api_key_every_v1_route_is_a_401_but_health_is_open(server, 
                                ("POST", "/chat/completions", {"messages": []})):
         r = httpx.request(method, server.base_url + path, json=body, headers=headers)
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", (path, r.text)
+        assert r.headers["www-authenticate"].startswith("Bearer"), path   # the scheme to authenticate with
     assert httpx.get(server.base_url.removesuffix("/v1") + "/health").status_code == 200
     # the scheme is case-insensitive, the key is not
     r = httpx.get(server.base_url + "/models", headers={"Authorization": f"bearer {server.api_key}"})
@@ -128,6 +129,7 @@ def test_a_full_waiting_queue_is_a_429_and_the_others_are_undisturbed(server, cl
         with pytest.raises(openai.RateLimitError) as e:
             client.completions.create(model=server.model, prompt=PROMPT, max_tokens=8)
         assert e.value.status_code == 429 and "max_waiting_requests=1" in error_of(e.value)["message"]
+        assert int(e.value.response.headers["retry-after"]) >= 1
         server.gate.open()
         for s in socks:              # the held requests finish whole
             s.settimeout(120)
@@ -206,3 +208,17 @@ def test_a_client_leaving_while_its_request_waits_aborts_it_before_any_output(se
             s.close()
     wait_until(lambda: server.stats().num_requests_running == 0, "the held requests to end")
     assert blocks_all_free(server.stats())
+
+
+@pytest.mark.parametrize("method, path, allowed", [
+    ("OPTIONS", "/health", {"GET", "HEAD"}),
+    ("POST", "/health", {"GET", "HEAD"}),
+    ("PUT", "/v1/responses/resp_x", {"GET", "DELETE"}),
+    ("GET", "/v1/completions", {"POST"}),
+])
+def test_a_405_allows_every_method_the_path_takes(server, method, path, allowed):
+    r = httpx.request(method, server.base_url.removesuffix("/v1") + path,
+                      headers={"Authorization": f"Bearer {server.api_key}"})
+    assert r.status_code == 405, r.text
+    assert {m.strip() for m in r.headers["allow"].split(",")} == allowed
+    assert r.json()["error"]["type"] == "invalid_request_error"

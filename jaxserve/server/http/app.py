@@ -83,11 +83,15 @@ def create_app(front: OpenAIFront, *, api_key: str | None = None, max_body_bytes
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException):
+        headers = dict(getattr(e, "headers", None) or {})
+        if e.status_code == 405:
+            # Starlette's Allow names the first route of the path only; a path served by several
+            # (GET and DELETE /v1/responses/{id}) allows every method any of them takes
+            headers["Allow"] = ", ".join(allowed_methods(request.app, request.scope))
         return errors.error_response(e.status_code, str(e.detail), type="invalid_request_error",
-                                     headers=getattr(e, "headers", None))   # a 405's Allow
+                                     headers=headers or None)
 
-    @app.get("/health")
-    @app.head("/health", include_in_schema=False)   # probes that only HEAD
+    @app.api_route("/health", methods=["GET", "HEAD"])   # probes that only HEAD
     async def health():
         if front.state.phase is Phase.SERVING and front.state.aengine is not None and front.state.aengine.healthy:
             return Response(status_code=200)
@@ -159,3 +163,15 @@ def _json(answer):
     if isinstance(answer, Response):
         return answer
     return JSONResponse(answer.model_dump())
+
+
+def allowed_methods(app, scope) -> list[str]:
+    """Every HTTP method some route of the app takes for the request's path (a route whose path
+    matches answers FULL or, for another method, PARTIAL)."""
+    from starlette.routing import Match
+
+    methods = set()
+    for route in app.router.routes:
+        if getattr(route, "methods", None) and route.matches(scope)[0] is not Match.NONE:
+            methods |= set(route.methods)
+    return sorted(methods)

@@ -21,12 +21,14 @@ _PARAM_IN_MESSAGE = re.compile(r"^SamplingParams\.([a-z_]+)|^([a-z_][a-z_0-9.\[\
 
 class APIError(Exception):
     def __init__(self, status: int, message: str, *, type: str, param: str | None = None,
-                 code: str | None = None):
+                 code: str | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers    # what HTTP says a client of this status needs (WWW-Authenticate, Retry-After)
 
     def response(self) -> JSONResponse:
-        return error_response(self.status, self.message, type=self.type, param=self.param, code=self.code)
+        return error_response(self.status, self.message, type=self.type, param=self.param, code=self.code,
+                              headers=self.headers)
 
 
 def error_response(status: int, message: str, *, type: str, param: str | None = None,
@@ -59,7 +61,9 @@ def bad_request(message: str, param: str | None = None) -> APIError:
 
 
 def unauthorized(message: str) -> APIError:
-    return APIError(401, message, type="invalid_request_error", code="invalid_api_key")
+    # RFC 9110 15.5.2: a 401 names the scheme to authenticate with (RFC 6750: Bearer)
+    return APIError(401, message, type="invalid_request_error", code="invalid_api_key",
+                    headers={"WWW-Authenticate": 'Bearer realm="jaxserve"'})
 
 
 def model_not_found(model: str, served: str) -> APIError:
@@ -67,8 +71,14 @@ def model_not_found(model: str, served: str) -> APIError:
                     type="invalid_request_error", param="model", code="model_not_found")
 
 
+# what a 429 asks a client to wait (RFC 6585): a full queue or stream limit frees within a step or
+# a request's end, so a second is a retry that may succeed, not one that hammers
+RETRY_AFTER_S = 1
+
+
 def too_many_requests(message: str) -> APIError:
-    return APIError(429, message, type="rate_limit_error", code="rate_limit_exceeded")
+    return APIError(429, message, type="rate_limit_error", code="rate_limit_exceeded",
+                    headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 def unavailable(message: str) -> APIError:
