@@ -180,7 +180,7 @@ class AsyncEngine:
         params = SamplingParams(output_kind=OutputKind.DELTA) if params is None else params
         request_id = uuid.uuid4().hex if request_id is None else str(request_id)
         if request_id in self._streams:
-            raise ValueError(f"request_id {request_id!r} is already in use")
+            raise ValueError(f"request_id={request_id!r} is already in use")
         q = OutputStream(appends=isinstance(params, SamplingParams) and params.output_kind is OutputKind.DELTA
                          and params.n == 1)
         self._streams[request_id] = q        # registered before tokenizing, so a crash or shutdown finds it

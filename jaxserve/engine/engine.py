@@ -151,7 +151,7 @@ class Engine(EngineControl, EngineLoRAMethods):
         the prompt's KV for a decode engine when the request ends, a sched RemoteKV loads it."""
         request_id = self.new_request_id() if request_id is None else str(request_id)
         if request_id in self.outputs or any(h[0] == request_id for h in self._held):
-            raise ValueError(f"request_id {request_id!r} is already in use")
+            raise ValueError(f"request_id={request_id!r} is already in use")
         if self.paused or self.pausing:   # accepted (it passed the door), run after resume()
             self._held.append((request_id, req, time.perf_counter() if arrival_time is None else arrival_time,
                                kv_transfer))

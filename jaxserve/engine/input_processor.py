@@ -87,7 +87,7 @@ class InputProcessor:
         self.limits.check(n, max_tokens, params.min_tokens)
         self._check_ids("prompt token id(s)", ids)
         if params.stop_token_ids:
-            self._check_ids("stop_token_ids", params.stop_token_ids)
+            self._check_ids("SamplingParams.stop_token_ids", params.stop_token_ids)
         if params.logit_bias:
             self._check_ids("SamplingParams.logit_bias token id(s)", [t for t, _ in params.logit_bias])
         if params.prompt_logprobs is not None and not self.prompt_logprobs:

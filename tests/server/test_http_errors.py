@@ -28,7 +28,7 @@ def error_of(e: openai.APIStatusError) -> dict:
                                           ("logprobs", 50), ("top_k", "many"), ("not_a_field", 1),
                                           ("presence_penalty", 2.5), ("repetition_penalty", 0),
                                           ("logit_bias", {"x": 1}), ("logit_bias", {"1": 101}),
-                                          ("logit_bias", {"99999": 1})])
+                                          ("logit_bias", {"99999": 1}), ("stop_token_ids", [1000000])])
 def test_a_bad_field_is_a_400_naming_it(server, client, field, value):
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model=server.model, prompt=PROMPT, max_tokens=2, extra_body={field: value})
@@ -222,3 +222,22 @@ def test_a_405_allows_every_method_the_path_takes(server, method, path, allowed)
     assert r.status_code == 405, r.text
     assert {m.strip() for m in r.headers["allow"].split(",")} == allowed
     assert r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_live_request_id_again_and_a_missing_body_name_their_param(server):
+    headers = {"Authorization": f"Bearer {server.api_key}"}
+    server.gate.close()
+    try:
+        body = {"model": server.model, "prompt": PROMPT, "max_tokens": 8, "ignore_eos": True, "request_id": "dup-1"}
+        s = raw_post(server, "/completions", body)
+        wait_until(lambda: server.stats().num_requests_running == 1, "the first request to run")
+        r = httpx.post(server.base_url + "/completions", json=body, headers=headers, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "request_id", r.text
+        s.close()
+    finally:
+        server.gate.open()
+    for content in (b"", b"null"):
+        r = httpx.post(server.base_url + "/completions", content=content,
+                       headers={**headers, "Content-Type": "application/json"}, timeout=60)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == "body" and "body" in r.json()["error"]["message"], r.text

@@ -73,6 +73,11 @@ def create_app(front: OpenAIFront, *, api_key: str | None = None, max_body_bytes
             return errors.bad_request(f"the body is not valid JSON: {first.get('ctx', {}).get('error', '')}",
                                       "body").response()
         param = ".".join(loc) or None
+        kind = first.get("type")
+        if param is None and kind in _NOT_AN_OBJECT:   # about the body itself: none, or not an object
+            message = ("the request body is missing: send a JSON object" if kind == "missing"
+                       else f"the request body must be a JSON object: {first['msg']}")
+            return errors.bad_request(message, "body").response()
         return errors.bad_request(f"{param}: {first['msg']}" if param else first["msg"], param).response()
 
     @app.exception_handler(Exception)
@@ -163,6 +168,10 @@ def _json(answer):
     if isinstance(answer, Response):
         return answer
     return JSONResponse(answer.model_dump())
+
+
+# pydantic's error types for a body that is absent or no JSON object (loc: just "body")
+_NOT_AN_OBJECT = frozenset({"missing", "model_attributes_type", "model_type", "dict_type"})
 
 
 def allowed_methods(app, scope) -> list[str]:
