@@ -224,6 +224,9 @@ async def run_server(config: ServerConfig, engine_config: EngineConfig, *, progr
              if warming is not None and warming.running else "")
 
     await stopper
+    # health and admission flip at once: a bucket still warming (below) takes up to one compile
+    # to stop, and meanwhile /health said 200 and new requests were admitted (2.7 s)
+    await _stop_admitting(state, grpc_front)
     if warming is not None:
         # no new bucket starts; the one in progress ends before the process does (a compile cannot
         # be cut short), so the wait is bounded by one bucket
@@ -251,12 +254,17 @@ def _with_adapters(engine, modules: tuple[LoRAModule, ...]):
     return engine
 
 
-async def _drain(state: ServerState, grpc_front, http, grace_period: float) -> None:
-    log.info("draining: %d streams in flight, grace period %.1f s", state.active_streams, grace_period)
+async def _stop_admitting(state: ServerState, grpc_front) -> None:
+    """DRAINING: both fronts refuse new calls (503 / UNAVAILABLE) and health fails (idempotent)."""
     if state.phase is not Phase.FAILED:
         state.phase = Phase.DRAINING
     if grpc_front is not None:
         await grpc_front.health.enter_graceful_shutdown()
+
+
+async def _drain(state: ServerState, grpc_front, http, grace_period: float) -> None:
+    log.info("draining: %d streams in flight, grace period %.1f s", state.active_streams, grace_period)
+    await _stop_admitting(state, grpc_front)
     deadline = time.monotonic() + grace_period
     while state.active_streams > 0 and time.monotonic() < deadline:
         state.streams_changed.clear()
