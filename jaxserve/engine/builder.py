@@ -35,7 +35,7 @@ from jaxserve.engine.deferred_calibration import DeferredCalibration
 from jaxserve.engine.draft_model import build_draft_runner
 from jaxserve.engine.host_gc import pace_collector
 from jaxserve.engine.draft_proposer import DraftModelProposer
-from jaxserve.engine.chat_template import apply_chat_template_override
+from jaxserve.engine.chat_template import apply_chat_template_override, default_chat_template
 from jaxserve.engine.engine import Engine
 from jaxserve.engine.startup_timings import PhaseClock, StartupTimings
 from jaxserve.engine.step_features import step_features
@@ -183,7 +183,8 @@ def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, 
     engine = _serve(config, model_config, params, dtype=dtype, kv_dtype=quant.kv_dtype, mesh=mesh, hosts=hosts,
                     clock=clock, identity=ckpt.identity, tokenizer=ckpt.tokenizer, eos_token_ids=eos,
                     model_name=os.path.basename(ckpt.source.rstrip("/")), cache_dir=cache_dir, progress=progress,
-                    lora=lora, requantize=requantize)
+                    lora=lora, requantize=requantize,
+                    chat_template=default_chat_template(ckpt.source, config.chat_template))
     return _with_connector(engine, config)
 
 
@@ -293,12 +294,14 @@ def build_custom_engine(config: EngineConfig, model: CustomModel, params, tokeni
 
 def _serve(config: EngineConfig, model_config: ModelConfig, params, *, dtype: str, mesh, hosts, clock: PhaseClock,
            identity: str, tokenizer, eos_token_ids: set[int], model_name: str, cache_dir: str | None,
-           progress: bool, kv_dtype: str | None = None, model=None, lora=None, requantize=None) -> Engine:
+           progress: bool, kv_dtype: str | None = None, model=None, lora=None, requantize=None,
+           chat_template: str | None = None) -> Engine:
     """From placed params on: the KV arena, the runner and its executables, warm-up, calibration,
     the draft model, the scheduler and the Engine. `dtype`: the model's (and the arena's, unless
     `kv_dtype` says otherwise); `model`: the runner's forward (None: the config's architecture in
     the registry); `lora`: (runner, scheduler) -> the engine's EngineLoRA (enable_lora);
-    `requantize`: a quantized engine's pass from float tensors to its params."""
+    `requantize`: a quantized engine's pass from float tensors to its params; `chat_template`: the
+    one used instead of the tokenizer's (default: config.chat_template)."""
     tp = config.tensor_parallel_size
     if config.warm_up == "background":
         refusal = warm_start.background_refusal(config, multi_host=hosts is not None)
@@ -358,7 +361,7 @@ def _serve(config: EngineConfig, model_config: ModelConfig, params, *, dtype: st
     warming = warm_start.prepare(scheduler, runner, stages) if stages is not None else None
     engine = Engine(
         scheduler=scheduler, runner=runner,
-        tokenizer=apply_chat_template_override(tokenizer, config.chat_template),
+        tokenizer=apply_chat_template_override(tokenizer, chat_template or config.chat_template),
         vocab_size=model_config.vocab_size, max_model_len=max_model_len, eos_token_ids=eos_token_ids,
         seed=config.seed, checkpoint_identity=identity, model_name=model_name,
         chunk_policy=chunking, async_scheduling=config.async_scheduling, draft_runner=draft,

@@ -6,6 +6,27 @@ from __future__ import annotations
 
 import os
 
+# The embedded SmolLM2-Instruct's own template renders no tools, so a newcomer's first tools=
+# request was a 400. This one renders exactly what the checkpoint's does without tools, and with
+# them lists the tools and asks for Hermes-style <tool_call> blocks (the hermes parser's format).
+EMBEDDED_TOOLS_TEMPLATE = os.path.join(os.path.dirname(__file__), "templates", "smollm2_tools.jinja")
+
+
+def default_chat_template(source: str | None, configured: str | None) -> str | None:
+    """The template an engine renders chats with in place of its checkpoint's: the configured
+    one, else for the embedded default model (`source`, the checkpoint's file, is the embedded
+    GGUF) the shipped tool-rendering one; None: the checkpoint's own."""
+    if configured:
+        return configured
+    from jaxserve.checkpoints.embedded import embedded_model_path
+
+    try:
+        embedded = embedded_model_path()
+    except Exception:   # noqa: BLE001 - the embedded model's package is not installed
+        return None
+    same = source is not None and os.path.realpath(source) == os.path.realpath(embedded)
+    return EMBEDDED_TOOLS_TEMPLATE if same else None
+
 
 def load_chat_template(value: str) -> str:
     """The template text of `value` (a path to a file, or Jinja text); ValueError when it is

@@ -14,7 +14,7 @@ import grpc
 from jaxserve.engine.async_engine import EmbeddingAborted, EngineDeadError, EngineStoppedError
 from jaxserve.pooling_params import PoolingParams
 from jaxserve.proto import generation_pb2 as pb
-from jaxserve.server.embedding_batches import check_input_count, default_window, embed_windowed
+from jaxserve.server.embedding_batches import check_input_count, embed_windowed
 from jaxserve.server.state import Overloaded
 
 
@@ -55,7 +55,7 @@ async def embed(servicer, request: pb.EmbedRequest, context) -> pb.EmbedResponse
                             f"max_concurrent_streams={servicer.max_concurrent_streams}; retry later")
     state.active_streams += 1
     try:
-        outs = await embed_windowed(aengine, prompts, params, window=default_window(aengine.engine),
+        outs = await embed_windowed(aengine, prompts, params, window=servicer.limits.embedding_window,
                                     request_id=request.request_id or None, priority=request.priority)
     except ValueError as e:
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))

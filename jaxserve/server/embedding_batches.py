@@ -4,21 +4,20 @@ embedding request beside generation.
 Each input is an engine request of its own (AsyncEngine.embed). Queued all at once, a body of
 3,000 inputs put 3,000 requests ahead of every completion sent after it (first come, first served):
 a 1-token completion beside it waited 88 s. Here at most `window` of a body's inputs are in the
-engine at a time (half the engine's seats by default), the next one queued as each finishes, so a
-later request waits behind at most a window's worth, while the window keeps the steps full of the
-body's inputs when nothing else runs. Outputs come back in input order; the first failure cancels
-(aborts) the inputs in flight, and none after it is queued. Both fronts (HTTP /v1/embeddings and
-gRPC Embed) use it, after checking the body's size against `RequestCaps.max_embedding_inputs`.
+engine at a time (`--embedding-window`, RequestCaps.embedding_window), the next one queued as
+each finishes, so a later request waits behind at most a window's worth and shares steps that
+carry at most that many of the body's prompts. The window trades the body's own speed for its
+neighbours' latency (docs/benchmarks.md, "Embeddings beside completions": on the embedded model a
+1-token completion beside 3,000 inputs took 1.8x its idle latency at window 2, 3.3x at 4, 5.5x at
+16, while the 3,000 took 238, 156 and 104 s). Outputs come back in input order; the first failure
+cancels (aborts) the inputs in flight, and none after it is queued. Both fronts (HTTP
+/v1/embeddings and gRPC Embed) use it, after checking the body's size against
+`RequestCaps.max_embedding_inputs`.
 """
 
 from __future__ import annotations
 
 import asyncio
-
-
-def default_window(engine) -> int:
-    """Half the engine's seats: the other half stays free for whatever arrives meanwhile."""
-    return max(1, engine.scheduler.config.max_num_seqs // 2)
 
 
 def check_input_count(count: int, cap: int) -> None:

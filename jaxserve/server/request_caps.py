@@ -20,13 +20,16 @@ class RequestCaps:
     # inputs in one embeddings request (each an engine request; they enter the engine a window at
     # a time: server/embedding_batches.py): OpenAI's API takes 2,048; twice that here
     max_embedding_inputs: int = 4096
+    # a body's inputs in the engine at once: small keeps a completion beside a big body within
+    # 2x of its idle latency (measured: docs/benchmarks.md), large runs the body faster
+    embedding_window: int = 2
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_n, int) or self.max_n < 1:
             raise ValueError(f"max_n={self.max_n!r} must be an integer >= 1")
         if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
             raise ValueError(f"max_tokens={self.max_tokens!r} must be an integer >= 1 or None")
-        for name in ("max_prompts", "max_embedding_inputs"):
+        for name in ("max_prompts", "max_embedding_inputs", "embedding_window"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name}={v!r} must be an integer >= 1")

@@ -27,6 +27,12 @@ from jaxserve.tool_parsers.registry import default_tool_parser, tool_parser
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
+TEMPLATE_WITHOUT_TOOLS = (
+    "this model's chat template does not render tools, so the model cannot be told about them; start the "
+    "server with --chat-template FILE (a Jinja template that renders `tools`), send the tools in a message "
+    "instead, or serve a model whose template takes tools")
+
+
 class ToolError(ValueError):
     """A bad tools / tool_choice; `param` names the request field (the 400's param)."""
 
@@ -172,9 +178,7 @@ def plan_tools(tools: Sequence[FunctionTool], choice: ToolChoice | None, *, para
         raise ToolError(f"tool_choice names function {choice.function!r}, which is not among the tools "
                         f"({', '.join(t.name for t in tools)})", "tool_choice")
     if not template_takes_tools(chat_template or getattr(tokenizer, "chat_template", None)):
-        raise ToolError("this model's chat template does not render tools, so the model cannot be told about "
-                        "them; send the tools in a message instead, or serve a model whose template takes tools",
-                        "tools")
+        raise ToolError(TEMPLATE_WITHOUT_TOOLS, "tools")
     if parser is None:
         raise ToolError("no tool call parser is known for this model; start the server with "
                         "--tool-call-parser NAME (hermes, llama3_json, mistral)", "tools")

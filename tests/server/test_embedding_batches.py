@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from jaxserve.server.embedding_batches import check_input_count, default_window, embed_windowed
+from jaxserve.server.embedding_batches import check_input_count, embed_windowed
+from jaxserve.server.request_caps import RequestCaps
 
 
 class FakeAsyncEngine:
@@ -56,13 +57,11 @@ def test_the_first_failure_cancels_the_window_and_starts_nothing_after():
     assert engine.running == 0 and engine.cancelled  # the ones in flight were cancelled
 
 
-def test_the_cap_and_the_default_window():
+def test_the_cap_and_the_window_settings():
     check_input_count(4096, 4096)
     with pytest.raises(ValueError, match=r"4097 inputs; this server's limit is 4096 .*--max-embedding-inputs"):
         check_input_count(4097, 4096)
-
-    class Engine:
-        class scheduler:
-            class config:
-                max_num_seqs = 32
-    assert default_window(Engine) == 16
+    assert RequestCaps().embedding_window == 2 and RequestCaps().max_embedding_inputs == 4096
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError, match="embedding_window"):
+            RequestCaps(embedding_window=bad)

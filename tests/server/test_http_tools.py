@@ -7,6 +7,7 @@ forced to write by a grammar (the text of a call), which the route then parses, 
 
 import json
 
+import httpx2 as httpx
 import jsonschema
 import openai
 import pytest
@@ -254,5 +255,24 @@ def test_a_template_without_tools_is_a_400(tiny_llm):
             c.chat.completions.create(model=s.model, messages=MESSAGES, tools=TOOLS, max_tokens=4)
         err = e.value.response.json()["error"]
         assert err["param"] == "tools" and "does not render tools" in err["message"]
+        assert "--chat-template" in err["message"]      # what the operator can do about it
     finally:
         s.close()
+
+
+def test_tokenize_counts_a_chat_with_tools_as_the_chat_renders_it(server, client):
+    """/tokenize takes tools (vLLM's field): a chat's prompt can be counted before it is sent."""
+    root = server.base_url.removesuffix("/v1")
+    headers = {"Authorization": f"Bearer {server.api_key}"}
+    counted = httpx.post(root + "/tokenize", json={"model": server.model, "messages": MESSAGES, "tools": TOOLS},
+                         headers=headers, timeout=60)
+    assert counted.status_code == 200, counted.text
+    without = httpx.post(root + "/tokenize", json={"model": server.model, "messages": MESSAGES},
+                         headers=headers, timeout=60).json()["count"]
+    sent = client.chat.completions.create(model=server.model, messages=MESSAGES, tools=TOOLS, max_tokens=1)
+    assert counted.json()["count"] == sent.usage.prompt_tokens > without
+    for body, param in (({"prompt": "hi", "tools": TOOLS}, "tools"),
+                        ({"messages": MESSAGES, "tools": [{"type": "function", "function": {
+                            "name": "f", "parameters": {"type": 12}}}]}, "tools")):
+        r = httpx.post(root + "/tokenize", json={"model": server.model, **body}, headers=headers, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text

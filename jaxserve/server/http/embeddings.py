@@ -23,7 +23,7 @@ from starlette.requests import Request
 
 from jaxserve.engine.async_engine import EmbeddingAborted
 from jaxserve.pooling_params import PoolingParams
-from jaxserve.server.embedding_batches import check_input_count, default_window, embed_windowed
+from jaxserve.server.embedding_batches import check_input_count, embed_windowed
 from jaxserve.server.http import errors
 from jaxserve.server.http.disconnect import ClientDisconnected, unless_disconnected
 from jaxserve.server.http.embedding_schemas import (EmbeddingData, EmbeddingRequest, EmbeddingResponse,
@@ -81,7 +81,8 @@ async def embeddings(front, req: EmbeddingRequest, http: Request):
     st.active_streams += 1     # the server's drain waits for it, as for a completion
     try:
         rid = new_id("embd")
-        outs = await unless_disconnected(http, _embed_all(aengine, prompts, params, rid, arrival))
+        outs = await unless_disconnected(http, _embed_all(aengine, prompts, params, rid, arrival,
+                                                          front.limits.embedding_window))
     except ClientDisconnected:
         return None
     finally:
@@ -94,12 +95,12 @@ async def embeddings(front, req: EmbeddingRequest, http: Request):
               for i, o in enumerate(outs)])
 
 
-async def _embed_all(aengine, prompts: list[dict], params: PoolingParams, rid: str, arrival: float) -> list:
+async def _embed_all(aengine, prompts: list[dict], params: PoolingParams, rid: str, arrival: float,
+                     window: int) -> list:
     """Every input's embedding, in order, a window at a time (server/embedding_batches.py); the
     first failure cancels the others (aborting them)."""
     try:
-        return await embed_windowed(aengine, prompts, params, window=default_window(aengine.engine),
-                                    request_id=rid, arrival_time=arrival)
+        return await embed_windowed(aengine, prompts, params, window=window, request_id=rid, arrival_time=arrival)
     except EmbeddingAborted as e:
         raise errors.unavailable(str(e)) from e
     except Exception as e:

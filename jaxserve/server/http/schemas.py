@@ -301,6 +301,8 @@ class TokenizeRequest(_Request):
     model: str | None = None
     prompt: str | None = None
     messages: list["ChatMessage"] | None = None
+    # rendered into the messages' template as a chat with these tools renders (vLLM's field)
+    tools: list["ChatTool"] | None = None
     add_special_tokens: bool | None = None   # None: True for a prompt, False for messages (vLLM's defaults)
     add_generation_prompt: bool = True
     return_token_strs: bool = False

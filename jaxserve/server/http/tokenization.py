@@ -17,6 +17,8 @@ from jaxserve.server.chat_prompt import check_roles
 from jaxserve.server.http import errors
 from jaxserve.server.http.sampling import chat_messages
 from jaxserve.server.http.schemas import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
+from jaxserve.tool_parsers import ToolError, function_tools, template_takes_tools
+from jaxserve.tool_parsers.plan import TEMPLATE_WITHOUT_TOOLS
 
 
 def _tokenizer(aengine):
@@ -31,10 +33,13 @@ async def tokenize(aengine, req: TokenizeRequest, *, content_special_tokens: boo
     if (req.prompt is None) == (req.messages is None):
         raise errors.bad_request("send exactly one of prompt and messages", "prompt")
     engine = aengine.engine
+    if req.tools is not None and req.messages is None:
+        raise errors.bad_request("tools are rendered into chat messages: send messages with them", "tools")
     if req.messages is not None:
         messages = chat_messages(req.messages)
         if not getattr(tok, "chat_template", None):
             raise errors.bad_request("the model has no chat template; send a prompt", "messages")
+        extra = _tool_kwargs(req, tok)
         try:
             check_roles(messages, chat_roles(tok.chat_template), "messages")
             aengine.check_prompt_chars(sum(len(m["content"]) for m in messages))
@@ -44,7 +49,8 @@ async def tokenize(aengine, req: TokenizeRequest, *, content_special_tokens: boo
 
         def run(t):
             def render(ms):
-                return t.apply_chat_template(ms, add_generation_prompt=req.add_generation_prompt, tokenize=False)
+                return t.apply_chat_template(ms, add_generation_prompt=req.add_generation_prompt, tokenize=False,
+                                             **extra)
             try:
                 # special-token text in contents is text, as the chat route tokenizes it
                 specials = [] if content_special_tokens or special else special_token_texts(t)
@@ -74,6 +80,20 @@ async def tokenize(aengine, req: TokenizeRequest, *, content_special_tokens: boo
                                  field)
     strs = await aengine.run_tokenizer(lambda t: list(t.convert_ids_to_tokens(ids))) if req.return_token_strs else None
     return TokenizeResponse(count=len(ids), max_model_len=engine.max_model_len, tokens=ids, token_strs=strs)
+
+
+def _tool_kwargs(req: TokenizeRequest, tok) -> dict:
+    """The template variables a chat with `req.tools` renders with (its tools in OpenAI's shape,
+    checked as the chat route checks them), so the count is the chat's."""
+    if not req.tools:
+        return {}
+    try:
+        tools = function_tools([t.model_dump(exclude_none=True) for t in req.tools])
+    except ToolError as e:
+        raise errors.bad_request(str(e), e.param) from None
+    if not template_takes_tools(tok.chat_template):
+        raise errors.bad_request(TEMPLATE_WITHOUT_TOOLS, "tools")
+    return {"tools": [t.to_openai() for t in tools]}
 
 
 async def detokenize(aengine, req: DetokenizeRequest) -> DetokenizeResponse:
