@@ -124,6 +124,9 @@ def _build_in_thread(build: Callable[[], object]) -> asyncio.Future:
 
 async def run_server(config: ServerConfig, engine_config: EngineConfig, *, progress: bool = False,
                      build_engine: Callable | None = None, hard_exit_during_warmup: bool = False) -> int:
+    """hard_exit_during_warmup (the CLI's): a stop while a compile runs (the start-up warm-up, or
+    a bucket warming in the background) ends the process without waiting for it, once nothing is
+    in flight: an XLA compile cannot be cut short, and a bucket's took ~8 s of an idle server's exit."""
     state = ServerState()
     metrics = ServerMetrics(lambda: state.aengine.snapshot if state.aengine is not None else None)
     if engine_config.role != "both":
@@ -229,11 +232,17 @@ async def run_server(config: ServerConfig, engine_config: EngineConfig, *, progr
     await _stop_admitting(state, grpc_front)
     if warming is not None:
         # no new bucket starts; the one in progress ends before the process does (a compile cannot
-        # be cut short), so the wait is bounded by one bucket
-        await asyncio.to_thread(warming.stop)
+        # be cut short), so the wait is bounded by one bucket, unless the process may end under it
+        await asyncio.to_thread(warming.stop, 0 if hard_exit_during_warmup else None)
     if reaper is not None:
         reaper.cancel()
     await _drain(state, grpc_front, http, config.grace_period)
+    if hard_exit_during_warmup and warming is not None and warming.running:
+        # drained: nothing is in flight; the bucket compiling in the background is not waited for
+        # (the executable cache writes whole files: an unfinished one is simply compiled next start)
+        log.info("exiting without waiting for the bucket warming in the background")
+        logging.shutdown()
+        os._exit(0)
     return 0
 
 
