@@ -37,7 +37,7 @@ from jaxserve.runner.host_swap import HostSwapPool, SwapCostModel
 from jaxserve.runner.kv_arena import ArenaSpec, allocate_arena
 from jaxserve.runner.kv_connector_ops import KVConnectorOps
 from jaxserve.runner.persistent_batch import PersistentBatch
-from jaxserve.runner.programs import Programs, program_identity
+from jaxserve.runner.programs import Programs, execution_devices, program_identity
 from jaxserve.runner.sampled_tokens import SampledToken, read_sampled
 from jaxserve.runner.sampler_programs import SamplerPrograms
 from jaxserve.runner.step_feature import StepFeature
@@ -135,7 +135,8 @@ class ModelRunner:
         # native CPU kernels (cpu_kernels/: w8a8's few-row dot) in the traced steps: one CPU device
         # only (a custom call would gather a mesh's sharded weights); built and registered here,
         # before any cached executable that calls them is loaded
-        self.cpu_kernels = (mesh is None and jax.devices()[0].platform == "cpu" and cpu_kernel_build.registered())
+        on_cpu = mesh is None and execution_devices(None)[0].platform == "cpu"
+        self.cpu_kernels = on_cpu and cpu_kernel_build.registered()
         self.compiler_options = ({} if xla_optimization_level is None
                                  else {"xla_backend_optimization_level": xla_optimization_level})
         self.programs = Programs(mesh=mesh, executable_cache=executable_cache,
@@ -170,8 +171,8 @@ class ModelRunner:
 
     # -- features and what they read -----------------------------------------------------------
     def add_feature(self, feature: StepFeature) -> None:
-        """A feature attached after the steps were built (the KV connector's ops): it may read no
-        step output the steps were not compiled with."""
+        """A feature attached after the steps were built (the KV connector's ops, LoRA slot
+        writes): it may read no step output the steps were not compiled with."""
         missing = feature.step_outputs - set(self._step_outputs)
         if missing:
             raise ValueError(f"step feature {feature.name!r} reads step outputs {sorted(missing)} "
@@ -190,8 +191,7 @@ class ModelRunner:
         self._step_mirror = mirror
 
     @property
-    def step_mirror(self):
-        """Where this runner publishes its steps (a multi-host leader's Hosts), or None."""
+    def step_mirror(self):     # where this runner publishes its steps (a leader's Hosts), or None
         return self._step_mirror
 
     @property
@@ -290,8 +290,7 @@ class ModelRunner:
         self._prev_rows = {}
 
     @property
-    def execution_devices(self) -> list:
-        """The devices the steps and samplers run on (runner/programs.py)."""
+    def execution_devices(self) -> list:      # the devices the programs run on (runner/programs.py)
         return self.programs.execution_devices
 
     def program_identity(self) -> dict:

@@ -100,10 +100,16 @@ class Programs:
     def execution_devices(self) -> list:
         """The devices the programs run on, in their device assignment's order: the mesh's
         (flattened, as jit assigns them), else the default device."""
-        if self.mesh is not None:
-            return list(self.mesh.devices.flat)
-        default = jax.config.jax_default_device
-        return [default if isinstance(default, jax.Device) else jax.devices()[0]]
+        return execution_devices(self.mesh)
+
+
+def execution_devices(mesh) -> list:
+    """The devices a runner's programs run on: the mesh's, flattened as jit assigns them, else the
+    default device (jax_default_device when set, e.g. the CPU on a GPU machine)."""
+    if mesh is not None:
+        return list(mesh.devices.flat)
+    default = jax.config.jax_default_device
+    return [default if isinstance(default, jax.Device) else jax.devices()[0]]
 
 
 def program_identity(runner) -> dict:

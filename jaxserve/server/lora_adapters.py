@@ -96,9 +96,8 @@ async def load_adapter(aengine, name: str, path: str) -> LoRARequest:
 
 
 def _read_ahead(engine, name: str, path: str):
-    if getattr(engine, "lora", None) is None or not name or not path:
-        return None
-    return engine.read_lora(LoRARequest(name, 1, path))
+    # a bad name or path is left to register_now, which refuses it with its own message
+    return engine.read_lora(LoRARequest(name, 1, path)) if name and path else None
 
 
 async def unload_adapter(aengine, name: str) -> None:
