@@ -371,7 +371,7 @@ def _serve(config: EngineConfig, model_config: ModelConfig, params, *, dtype: st
     pace_collector(config.python_gc_threshold)
     log.info("%s", engine.startup_timings.describe())
     if warming is not None:
-        warming.start()
+        warming.start(helpers=[("the grammar tokenizer", engine.input_processor.grammars.warm)])
     return engine
 
 

@@ -2,7 +2,8 @@
 checked against the model's tokenizer (a bad schema, regex or grammar is a ValueError naming the
 problem, before the request is queued), and one matcher per sample when it is queued.
 
-The llguidance tokenizer is built once, on first use (about a second), from the engine's Hugging
+The llguidance tokenizer is built once, on first use or by `warm` (about a second; a server's
+background warm-up calls it: engine/warm_start.py), from the engine's Hugging
 Face tokenizer, with the model's vocabulary size (ids the tokenizer lacks are never allowed) and
 its EOS ids (allowed once the grammar accepts).
 """
@@ -22,6 +23,15 @@ class GrammarCompiler:
         self._eos = sorted(eos_token_ids)
         self._ll_tokenizer = None
         self._lock = threading.Lock()     # the door runs in several tokenizer threads
+
+    def warm(self) -> None:
+        """Build the llguidance tokenizer now (if the engine has a tokenizer), not at the first grammar."""
+        if self._hf_tokenizer is not None:
+            self._tokenizer()
+
+    @property
+    def warm_done(self) -> bool:
+        return self._ll_tokenizer is not None
 
     def _tokenizer(self):
         with self._lock:

@@ -3,10 +3,14 @@
 The builder warms the first stage's buckets (runner/warm_plan.py) before it returns the engine,
 sets the scheduler's step cap to that stage's, and starts the thread that warms the rest
 (runner/background_warmup.py); each stage it completes raises the cap, the last removes it.
+A bucket's programs are its step, its sampler and every step feature's program for it (prompt
+logprobs, pooling: runner.load_executables), so a request that asks for one never steps in a
+bucket whose feature program is cold: the cap holds it to warm ones. LoRA slot writes wait for
+the thread's run in progress (lora/slot_writes.py); the grammar compiler's tokenizer is built
+by the thread after the last bucket (a grammar request before then builds it itself).
 What the cap cannot bound falls back to warm_up="all" (everything warm before the engine
 returns), with the reason logged:
 - speculative decoding: a verification's guesses are extra decode rows beyond the seats;
-- prompt logprobs and embeddings: their functions per step row count would warm too;
 - several hosts: the followers mirror every program the leader runs, and the thread's runs are
   not steps they could mirror;
 - a prefill or decode role: the KV connector admits requests by max_num_seqs itself.
@@ -27,16 +31,12 @@ def background_refusal(config: EngineConfig, multi_host: bool) -> str | None:
     """Why this engine cannot warm in the background (None: it can)."""
     if config.speculative_config is not None:
         return "speculative decoding (its guesses are decode rows beyond the seats a cap bounds)"
-    if config.enable_prompt_logprobs or config.enable_embeddings:
-        return "prompt logprobs or embeddings (their per-row-count functions are warmed with the steps)"
     if multi_host:
         return "several hosts (the followers mirror only the steps the leader runs)"
     if config.role != "both":
         return f"role={config.role!r} (the KV connector admits requests by max_num_seqs)"
     if config.max_num_batched_tokens < config.prefill_tile:
         return "a token budget under one prefill tile"
-    if config.enable_lora:
-        return "LoRA adapters (a slot write donates the slot arrays a warming step may be reading)"
     return None
 
 

@@ -1,7 +1,8 @@
 """LoRA slot writes as a step feature (runner/step_feature.py): before a step's forward pass the
 runner writes the adapters its schedule put into device slots (SchedulerOutput.lora_loads),
 from the registry's host copy, so the engine never writes device state. One host only (config.py
-refuses LoRA with num_hosts > 1: the writes are not mirrored)."""
+refuses LoRA with num_hosts > 1: the writes are not mirrored). A write waits for a background
+warm-up run in progress (runner/background_warmup.py), which reads the arrays it donates."""
 
 from __future__ import annotations
 
@@ -31,4 +32,6 @@ class LoRASlotWrites(StepFeature):
             if adapter is None:   # remove() refuses while requests use it: never expected
                 raise RuntimeError(f"LoRA slot {slot}: adapter {key!r} is no longer registered")
             if self.device.resident.get(slot) != key:
-                self.runner.params = self.device.write(self.runner.params, slot, key, adapter.values)
+                # the write donates the slot arrays: wait for a background warm-up run reading them
+                with self.runner.params_lock:
+                    self.runner.params = self.device.write(self.runner.params, slot, key, adapter.values)

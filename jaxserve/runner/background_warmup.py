@@ -12,7 +12,13 @@ and dropped when the last bucket is warm, with zero previous tokens, through the
 executables the engine will call (a first run is paid once per loaded executable, whatever the
 buffers). On the CPU that arena is host memory the size of the KV cache, held only for the
 warm-up. On other platforms, where a loaded executable's first run costs nothing extra, the
-buckets are only loaded.
+buckets are only loaded. A first run reads the runner's weights under `runner.params_lock`,
+which a writer that donates them (a LoRA slot write, lora/slot_writes.py) takes too: that writer
+waits for the run in progress instead of deleting the arrays it reads.
+
+After the last bucket the thread runs the engine's host-side helpers it was started with
+(`start(helpers)`: the grammar compiler's tokenizer), so the first request that needs one finds
+it built.
 
 Compilations here (a cold start) are counted in this thread's own counter (`compilations`), never
 in the engine's `num_compilations_after_warmup`, which counts the serving path: a step, a block
@@ -24,6 +30,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
@@ -52,10 +59,14 @@ class BackgroundWarmUp:
         self.compilations = compile_counter.CompileCounter()
         self.seconds = 0.0                 # wall clock from start to the last bucket
         self.failed: list[tuple[tuple[int, int], str]] = []   # buckets left unready, and why
+        self.helpers_failed: list[tuple[str, str]] = []         # helpers left unbuilt, and why
         self._stop = threading.Event()
+        self._helpers: tuple[tuple[str, Callable[[], object]], ...] = ()
         self._thread = threading.Thread(target=self._run, name="jaxserve-bucket-warmup", daemon=True)
 
-    def start(self) -> "BackgroundWarmUp":
+    def start(self, helpers: Sequence[tuple[str, Callable[[], object]]] = ()) -> "BackgroundWarmUp":
+        """Start the thread; `helpers`: (name, build) pairs it calls after the last bucket."""
+        self._helpers = tuple(helpers)
         self._thread.start()
         return self
 
@@ -97,6 +108,14 @@ class BackgroundWarmUp:
                     continue
                 self.readiness.mark_ready([bucket])
         del arena
+        for name, build in self._helpers:
+            if self._stop.is_set():
+                break
+            try:
+                build()
+            except Exception as e:  # noqa: BLE001 - its first user builds it again, and meets the error itself
+                log.warning("warm-up: %s failed (%s); its first request builds it", name, e)
+                self.helpers_failed.append((name, repr(e)))
         self.seconds = time.perf_counter() - t0
         if self.readiness.all_ready:
             log.info("warm-up: all %d buckets ready, %.1f s in the background (%d compiled there)",
@@ -112,9 +131,10 @@ def run_on(runner, bucket: tuple[int, int], arena):
     packed = PersistentBatch(runner.shapes, mask_words=runner.mask_words).pack(warm_up_step(runner.shapes, bucket), {})
     step, sampler = runner.step_and_sampler(bucket)
     prev = np.zeros((runner.max_sample_rows,), np.int32)
-    arena, logits, *_ = step(runner.params, arena, packed.arrays, prev)
-    out = sampler(logits, packed.sampling, prev)
-    jax.block_until_ready(out["tokens"])
+    with runner.params_lock:    # a LoRA slot write waits: it would delete the slot arrays read here
+        arena, logits, *_ = step(runner.params, arena, packed.arrays, prev)
+        out = sampler(logits, packed.sampling, prev)
+        jax.block_until_ready(out["tokens"])
     return arena
 
 

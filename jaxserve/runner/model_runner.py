@@ -17,8 +17,8 @@ runs once, on whole logits. Without one every array lives on the default device,
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import jax
 import numpy as np
@@ -40,6 +40,7 @@ from jaxserve.runner.persistent_batch import PersistentBatch
 from jaxserve.runner.programs import Programs, execution_devices, program_identity
 from jaxserve.runner.sampled_tokens import SampledToken, read_sampled
 from jaxserve.runner.sampler_programs import SamplerPrograms
+from jaxserve.runner.step_data import ModelRunnerOutput, StepHandle, StepInputs
 from jaxserve.runner.step_feature import StepFeature
 from jaxserve.runner.step_programs import StepPrograms
 from jaxserve.runner.token_mask import mask_words
@@ -47,44 +48,6 @@ from jaxserve.runner.token_mask import mask_words
 log = logging.getLogger(__name__)
 
 __all__ = ["ModelRunner", "ModelRunnerOutput", "SampledToken", "StepHandle", "StepInputs"]
-
-
-@dataclass(frozen=True, slots=True)
-class ModelRunnerOutput:
-    # request id -> the token ids it sampled in the step, in order (one per step; a verification
-    # of speculative guesses gives the guesses kept and one more)
-    token_ids: dict[str, list[int]] = field(default_factory=dict)
-    # request id -> the same tokens with their logprobs, only for requests that asked for
-    # logprobs (a SampledToken per token costs ~0.5 us: not made for the others)
-    logprobs: dict[str, list[SampledToken]] = field(default_factory=dict)
-    # step feature name -> what it read for this step (step_feature.py; only features that ran):
-    # "prompt_logprobs" request id -> PromptLogprobChunk, "pooling" request id -> PooledChunk,
-    # "expert_counts" [L_moe, E] routed tokens
-    features: dict = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class StepHandle:
-    """A dispatched step; its outputs may still be computing on the device."""
-
-    sample_rows: tuple[tuple[str, int], ...] = ()   # (request id, logits row) of requests that sample
-    sampler_out: dict | None = None                  # the sampler's device arrays
-    want_logprobs: np.ndarray | None = None          # per logits row
-    drafts: dict[str, tuple[int, ...]] | None = None  # request id -> guesses it verifies (batch.PackedStep)
-    features: dict = field(default_factory=dict)     # feature name -> what its run() dispatched
-
-
-@dataclass(frozen=True, slots=True)
-class StepInputs:
-    """One dispatched step as host data: its block operations, its packed arrays (None: the step
-    only moves blocks) and its features' rows. What a multi-host leader sends the other hosts
-    (parallel/distributed.py), less the features that are not mirrored."""
-
-    swap_out: tuple = ()
-    swap_in: tuple = ()
-    block_copies: tuple = ()
-    packed: object = None                # batch.PackedStep
-    features: dict = field(default_factory=dict)   # feature name -> its pack() of this step
 
 
 class ModelRunner:
@@ -116,6 +79,9 @@ class ModelRunner:
         self.batch_invariant = batch_invariant
         self.model = model
         self.params = params
+        # held off the step thread while a program runs on params (background warm-up), and by a
+        # writer that donates them (LoRA slot writes): the writer waits instead of deleting them
+        self.params_lock = threading.RLock()
         self.arena_spec = arena
         self.shapes = shapes
         self.mesh = mesh                 # None: one device; else tensor-parallel over its model axis

@@ -170,7 +170,8 @@ class PromptLogprobs(StepFeature):
         for rows in counts:
             hidden = r.programs.place(np.zeros((rows, r.model_config.hidden_size), dtype))
             targets = r.programs.place(np.zeros(rows, np.int32))   # every row asks: the full path runs
-            jax.block_until_ready(self._compiled[rows](r.params, hidden, targets))
+            with r.params_lock:          # the background warm-up calls this beside the step thread
+                jax.block_until_ready(self._compiled[rows](r.params, hidden, targets))
         return time.perf_counter() - t0
 
     def loaded_on_demand(self) -> list:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from jaxserve.runner.model_runner import ModelRunnerOutput
+from jaxserve.runner.step_data import ModelRunnerOutput
 from jaxserve.runner.step_feature import StepFeature
 
 

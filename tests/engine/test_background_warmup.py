@@ -87,6 +87,7 @@ def test_a_held_warm_up_serves_on_ready_buckets_then_lifts_the_cap(tiny_llama_di
         held.release()
     assert warming.join(GUARD_S)
     assert readiness.all_ready and engine.scheduler.step_cap is None and warming.failed == []
+    assert engine.input_processor.grammars.warm_done and warming.helpers_failed == []   # built after the buckets
     assert readiness.num_ready == readiness.total == len(runner.shapes.buckets())
 
     # fully warm: each prompt alone now runs in one or two steps, not 8-token ones, and gets the
@@ -108,8 +109,103 @@ def test_background_falls_back_to_warming_everything_where_a_cap_cannot_bound_th
     from jaxserve.config import EngineConfig
     from jaxserve.engine.warm_start import background_refusal
 
-    assert background_refusal(EngineConfig(**{k: v for k, v in TINY_ENGINE.items() if k != "progress"}),
-                              multi_host=False) is None
-    config = EngineConfig(**{k: v for k, v in TINY_ENGINE.items() if k != "progress"}, enable_prompt_logprobs=True)
-    assert "prompt logprobs" in background_refusal(config, multi_host=False)
+    tiny = {k: v for k, v in TINY_ENGINE.items() if k != "progress"}
+    assert background_refusal(EngineConfig(**tiny), multi_host=False) is None
+    # the optional programs warm with their buckets: no fallback for them
+    for flag in ("enable_prompt_logprobs", "enable_embeddings"):
+        assert background_refusal(EngineConfig(**tiny, **{flag: True}), multi_host=False) is None
+    spec = EngineConfig(**tiny, speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+    assert "speculative" in background_refusal(spec, multi_host=False)
     assert "hosts" in background_refusal(EngineConfig(), multi_host=True)
+
+
+def test_prompt_logprobs_and_embeddings_are_served_while_their_programs_warm(tiny_llama_dir, held, dispatched):
+    """Both features on one engine warming in the background: requests that ask for them during
+    the held warm-up step only in ready buckets, whose feature programs are warm too (none loads
+    on demand), and match HF; then the rest warms and nothing compiles on the serving path."""
+    from tests.conftest import EMBEDDING_ENGINE
+    from tests.engine import test_embeddings, test_prompt_logprobs
+
+    llm = LLM(tiny_llama_dir, **{**EMBEDDING_ENGINE, "enable_prompt_logprobs": True, "warm_up": "background"})
+    engine, runner = llm.engine, llm.engine.runner
+    warming = engine.background_warm_up
+    assert warming is not None        # not the fallback to warm_up="all"
+    readiness = warming.readiness
+    runner.readiness_under_test = readiness
+    first = set(readiness.stages[0].buckets)
+    assert readiness.num_ready == len(first) < readiness.total
+
+    prompt = test_prompt_logprobs.PROMPTS[2]      # 40+ tokens: many one-tile steps under the cap
+    out = llm.generate([prompt], test_prompt_logprobs.asking(), use_tqdm=False)[0]
+    test_prompt_logprobs.assert_matches_hf(tiny_llama_dir, out)
+    for pooling in ("mean", "last"):
+        emb = llm.embed([prompt], pooling, True, use_tqdm=False)[0]
+        test_embeddings.assert_matches_hf(tiny_llama_dir, emb, pooling, True)
+    assert dispatched and all(ready for _, ready in dispatched) and {b for b, _ in dispatched} <= first
+    assert readiness.num_ready == len(first)          # held: served before anything else warmed
+    assert runner.executables_loaded_on_demand() == []
+
+    for _ in range(readiness.total):
+        held.release()
+    assert warming.join(GUARD_S)
+    assert readiness.all_ready and warming.failed == [] and warming.helpers_failed == []
+    dispatched.clear()
+    outs = llm.generate(test_prompt_logprobs.PROMPTS, test_prompt_logprobs.asking(), use_tqdm=False)
+    for out in outs:
+        test_prompt_logprobs.assert_matches_hf(tiny_llama_dir, out)
+    assert runner.executables_loaded_on_demand() == []
+    assert llm.stats().num_compilations_after_warmup == 0
+
+
+class _RecordingLock:
+    """runner.params_lock, recording which thread held it around what (no timing)."""
+
+    def __init__(self, lock):
+        self._lock = lock
+        self.holders: list[str] = []
+
+    def __enter__(self):
+        self._lock.acquire()
+        self.holders.append(threading.current_thread().name)
+        return self
+
+    def __exit__(self, *exc):
+        self._lock.release()
+
+
+def test_lora_adapters_load_while_the_buckets_warm(tiny_llama_dir, held, dispatched, tmp_path):
+    """LoRA on an engine warming in the background: adapters load into slots (a donating write)
+    while the thread still warms, both sides take the runner's params lock, and the outputs
+    equal those of an engine warmed whole."""
+    from jaxserve import LoRARequest
+    from tests.lora.conftest import ADAPTERS, LORA_ENGINE
+    from jaxserve.testing.lora_adapters import make_peft_adapter
+
+    r, alpha, targets, rs = ADAPTERS["qv4"]
+    path = make_peft_adapter(tiny_llama_dir, tmp_path / "qv4", r=r, alpha=alpha, target_modules=targets,
+                             use_rslora=rs, seed=1)
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    prompts = _prompts(seed=3, n=2)
+    loras = [LoRARequest("qv4", 1, path), None]
+    whole = LLM(tiny_llama_dir, **LORA_ENGINE)
+    want = [o.outputs[0].token_ids for o in whole.generate(prompts, params, lora_request=loras, use_tqdm=False)]
+    del whole
+
+    llm = LLM(tiny_llama_dir, **{**LORA_ENGINE, "warm_up": "background"})
+    runner, warming = llm.engine.runner, llm.engine.background_warm_up
+    assert warming is not None
+    runner.params_lock = lock = _RecordingLock(runner.params_lock)
+    runner.readiness_under_test = warming.readiness
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, lora_request=loras, use_tqdm=False)]
+    assert got == want
+    assert all(ready for _, ready in dispatched)
+    step_thread = lock.holders[:]               # the slot write, on the stepping thread
+    assert step_thread and "jaxserve-bucket-warmup" not in step_thread
+    # the rest warms with the adapter resident; a second adapter slot write after it
+    for _ in range(warming.readiness.total):
+        held.release()
+    assert warming.join(GUARD_S) and warming.failed == []
+    assert "jaxserve-bucket-warmup" in lock.holders      # its first runs held it
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, lora_request=loras, use_tqdm=False)]
+    assert got == want
+    assert llm.stats().num_compilations_after_warmup == 0

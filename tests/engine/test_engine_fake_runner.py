@@ -5,7 +5,7 @@ changes the outputs."""
 import pytest
 
 from jaxserve.engine.engine import Engine
-from jaxserve.runner.model_runner import ModelRunnerOutput
+from jaxserve.runner.step_data import ModelRunnerOutput
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.sched.scheduler import Scheduler
 from jaxserve.sched.scheduler_config import SchedulerConfig
