@@ -56,6 +56,9 @@ def add_server_parsers(subparsers) -> None:
                    help="largest max_tokens accepted (default: max_model_len bounds it)")
     g.add_argument("--max-prompts", type=int, default=64,
                    help="most prompts in one /v1/completions request (a list of prompts)")
+    g.add_argument("--max-input-tokens", type=int, default=None,
+                   help="most input tokens in one request, summed over its prompts or embedding inputs (default: "
+                        "--max-prompts x the longest prompt the engine can run)")
     g.add_argument("--max-embedding-inputs", type=int, default=4096,
                    help="most inputs in one embeddings request (HTTP /v1/embeddings, gRPC Embed)")
     g.add_argument("--embedding-window", type=int, default=2,
@@ -124,7 +127,8 @@ def server_config_from_args(args: argparse.Namespace):
                         limits=RequestCaps(max_n=args.max_n, max_tokens=args.max_tokens_limit,
                                            max_prompts=args.max_prompts,
                                            max_embedding_inputs=args.max_embedding_inputs,
-                                           embedding_window=args.embedding_window))
+                                           embedding_window=args.embedding_window,
+                                           max_input_tokens=args.max_input_tokens))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ from jaxserve.engine.async_engine import EmbeddingAborted, EngineDeadError, Engi
 from jaxserve.pooling_params import PoolingParams
 from jaxserve.proto import generation_pb2 as pb
 from jaxserve.server.embedding_batches import check_input_count, embed_windowed
+from jaxserve.server.input_tokens import check_input_tokens
 from jaxserve.server.state import Overloaded
 
 
@@ -47,6 +48,7 @@ async def embed(servicer, request: pb.EmbedRequest, context) -> pb.EmbedResponse
         prompts = embed_prompts(request)
         params = pooling_params(request)
         check_input_count(len(prompts), servicer.limits.max_embedding_inputs)
+        await check_input_tokens(aengine, prompts, servicer.limits, what="the inputs")
     except ValueError as e:
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
     if state.active_streams >= servicer.max_concurrent_streams:

@@ -37,3 +37,17 @@ def test_embed_over_grpc(embedding_llm, tiny_llama_dir):
     assert [e.code() for e in errors] == [grpc.StatusCode.INVALID_ARGUMENT] * 3
     assert "pooling" in errors[2].details() and active == 0
     assert engine.stats().num_compilations_after_warmup == 0
+
+
+def test_embed_past_the_input_token_cap_is_invalid_argument(embedding_llm):
+    engine = LLM.sharing_runner(embedding_llm).engine
+    cap = 64 * engine.max_model_len
+
+    async def body(c, state):
+        with pytest.raises(aio.AioRpcError) as e:
+            await c.embed([[7] * 100] * (cap // 100 + 1))
+        return e.value, engine.stats()
+
+    err, stats = asyncio.run(serve(engine, body))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "--max-input-tokens" in err.details()
+    assert stats.num_requests_running == stats.num_requests_waiting == 0

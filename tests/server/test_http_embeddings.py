@@ -104,6 +104,20 @@ def test_too_many_inputs_are_refused_naming_the_cap_before_any_is_queued(server)
     assert stats.num_requests_running == stats.num_requests_waiting == 0
 
 
+def test_inputs_past_the_input_token_cap_are_refused_naming_it(server):
+    # the default cap: --max-prompts (64) prompts of the longest runnable prompt (max_model_len 128)
+    cap = 64 * server.engine.max_model_len
+    body = [[7] * 100] * (cap // 100 + 1)        # every input runnable, their sum past the cap
+    assert len(body) < 4096
+    code, j = post(server, {"input": body})
+    assert code == 400 and j["error"]["param"] == "input", j
+    assert "--max-input-tokens" in j["error"]["message"] and f"limit is {cap}" in j["error"]["message"]
+    stats = server.stats()
+    assert stats.num_requests_running == stats.num_requests_waiting == 0
+    code, j = post(server, {"input": [[7] * 100] * (cap // 100)})    # at the cap: served
+    assert code == 200 and j["usage"]["prompt_tokens"] == 100 * (cap // 100)
+
+
 def test_a_refused_input_leaves_nothing_queued(server):
     code, _ = post(server, {"input": [[1, 2, 3], [1] * 128]})
     assert code == 400

@@ -314,3 +314,22 @@ def test_a_grpc_chat_keeps_typed_special_tokens_as_text_unless_allowed(server, t
         tiny_llm.engine.reset_prefix_cache()
         server.run(server.state.aengine.call(lambda e: e.reset_prefix_cache()))
     assert got == len(_chat_ids(server, messages, content_special_tokens=allowed))
+
+
+def test_a_request_past_the_input_token_cap_is_refused_naming_it(tuned):
+    import dataclasses
+
+    before = tuned.front.limits
+    tuned.front.limits = dataclasses.replace(before, max_input_tokens=40)
+    try:
+        err = error_400(post(tuned, "/completions", {"prompt": [[5] * 20, [5] * 21], "max_tokens": 1}), "prompt")
+        assert "41 tokens" in err["message"] and "--max-input-tokens" in err["message"]
+        # texts count as the door tokenizes them: 30 words of one token or more each, past 40 with two
+        err = error_400(post(tuned, "/completions", {"prompt": ["hello " * 30] * 2, "max_tokens": 1}), "prompt")
+        assert "--max-input-tokens" in err["message"]
+        assert post(tuned, "/completions", {"prompt": [[5] * 20, [5] * 20], "max_tokens": 1}).status_code == 200
+        err = error_400(post(tuned, "/chat/completions", {"messages": [{"role": "user", "content": "hi " * 60}],
+                                                            "max_tokens": 1}), "messages")
+        assert "--max-input-tokens" in err["message"]
+    finally:
+        tuned.front.limits = before

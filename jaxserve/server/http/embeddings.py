@@ -24,6 +24,7 @@ from starlette.requests import Request
 from jaxserve.engine.async_engine import EmbeddingAborted
 from jaxserve.pooling_params import PoolingParams
 from jaxserve.server.embedding_batches import check_input_count, embed_windowed
+from jaxserve.server.input_tokens import check_input_tokens
 from jaxserve.server.http import errors
 from jaxserve.server.http.disconnect import ClientDisconnected, unless_disconnected
 from jaxserve.server.http.embedding_schemas import (EmbeddingData, EmbeddingRequest, EmbeddingResponse,
@@ -71,6 +72,7 @@ async def embeddings(front, req: EmbeddingRequest, http: Request):
     prompts = prompts_of(req)
     try:
         check_input_count(len(prompts), front.limits.max_embedding_inputs)
+        await check_input_tokens(aengine, prompts, front.limits, what="the inputs")
     except ValueError as e:
         raise errors.bad_request(str(e), "input") from None
     params = PoolingParams(req.pooling, normalize=req.normalize)

@@ -34,6 +34,7 @@ from jaxserve.server.http.schemas import (AssistantMessage, ChatChoice, ChatChun
                                           CompletionChoice, CompletionChunk, CompletionRequest,
                                           CompletionResponse, DeltaMessage, ErrorBody, ErrorResponse, ModelCard,
                                           ModelList, new_id, now)
+from jaxserve.server.input_tokens import check_input_tokens
 from jaxserve.server.metrics import ServerMetrics
 from jaxserve.server.request_caps import RequestCaps
 from jaxserve.server.state import Overloaded, Phase, ServerState
@@ -223,6 +224,10 @@ class OpenAIFront:
             got = prompts()
             if not isinstance(got, list):
                 got = await got
+            try:
+                await check_input_tokens(aengine, got, self.limits, what=f"the {prompt_field}")
+            except ValueError as e:
+                raise errors.bad_request(str(e), prompt_field) from None
             return await EngineRun.start(aengine, got, params, request_id=req.request_id or new_id("req"),
                                          priority=req.priority, metrics=self.metrics, arrival=arrival,
                                          lora_request=self.lora_request(req.model, aengine))
