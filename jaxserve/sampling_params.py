@@ -87,9 +87,11 @@ class SamplingParams:
                "max_tokens", self.max_tokens, f"must be an integer in [1, {MAX_INT32}] or None")
         _check(_is_int(self.min_tokens) and 0 <= self.min_tokens <= MAX_INT32, "min_tokens", self.min_tokens,
                f"must be an integer in [0, {MAX_INT32}]")
-        if self.max_tokens is not None:
-            _check(self.min_tokens <= self.max_tokens, "min_tokens", self.min_tokens,
-                   f"must be <= max_tokens={self.max_tokens}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            from jaxserve.refusals import ConflictingFields   # each valid alone: no schema says it
+
+            raise ConflictingFields(f"SamplingParams.min_tokens={self.min_tokens!r} must be <= "
+                                    f"max_tokens={self.max_tokens}")
         if self.stop is not None:
             _check(all(isinstance(s, str) and s for s in self.stop), "stop", self.stop,
                    "must be non-empty strings")

@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from jaxserve.refusals import InvalidGrammar, InvalidJSONText
+
 _KINDS = ("json", "json_object", "regex", "choice", "grammar")
 # JSON as json.dumps writes it, one space after , and :, no other whitespace: llguidance's default
 # allows any run of whitespace between tokens, where a weak model can spend its whole budget (a
@@ -34,7 +36,7 @@ class StructuredOutputs:
             try:
                 object.__setattr__(self, "json", json.dumps(self.json, sort_keys=True))
             except RecursionError:
-                raise ValueError("SamplingParams.structured_outputs.json is nested too deeply") from None
+                raise InvalidGrammar("SamplingParams.structured_outputs.json is nested too deeply") from None
         given = [k for k in _KINDS if getattr(self, k) not in (None, False)]
         if len(given) != 1:
             raise ValueError(f"SamplingParams.structured_outputs must set exactly one of {', '.join(_KINDS)}; "
@@ -43,11 +45,11 @@ class StructuredOutputs:
             try:
                 schema = json.loads(self.json)
             except ValueError as e:
-                raise ValueError(f"SamplingParams.structured_outputs.json is not valid JSON: {e}") from None
+                raise InvalidJSONText(f"SamplingParams.structured_outputs.json is not valid JSON: {e}") from None
             except RecursionError:   # Python's decoder recurses per level; a 400, not a crash
-                raise ValueError("SamplingParams.structured_outputs.json is nested too deeply") from None
+                raise InvalidGrammar("SamplingParams.structured_outputs.json is nested too deeply") from None
             if not isinstance(schema, dict):
-                raise ValueError("SamplingParams.structured_outputs.json must be a JSON schema object")
+                raise InvalidGrammar("SamplingParams.structured_outputs.json must be a JSON schema object")
         if self.choice is not None and (not self.choice or not all(isinstance(c, str) and c for c in self.choice)):
             raise ValueError("SamplingParams.structured_outputs.choice must be non-empty strings")
         for name in ("regex", "grammar"):

@@ -10,6 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+class ContextLengthExceeded(ValueError):
+    """A prompt (with its output) that does not fit max_model_len or the KV pool: each field valid
+    on its own, their sum not (jaxserve.refusals; the HTTP 400's code, as OpenAI's)."""
+    code = "context_length_exceeded"
+
+
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -34,7 +40,7 @@ class RequestLimits:
         if n == 0:
             raise ValueError("the prompt is empty (0 tokens)")
         if n >= self.max_model_len:
-            raise ValueError(
+            raise ContextLengthExceeded(
                 f"the prompt has {n} tokens, but max_model_len is {self.max_model_len}: "
                 f"at most {self.max_model_len - 1} prompt tokens leave room for one output token")
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
@@ -42,11 +48,11 @@ class RequestLimits:
         if not isinstance(min_tokens, int) or isinstance(min_tokens, bool) or not 0 <= min_tokens <= max_tokens:
             raise ValueError(f"min_tokens={min_tokens!r} must be an integer in [0, max_tokens={max_tokens}]")
         if n + max_tokens > self.max_model_len:
-            raise ValueError(
+            raise ContextLengthExceeded(
                 f"the prompt ({n} tokens) plus max_tokens ({max_tokens}) is {n + max_tokens} tokens, "
                 f"beyond max_model_len={self.max_model_len}")
         need = self.blocks_needed(n, max_tokens)
         if need > self.num_pool_blocks:
-            raise ValueError(
+            raise ContextLengthExceeded(
                 f"the prompt ({n} tokens) plus max_tokens ({max_tokens}) needs {need} KV blocks of "
                 f"{self.block_size} tokens, but the whole KV pool has {self.num_pool_blocks}; it could never run")

@@ -43,6 +43,7 @@ from jaxserve.engine.output_stream import OutputStream
 from jaxserve.engine.stats import EngineStats
 from jaxserve.outputs import CompletionOutput, RequestOutput
 from jaxserve.pooling_params import PoolingParams
+from jaxserve.refusals import ContextLengthExceeded
 from jaxserve.sampling_params import OutputKind, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -244,7 +245,7 @@ class AsyncEngine:
         limit = self.max_prompt_chars
         if limit is not None and num_chars > limit:
             m = self.engine.max_model_len
-            raise ValueError(
+            raise ContextLengthExceeded(
                 f"the prompt has {num_chars} characters, more than the {limit} that fit max_model_len={m}: "
                 f"at most {m - 1} prompt tokens of at most {self.longest_token_chars} characters each")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 
+from jaxserve.refusals import InvalidGrammar
 from jaxserve.runner.token_mask import TokenConstraint
 from jaxserve.structured_outputs import StructuredOutputs
 
@@ -51,10 +52,10 @@ class GrammarCompiler:
         try:
             grammar = spec.to_grammar()
         except ValueError as e:
-            raise ValueError(f"SamplingParams.structured_outputs: {e}") from None
+            raise InvalidGrammar(f"SamplingParams.structured_outputs: {e}") from None
         error = LLMatcher.validate_grammar(grammar, self._tokenizer())
         if error:
-            raise ValueError(f"SamplingParams.structured_outputs does not compile: {error.strip()}")
+            raise InvalidGrammar(f"SamplingParams.structured_outputs does not compile: {error.strip()}")
         return grammar
 
     def constraint(self, grammar: str) -> TokenConstraint:

@@ -17,6 +17,7 @@ from typing import Any
 from jaxserve.engine.grammar import GrammarCompiler
 from jaxserve.lora.request import LoRARequest
 from jaxserve.pooling_params import PoolingParams
+from jaxserve.refusals import FeatureDisabled
 from jaxserve.runner.token_mask import TokenConstraint
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.sched.limits import RequestLimits
@@ -91,7 +92,7 @@ class InputProcessor:
         if params.logit_bias:
             self._check_ids("SamplingParams.logit_bias token id(s)", [t for t, _ in params.logit_bias])
         if params.prompt_logprobs is not None and not self.prompt_logprobs:
-            raise ValueError(f"SamplingParams.prompt_logprobs={params.prompt_logprobs} needs an engine built with "
+            raise FeatureDisabled(f"SamplingParams.prompt_logprobs={params.prompt_logprobs} needs an engine built with "
                              f"enable_prompt_logprobs=True (jaxserve serve --enable-prompt-logprobs)")
         if params.min_tokens:
             banned = self.banned_before_min_tokens(params)

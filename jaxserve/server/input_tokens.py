@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from jaxserve.refusals import InputTokensExceeded
+
 # special tokens a tokenizer adds around one text (BOS, EOS, a prefix space): more than any adds
 ADDED_TOKENS_BOUND = 8
 
@@ -48,5 +50,5 @@ async def check_input_tokens(aengine, prompts: Sequence[Mapping], caps, *, what:
         # the door's own encoding (engine/input_processor.py: tokenizer.encode, its special tokens)
         total += sum(await aengine.run_tokenizer(lambda tok: [len(tok.encode(t)) for t in texts]))
     if total > cap:
-        raise ValueError(f"{what} hold {total} tokens in all; this server's limit is {cap} input tokens per "
+        raise InputTokensExceeded(f"{what} hold {total} tokens in all; this server's limit is {cap} input tokens per "
                          f"request (--max-input-tokens)")

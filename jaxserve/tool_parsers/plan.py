@@ -20,11 +20,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence
 
+from jaxserve.refusals import ConflictingFields, InvalidGrammar, TemplateRefused
 from jaxserve.structured_outputs import JSON_LAYOUT, StructuredOutputs
 from jaxserve.tool_parsers.base import ToolParser
 from jaxserve.tool_parsers.registry import default_tool_parser, tool_parser
 
-_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")   # a function name, whole (fullmatch; the OpenAPI document says it too)
 
 
 TEMPLATE_WITHOUT_TOOLS = (
@@ -34,11 +35,13 @@ TEMPLATE_WITHOUT_TOOLS = (
 
 
 class ToolError(ValueError):
-    """A bad tools / tool_choice; `param` names the request field (the 400's param)."""
+    """A bad tools / tool_choice; `param` names the request field (the 400's param), `code` a
+    refusal no request schema can express (jaxserve/refusals.py)."""
 
-    def __init__(self, message: str, param: str) -> None:
+    def __init__(self, message: str, param: str, code: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+        self.code = code
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +70,7 @@ def function_tools(tools: Sequence[dict[str, Any]] | None, field_name: str = "to
         if not isinstance(fn, dict):
             raise ToolError(f"{where}.function is required (an object with a name)", field_name)
         name = fn.get("name")
-        if not isinstance(name, str) or not _NAME.match(name):
+        if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
             raise ToolError(f"{where}.function.name={name!r} must be 1-64 letters, digits, '_', '-' or '.'",
                             field_name)
         params = fn.get("parameters")
@@ -79,7 +82,7 @@ def function_tools(tools: Sequence[dict[str, Any]] | None, field_name: str = "to
         if description is not None and not isinstance(description, str):
             raise ToolError(f"{where}.function.description must be a string", field_name)
         if any(o.name == name for o in out):
-            raise ToolError(f"{where}: a second tool named {name!r}", field_name)
+            raise ToolError(f"{where}: a second tool named {name!r}", field_name, ConflictingFields.code)
         out.append(FunctionTool(name, description, params))
     return out
 
@@ -95,7 +98,8 @@ def _check_schema(schema: dict[str, Any], where: str, field_name: str) -> None:
         Draft202012Validator.check_schema(schema)
     except SchemaError as e:
         at = "".join(f"[{p!r}]" for p in e.path)
-        raise ToolError(f"{where}{at} is not a valid JSON Schema: {e.message}", field_name) from None
+        raise ToolError(f"{where}{at} is not a valid JSON Schema: {e.message}", field_name,
+                        InvalidGrammar.code) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +117,7 @@ class ToolChoice:
             return cls(value)
         if isinstance(value, dict) and value.get("type") == "function":
             fn = value.get("function")
-            name = fn.get("name") if isinstance(fn, dict) else value.get("name")
+            name = fn.get("name") if isinstance(fn, dict) else value.get("name") if fn is None else None
             if isinstance(name, str) and name:
                 return cls("function", name)
         raise ToolError(f"{field_name} must be 'auto', 'required', 'none' or "
@@ -170,18 +174,18 @@ def plan_tools(tools: Sequence[FunctionTool], choice: ToolChoice | None, *, para
         choice = ToolChoice("auto")
     if not tools:
         if choice.mode in ("required", "function"):
-            raise ToolError(f"tool_choice={choice.mode!r} needs tools", "tool_choice")
+            raise ToolError(f"tool_choice={choice.mode!r} needs tools", "tool_choice", ConflictingFields.code)
         return NO_TOOLS
     if choice.mode == "none":
         return ToolPlan(tools=tools)
     if choice.mode == "function" and not any(t.name == choice.function for t in tools):
         raise ToolError(f"tool_choice names function {choice.function!r}, which is not among the tools "
-                        f"({', '.join(t.name for t in tools)})", "tool_choice")
+                        f"({', '.join(t.name for t in tools)})", "tool_choice", ConflictingFields.code)
     if not template_takes_tools(chat_template or getattr(tokenizer, "chat_template", None)):
-        raise ToolError(TEMPLATE_WITHOUT_TOOLS, "tools")
+        raise ToolError(TEMPLATE_WITHOUT_TOOLS, "tools", TemplateRefused.code)
     if parser is None:
         raise ToolError("no tool call parser is known for this model; start the server with "
-                        "--tool-call-parser NAME (hermes, llama3_json, mistral)", "tools")
+                        "--tool-call-parser NAME (hermes, llama3_json, mistral)", "tools", TemplateRefused.code)
     cls = tool_parser(parser)
     tokens, special = marker_tokens(cls, tokenizer)
     constraint = None

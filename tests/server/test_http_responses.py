@@ -194,7 +194,7 @@ def test_stored_responses_are_retrieved_continued_and_deleted(server, client):
                                    {"role": "assistant", "content": second.output_text},
                                    {"role": "user", "content": "Go on."}], 3)
     assert third.output_text == expected.outputs[0].text
-    with pytest.raises(openai.BadRequestError) as e:   # nothing runs in the background to cancel
+    with pytest.raises(openai.ConflictError) as e:   # nothing runs in the background to cancel: 409
         client.responses.cancel(first.id)
     assert "background" in e.value.response.json()["error"]["message"]
     client.responses.delete(first.id)

@@ -27,7 +27,9 @@ from jaxserve.server.http.request_checks import LenientAPI
 from jaxserve.server.http.control import add_control_routes
 from jaxserve.server.http.embeddings import add_embeddings_route
 from jaxserve.server.http.lora_routes import add_lora_routes
+from jaxserve.server.http.json_numbers import JSONNumberRoute
 from jaxserve.server.http.openai_front import OpenAIFront
+from jaxserve.server.http.openapi import describe_server
 from jaxserve.server.http.responses import add_responses_routes
 from jaxserve.server.http.responses_store import ResponseStore
 from jaxserve.server.http import tokenization
@@ -45,6 +47,7 @@ def create_app(front: OpenAIFront, *, api_key: str | None = None, max_body_bytes
     `lenient_api`: unknown request fields are dropped with a warning instead of a 400."""
     # the OpenAPI schema is served open, as vLLM's is (it describes the API, it grants nothing)
     app = FastAPI(title="jaxserve", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
+    app.router.route_class = JSONNumberRoute   # 16.0 is the integer 16, as the OpenAPI document says
     if max_body_bytes is not None or body_timeout_s is not None:
         app.add_middleware(BodyLimit, max_bytes=max_body_bytes, timeout_s=body_timeout_s)
     if lenient_api:
@@ -96,11 +99,13 @@ def create_app(front: OpenAIFront, *, api_key: str | None = None, max_body_bytes
         return errors.error_response(e.status_code, str(e.detail), type="invalid_request_error",
                                      headers=headers or None)
 
-    @app.api_route("/health", methods=["GET", "HEAD"])   # probes that only HEAD
+    @app.get("/health")
     async def health():
         if front.state.phase is Phase.SERVING and front.state.aengine is not None and front.state.aengine.healthy:
             return Response(status_code=200)
         return errors.unavailable(f"the server is {front.state.phase.value}").response()
+
+    app.head("/health", operation_id="health_head")(health)   # probes that only HEAD
 
     @app.get("/metrics")
     async def metrics():
@@ -148,6 +153,7 @@ def create_app(front: OpenAIFront, *, api_key: str | None = None, max_body_bytes
     add_lora_routes(app, front, authorized)   # POST /v1/load_lora_adapter, /v1/unload_lora_adapter (http/lora_routes.py)
     # /v1/responses (http/responses.py); stored responses kept in memory, the store's size a server setting
     add_responses_routes(app, front, authorized, responses_store if responses_store is not None else ResponseStore())
+    describe_server(app, front, api_key=key is not None)   # /openapi.json: every status, this server's limits
     return app
 
 

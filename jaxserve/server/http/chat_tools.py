@@ -29,7 +29,7 @@ def chat_tool_plan(req: ChatCompletionRequest, engine, *, parser: str | None) ->
             name = resolve_tool_parser(parser, tok, model_type_of(engine))
         plan = plan_tools(tools, choice, parallel_tool_calls=req.parallel_tool_calls, parser=name, tokenizer=tok)
     except ToolError as e:
-        raise bad_request(str(e), e.param) from None
+        raise bad_request(str(e), e.param, e.code) from None
     other = (req.response_format is not None and req.response_format.type != "text") or req.structured_outputs
     if plan.structured_outputs is not None and other:
         raise bad_request("tool_choice 'required' or a named function constrains the answer to tool calls; it "

@@ -74,7 +74,7 @@ async def embeddings(front, req: EmbeddingRequest, http: Request):
         check_input_count(len(prompts), front.limits.max_embedding_inputs)
         await check_input_tokens(aengine, prompts, front.limits, what="the inputs")
     except ValueError as e:
-        raise errors.bad_request(str(e), "input") from None
+        raise errors.refused(e, "input") from None
     params = PoolingParams(req.pooling, normalize=req.normalize)
     st = front.state
     if st.active_streams >= front.max_concurrent_streams:

@@ -56,8 +56,14 @@ def clip_message(message: str) -> str:
     return clip(message, MAX_MESSAGE_CHARS)
 
 
-def bad_request(message: str, param: str | None = None) -> APIError:
-    return APIError(400, message, type="invalid_request_error", param=param or param_of(message))
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    """code: for a refusal no request schema can express (jaxserve/refusals.py)."""
+    return APIError(400, message, type="invalid_request_error", param=param or param_of(message), code=code)
+
+
+def refused(e: ValueError, param: str | None = None) -> APIError:
+    """The 400 of a ValueError, with the refusal code it carries (jaxserve/refusals.py), if any."""
+    return bad_request(str(e), param, getattr(e, "code", None))
 
 
 def unauthorized(message: str) -> APIError:

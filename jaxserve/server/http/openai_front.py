@@ -47,7 +47,7 @@ def engine_error(e: BaseException) -> errors.APIError | None:
     if isinstance(e, errors.APIError):
         return e
     if isinstance(e, ValueError):
-        return errors.bad_request(str(e))
+        return errors.bad_request(str(e), code=getattr(e, "code", None))   # jaxserve/refusals.py
     if isinstance(e, NotImplementedError):
         return errors.not_implemented(str(e))
     if isinstance(e, Overloaded):
@@ -227,7 +227,7 @@ class OpenAIFront:
             try:
                 await check_input_tokens(aengine, got, self.limits, what=f"the {prompt_field}")
             except ValueError as e:
-                raise errors.bad_request(str(e), prompt_field) from None
+                raise errors.refused(e, prompt_field) from None
             return await EngineRun.start(aengine, got, params, request_id=req.request_id or new_id("req"),
                                          priority=req.priority, metrics=self.metrics, arrival=arrival,
                                          lora_request=self.lora_request(req.model, aengine))

@@ -201,7 +201,7 @@ class ResponsesAPI:
         if after is not None:
             ids = [item["id"] for item in items]
             if after not in ids:
-                raise errors.bad_request(f"after={after!r} is not an input item of {response_id!r}", "after")
+                raise not_found(f"after={after!r} is not an input item of {response_id!r}", "after")
             items = items[ids.index(after) + 1:]
         page = items[:limit]
         return InputItemList(data=page, first_id=page[0]["id"] if page else None,
@@ -214,9 +214,11 @@ class ResponsesAPI:
 
     def cancel(self, response_id: str) -> ResponseObject:
         self.retrieve(response_id)   # 404 for an unknown one, as OpenAI answers
-        raise errors.bad_request("only background responses can be cancelled, and this server runs none "
-                                 "(background=true is refused); a response streaming or in flight ends when its "
-                                 "client disconnects", "response_id")
+        # 409: the request is well formed; the response's state is what refuses it
+        raise errors.APIError(409, "only background responses can be cancelled, and this server runs none "
+                                   "(background=true is refused); a response streaming or in flight ends when its "
+                                   "client disconnects", type="invalid_request_error", param="response_id",
+                              code="not_cancellable")
 
 
 def sampling_of(req: ResponsesRequest, front: OpenAIFront, aengine: AsyncEngine) -> _Sampling:

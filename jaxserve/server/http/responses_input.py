@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from jaxserve.refusals import ConflictingFields, InvalidJSONText
 from jaxserve.server.http.errors import bad_request
 from jaxserve.server.http.responses_schemas import (FunctionCallItem, FunctionCallOutputItem, FunctionTool,
                                                     InputTextPart, MessageItem, OutputTextPart, ReasoningInputItem,
@@ -54,7 +55,7 @@ def refuse_unsupported(req: ResponsesRequest) -> None:
         raise bad_request("text.verbosity is a hint OpenAI's models are trained on; this server cannot honour it",
                           "text.verbosity")
     if req.stream_options is not None and not req.stream:   # as chat: it would do nothing
-        raise bad_request("stream_options is only allowed with stream=true", "stream_options")
+        raise bad_request("stream_options is only allowed with stream=true", "stream_options", ConflictingFields.code)
     if req.stream_options is not None and req.stream_options.include_obfuscation:
         raise bad_request("stream_options.include_obfuscation is not supported: events carry no padding",
                           "stream_options.include_obfuscation")
@@ -62,7 +63,7 @@ def refuse_unsupported(req: ResponsesRequest) -> None:
         if entry != LOGPROBS_INCLUDE:
             raise bad_request(f"include[{i}]={entry!r} is not supported; only {LOGPROBS_INCLUDE!r}", f"include[{i}]")
     if req.top_logprobs is not None and LOGPROBS_INCLUDE not in (req.include or []):
-        raise bad_request(f"top_logprobs needs include=[{LOGPROBS_INCLUDE!r}]", "top_logprobs")
+        raise bad_request(f"top_logprobs needs include=[{LOGPROBS_INCLUDE!r}]", "top_logprobs", ConflictingFields.code)
     if req.reasoning is not None and any(v is not None for v in req.reasoning.values()):
         raise bad_request("reasoning settings (effort, summary) are not supported: this server cannot tell a model how "
                           "much to think; a server started with --reasoning-parser returns the model's reasoning as "
@@ -200,9 +201,10 @@ def _append_call(out: list[dict[str, Any]], call: FunctionCallItem, where: str) 
     try:
         args = json.loads(call.arguments) if call.arguments.strip() else {}
     except ValueError as e:
-        raise bad_request(f"{where}.arguments is not valid JSON: {e}", f"{where}.arguments") from None
+        raise bad_request(f"{where}.arguments is not valid JSON: {e}", f"{where}.arguments",
+                          InvalidJSONText.code) from None
     if not isinstance(args, dict):
-        raise bad_request(f"{where}.arguments must be a JSON object", f"{where}.arguments")
+        raise bad_request(f"{where}.arguments must be a JSON object", f"{where}.arguments", InvalidJSONText.code)
     entry = {"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
     if out and out[-1]["role"] == "assistant":
         out[-1] = dict(out[-1], tool_calls=[*out[-1].get("tool_calls", []), entry])

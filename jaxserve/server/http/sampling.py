@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from jaxserve.refusals import ConflictingFields, InvalidJSONText
 from jaxserve.sampling_params import OutputKind, SamplingParams
 from jaxserve.structured_outputs import StructuredOutputs
 from jaxserve.tool_parsers.plan import NO_TOOLS, ToolPlan
@@ -19,19 +20,22 @@ from jaxserve.server.http.errors import bad_request
 from jaxserve.server.http.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, _SamplingFields
 
 
+CONFLICT = ConflictingFields.code     # valid fields refused together: the 400's code
+
+
 def completion_params(req: CompletionRequest, limits: RequestCaps) -> SamplingParams:
     """With echo and logprobs, the prompt's logprobs are asked too (the echoed prompt's entries);
     max_tokens 0 with echo runs one token (the engine samples at least one) that the answer drops."""
     if req.suffix is not None:
         raise bad_request("suffix is not supported (no fill-in-the-middle)", "suffix")
     if req.best_of is not None and req.best_of != req.n:
-        raise bad_request(f"best_of={req.best_of} is not supported; only best_of=n", "best_of")
+        raise bad_request(f"best_of={req.best_of} is not supported; only best_of=n", "best_of", CONFLICT)
     if req.max_tokens == 0 and not req.echo:
         raise bad_request("max_tokens=0 asks for nothing; it is allowed with echo=true (the prompt alone)",
-                          "max_tokens")
+                          "max_tokens", CONFLICT)
     if req.prompt_logprobs is not None and req.stream:
         raise bad_request("prompt_logprobs are not available when stream=true (echo with logprobs is)",
-                          "prompt_logprobs")
+                          "prompt_logprobs", CONFLICT)
     prompt_logprobs = req.prompt_logprobs
     if prompt_logprobs is None and req.echo and req.logprobs is not None:
         prompt_logprobs = req.logprobs
@@ -49,7 +53,7 @@ def chat_params(req: ChatCompletionRequest, limits: RequestCaps, tools: ToolPlan
     """tools: the request's tool plan (http/chat_tools.py), whose constraint (tool_choice required
     or a named function) and special-token setting the params take."""
     if req.top_logprobs is not None and not req.logprobs:
-        raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
+        raise bad_request("top_logprobs needs logprobs=true", "top_logprobs", CONFLICT)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
@@ -65,7 +69,7 @@ def _params(req: _SamplingFields, limits: RequestCaps, *, max_tokens: int | None
     if req.n > limits.max_n:
         raise bad_request(f"n={req.n} exceeds this server's limit of {limits.max_n}", "n")
     if req.stream_options is not None and not req.stream:   # OpenAI refuses it too: it would do nothing
-        raise bad_request("stream_options is only allowed with stream=true", "stream_options")
+        raise bad_request("stream_options is only allowed with stream=true", "stream_options", CONFLICT)
     if limits.max_tokens is not None and max_tokens is not None and max_tokens > limits.max_tokens:
         raise bad_request(f"{max_tokens_field}={max_tokens} exceeds this server's limit of {limits.max_tokens}",
                           max_tokens_field)
@@ -97,7 +101,7 @@ def _params(req: _SamplingFields, limits: RequestCaps, *, max_tokens: int | None
             param = prompt_logprobs_field
         elif param == "max_tokens":
             param = max_tokens_field
-        raise bad_request(message, param) from e
+        raise bad_request(message, param, getattr(e, "code", None)) from e
 
 
 def _structured_outputs(req: _SamplingFields) -> StructuredOutputs | None:
@@ -105,7 +109,7 @@ def _structured_outputs(req: _SamplingFields) -> StructuredOutputs | None:
     checked at the engine's door, whose error names the problem."""
     rf, so = req.response_format, req.structured_outputs
     if rf is not None and rf.type != "text" and so is not None:
-        raise bad_request("set response_format or structured_outputs, not both", "structured_outputs")
+        raise bad_request("set response_format or structured_outputs, not both", "structured_outputs", CONFLICT)
     try:
         if so is not None:
             return StructuredOutputs(json=so.json_, regex=so.regex, choice=so.choice, grammar=so.grammar,
@@ -119,17 +123,19 @@ def _structured_outputs(req: _SamplingFields) -> StructuredOutputs | None:
                               "response_format")
         return StructuredOutputs(json=rf.json_schema.schema_)
     except ValueError as e:
-        raise bad_request(str(e), "structured_outputs" if so is not None else "response_format") from e
+        raise bad_request(str(e), "structured_outputs" if so is not None else "response_format",
+                          getattr(e, "code", None)) from e
 
 
 def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
     """OpenAI's logit_bias has token ids as JSON object keys, so as strings."""
     if not bias:
         return None
-    try:
-        return {int(k): v for k, v in bias.items()}
-    except ValueError:
-        raise bad_request(f"logit_bias keys must be token ids, got {sorted(bias)[:5]}", "logit_bias") from None
+    # decimal digits only (int() would also read " 5", "+5" and "5_0"): the schema's pattern
+    bad = [k for k in bias if not (k.isascii() and k.isdigit())]
+    if bad:
+        raise bad_request(f"logit_bias keys must be token ids in decimal, got {sorted(bad)[:5]}", "logit_bias")
+    return {int(k): v for k, v in bias.items()}
 
 
 def _field_of(message: str) -> str | None:
@@ -196,9 +202,9 @@ def _template_call(call, field: str) -> dict[str, Any]:
         try:
             args = json.loads(args) if args.strip() else {}
         except ValueError as e:
-            raise bad_request(f"{field}.function.arguments is not valid JSON: {e}", field) from None
+            raise bad_request(f"{field}.function.arguments is not valid JSON: {e}", field, InvalidJSONText.code) from None
     if not isinstance(args, dict):
-        raise bad_request(f"{field}.function.arguments must be a JSON object", field)
+        raise bad_request(f"{field}.function.arguments must be a JSON object", field, InvalidJSONText.code)
     out: dict[str, Any] = {"type": "function", "function": {"name": call.function.name, "arguments": args}}
     if call.id is not None:
         out["id"] = call.id

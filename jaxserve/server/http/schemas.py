@@ -136,7 +136,7 @@ class ChatTool(_Request):
 
 
 class ChatCompletionRequest(_SamplingFields):
-    messages: list[ChatMessage]
+    messages: list[ChatMessage] = Field(json_schema_extra={"minItems": 1})   # an empty chat is a 400
     max_tokens: int | None = None            # None: up to max_model_len
     max_completion_tokens: int | None = None
     logprobs: bool = False
@@ -297,7 +297,13 @@ class CompletionChunk(_Response):
 
 
 class TokenizeRequest(_Request):
-    """vLLM's /tokenize: a prompt, or chat messages rendered by the model's template."""
+    """vLLM's /tokenize: a prompt, or chat messages rendered by the model's template (exactly one
+    of them; tools only with messages: http/tokenization.py refuses the rest, as the schema says)."""
+    model_config = ConfigDict(json_schema_extra={"oneOf": [
+        {"required": ["prompt"], "properties": {"prompt": {"type": "string"}, "messages": {"type": "null"},
+                                                "tools": {"type": "null"}}},
+        {"required": ["messages"], "properties": {"messages": {"type": "array", "minItems": 1},
+                                                  "prompt": {"type": "null"}}}]})
     model: str | None = None
     prompt: str | None = None
     messages: list["ChatMessage"] | None = None

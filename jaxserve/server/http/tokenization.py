@@ -18,6 +18,7 @@ from jaxserve.server.http import errors
 from jaxserve.server.http.sampling import chat_messages
 from jaxserve.server.http.schemas import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 from jaxserve.tool_parsers import ToolError, function_tools, template_takes_tools
+from jaxserve.refusals import ContextLengthExceeded, TemplateRefused
 from jaxserve.tool_parsers.plan import TEMPLATE_WITHOUT_TOOLS
 
 
@@ -44,7 +45,7 @@ async def tokenize(aengine, req: TokenizeRequest, *, content_special_tokens: boo
             check_roles(messages, chat_roles(tok.chat_template), "messages")
             aengine.check_prompt_chars(sum(len(m["content"]) for m in messages))
         except ValueError as e:
-            raise errors.bad_request(str(e), "messages") from e
+            raise errors.refused(e, "messages") from e
         special = False if req.add_special_tokens is None else req.add_special_tokens
 
         def run(t):
@@ -65,7 +66,7 @@ async def tokenize(aengine, req: TokenizeRequest, *, content_special_tokens: boo
         try:
             aengine.check_prompt_chars(len(req.prompt))
         except ValueError as e:
-            raise errors.bad_request(str(e), "prompt") from e
+            raise errors.refused(e, "prompt") from e
         special = True if req.add_special_tokens is None else req.add_special_tokens
 
         def run(t):
@@ -74,10 +75,10 @@ async def tokenize(aengine, req: TokenizeRequest, *, content_special_tokens: boo
     try:
         ids = await aengine.run_tokenizer(run)
     except ValueError as e:
-        raise errors.bad_request(str(e), field) from e
+        raise errors.refused(e, field) from e
     if len(ids) > engine.max_model_len:
         raise errors.bad_request(f"the {field} is {len(ids)} tokens, more than max_model_len={engine.max_model_len}",
-                                 field)
+                                 field, ContextLengthExceeded.code)
     strs = await aengine.run_tokenizer(lambda t: list(t.convert_ids_to_tokens(ids))) if req.return_token_strs else None
     return TokenizeResponse(count=len(ids), max_model_len=engine.max_model_len, tokens=ids, token_strs=strs)
 
@@ -90,9 +91,9 @@ def _tool_kwargs(req: TokenizeRequest, tok) -> dict:
     try:
         tools = function_tools([t.model_dump(exclude_none=True) for t in req.tools])
     except ToolError as e:
-        raise errors.bad_request(str(e), e.param) from None
+        raise errors.bad_request(str(e), e.param, e.code) from None
     if not template_takes_tools(tok.chat_template):
-        raise errors.bad_request(TEMPLATE_WITHOUT_TOOLS, "tools")
+        raise errors.bad_request(TEMPLATE_WITHOUT_TOOLS, "tools", TemplateRefused.code)
     return {"tools": [t.to_openai() for t in tools]}
 
 
