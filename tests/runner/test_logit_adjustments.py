@@ -80,7 +80,8 @@ def test_greedy_picks_the_reference_argmax():
         top = int(np.argmax(logits[0]))
         c = dict(prompt=[top], outputs=[top, top], frequency_penalty=1.0, repetition_penalty=1.5)
         opts = adjusted_options(frequency_penalty=1.0, repetition_penalty=1.5)
-        arrays = sampling_arrays([(opts, 2), None], 2, history_len=HISTORY, histories={0: known(c["prompt"], c["outputs"])})
+        arrays = sampling_arrays([(opts, 2), None], 2, history_len=HISTORY,
+                                 histories={0: known(c["prompt"], c["outputs"])})
         tok = int(np.asarray(sample(jnp.asarray(logits), arrays, pad_to=2)["tokens"])[0])
         assert tok == int(np.argmax(reference(logits[0], [top], [top, top], frequency=1.0, repetition=1.5)))
 
