@@ -10,7 +10,7 @@ from jaxserve.sched.errors import Overloaded
 from jaxserve.sched.request import Request, RequestStatus
 from jaxserve.sched.scheduler import Scheduler
 from jaxserve.sched.scheduler_config import SchedulerConfig
-from jaxserve.sched.scheduler_output import RequestUpdate, ScheduledRequest, SchedulerOutput
+from jaxserve.sched.scheduler_output import RequestUpdate, ScheduledRequest, SchedulerOutput, TokenHistory
 
 __all__ = [
     "BlockPool",
@@ -23,5 +23,6 @@ __all__ = [
     "Scheduler",
     "SchedulerConfig",
     "SchedulerOutput",
+    "TokenHistory",
     "max_chunk_for_itl",
 ]

@@ -107,6 +107,10 @@ class Request:
     # the KV load in flight (kv_connector.py): its generation and the tokens it brings
     kv_load_generation: int = 0
     kv_load_tokens: int = 0
+    # a request whose sampler reads its tokens (step_plan.StepPlan.token_history): the step that
+    # last sent the runner its TokenHistory (None: none the runner may still hold) and the outputs sent
+    history_step: int | None = None
+    num_outputs_sent: int = 0
     # block_table's tuple; None once the blocks changed (not an argument, not compared or copied)
     _table: tuple[int, ...] | None = field(default=None, init=False, repr=False, compare=False)
 

@@ -8,6 +8,7 @@ payload. The engine builds one per request from the user's SamplingParams at the
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 # Most ids one request can have masked before min_tokens (EOS and its stop ids): the sampler's
 # fixed width. The engine's door refuses a request that would need more, so none is ever dropped.
@@ -33,6 +34,12 @@ class SamplingOptions:
     # embeddings (runner/pooling.py): "last" or "mean", the hidden states the runner sums for this
     # request's rows; None: a generation request
     pooling: str | None = None
+
+    # Whether the sampler reads the request's tokens, its prompt and outputs (the penalties,
+    # runner/logit_adjustments.py): the scheduler then sends the runner the outputs the host
+    # learned since the request's last step (ScheduledRequest.token_history). A class attribute,
+    # not a property: the scheduler reads it per request per step; a subclass overrides it.
+    reads_tokens: ClassVar[bool] = False
 
     @property
     def wants_logprobs(self) -> bool:

@@ -170,7 +170,7 @@ class Scheduler:
         cap = self.step_cap
         budget = self.config.max_num_batched_tokens
         st = StepPlan(budget if cap is None else min(cap.tokens, budget), self.config.chunk_granularity,
-                      self.config.step_cost, self.lora_slots)
+                      self.config.step_cost, self.lora_slots, self._step)
         self.kv.begin_step(st.swap_out, st.swap_in)
         self.admission.new_pass()     # the last step's update changed every running request
         for req in self.kv_loads.step(self.waiting, self.running):

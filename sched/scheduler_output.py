@@ -7,6 +7,11 @@ runner performs before the step (copy-on-write copies, swaps). `Scheduler.update
 
 A token the previous step sampled but the host has not seen yet appears in `token_ids` as
 `PLACEHOLDER_TOKEN`; the runner takes its value from that step's sampled tokens on the device.
+
+A request whose sampler reads its tokens (penalties: `SamplingOptions.reads_tokens`) also carries
+a `TokenHistory`: the outputs the host learned since its last step, from which the runner extends
+its own copy of the request's tokens, or everything (prompt and outputs) when the runner holds no
+copy. The runner never reads the scheduler's `Request`: what it needs crosses here, as data.
 """
 
 from __future__ import annotations
@@ -17,6 +22,29 @@ from jaxserve.sched.request import Request
 from jaxserve.sched.sampling import GREEDY, SamplingOptions
 
 PLACEHOLDER_TOKEN = -1  # "the token this request's previous step sampled", resolved on the device
+
+
+@dataclass(slots=True)
+class TokenHistory:
+    """The tokens a request's penalties count (its prompt and outputs), as the deltas the runner's
+    copy of them grows by. The runner keeps a copy per seat, and a seat lasts while every step
+    carries its request (persistent_batch.py), so the scheduler sends the outputs learned since the
+    request's last step, or the prompt and every output when that step was not the one before
+    (the request's first step, or its first back after a step without it: preempted, not scheduled).
+    The token a step in flight is sampling is in none of them: the runner's sampler reads it from
+    that step's sampled ids on the device, as the step reads its placeholder.
+
+    Made only for requests whose options read their tokens (sched/step_plan.py); plain data, so a
+    step stays picklable and small: a decode's delta is its one or no new token. Not frozen, as
+    ScheduledRequest below is not (made per such request per step); read it as frozen."""
+
+    num_outputs_before: int                        # outputs the runner's copy already holds (0 with a prompt)
+    new_output_token_ids: tuple[int, ...]          # outputs known to the host, after those
+    prompt_token_ids: tuple[int, ...] | None = None   # not None: the copy starts afresh from this prompt
+
+    @property
+    def restarts(self) -> bool:
+        return self.prompt_token_ids is not None
 
 
 # ScheduledRequest and RequestUpdate are made once per running request per step, so they are not
@@ -41,6 +69,9 @@ class ScheduledRequest:
     num_draft_tokens: int = 0
     # the LoRA slot its rows compute under (lora_slots.py); 0: the base model
     lora_slot: int = 0
+    # the tokens its penalties count, as a delta of the runner's copy (TokenHistory); None for a
+    # request whose options do not read them (nearly all), so the others pay nothing for it
+    token_history: TokenHistory | None = None
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -6,13 +6,17 @@ decision as the runner will read it (a ScheduledRequest) and advances the reques
 the step had run: `num_computed_tokens` moves past the chunk, and a sampling step counts a pending
 output. `take_back` undoes that for a request preempted later in the same call. The scheduler turns
 the finished plan into its SchedulerOutput.
+
+A request whose sampler reads its tokens (penalties) gets its `TokenHistory` here too: the outputs
+since the step that last sent them when that was the step before this one (the runner's seat, and
+its copy of the tokens, lasted), else the prompt and every output. Only such requests pay for it.
 """
 
 from __future__ import annotations
 
 from jaxserve.sched.lora_slots import LoRASlots
 from jaxserve.sched.request import Request
-from jaxserve.sched.scheduler_output import PLACEHOLDER_TOKEN, ScheduledRequest
+from jaxserve.sched.scheduler_output import PLACEHOLDER_TOKEN, ScheduledRequest, TokenHistory
 from jaxserve.sched.step_cost import StepCostModel
 
 
@@ -27,11 +31,12 @@ class StepPlan:
 
     __slots__ = ("budget", "scheduled", "copies", "preempted", "swap_out", "swap_in", "partial", "host_freed",
                  "admitted", "decodes", "decode_reqs", "allowance_s", "decode_s", "prefill_tiles", "prefill_items",
-                 "_granularity", "_step_cost", "_lora_slots")
+                 "step", "_granularity", "_step_cost", "_lora_slots")
 
     def __init__(self, budget: int, granularity: int, step_cost: StepCostModel | None = None,
-                 lora_slots: LoRASlots | None = None) -> None:
+                 lora_slots: LoRASlots | None = None, step: int = 0) -> None:
         self.budget = budget
+        self.step = step  # the scheduler's step number (its schedule() calls, counted)
         self.scheduled: dict[str, ScheduledRequest] = {}
         self.copies: list[tuple[int, int]] = []
         self.preempted: list[str] = []
@@ -84,7 +89,8 @@ class StepPlan:
             sample = end == with_pending
         self.scheduled[req.request_id] = ScheduledRequest(
             req.request_id, token_ids, c0, req.block_table, sample, num_outputs, req.sampling,
-            len(draft) if draft else 0, self._lora_slot(req))
+            len(draft) if draft else 0, self._lora_slot(req),
+            self.token_history(req) if req.sampling.reads_tokens else None)
         self.budget -= n if draft else self.charge(n)
         if draft:
             self.decodes += 1
@@ -116,9 +122,10 @@ class StepPlan:
         end = c0 + 1
         sample = end == known + pending
         lora = self._lora_slots
+        s = req.sampling
         self.scheduled[req.request_id] = ScheduledRequest(
-            req.request_id, (token,), c0, req.block_table, sample, num_outputs, req.sampling, 0,
-            lora.slot_of(req) if lora is not None else 0)
+            req.request_id, (token,), c0, req.block_table, sample, num_outputs, s, 0,
+            lora.slot_of(req) if lora is not None else 0, self.token_history(req) if s.reads_tokens else None)
         self.budget -= 1
         if num_outputs > 0:
             self.decodes += 1
@@ -133,6 +140,23 @@ class StepPlan:
         if sample:
             req.num_pending_output_tokens = pending + 1
 
+    def token_history(self, req: Request) -> TokenHistory:
+        """What the runner adds to its copy of req's tokens this step (scheduler_output.TokenHistory).
+        The runner keeps the copy while every step carries the request, so only a request sent one
+        in the step before gets a delta; any other gets everything again (first step, preempted,
+        sat a step out). The outputs are those the host knows: the one in flight, if any, is read
+        on the device."""
+        outputs = req.output_token_ids
+        n = len(outputs)
+        if req.history_step == self.step - 1:
+            sent = req.num_outputs_sent
+            history = TokenHistory(sent, tuple(outputs[sent:]) if n > sent else ())
+        else:
+            history = TokenHistory(0, tuple(outputs), tuple(req.prompt_token_ids))
+        req.history_step = self.step
+        req.num_outputs_sent = n
+        return history
+
     def take_back(self, req: Request) -> bool:
         """Undo what add() advanced for a request preempted after it was added (nothing if it was
         not); True if a block copy of this step was writing into one of its blocks (dropped with
@@ -145,6 +169,8 @@ class StepPlan:
         req.num_computed_tokens = sr.num_computed_tokens
         if sr.sample:
             req.num_pending_output_tokens -= 1
+        if sr.token_history is not None:
+            req.history_step = None   # the runner will not see this step's delta: all again next time
         mine = set(req.block_ids)
         kept = [(s, d) for s, d in self.copies if d not in mine]
         pending_copy = len(kept) != len(self.copies)

@@ -18,8 +18,10 @@ from jaxserve.sched.scheduler_output import PLACEHOLDER_TOKEN
 
 
 def pack_step(sched_out, shapes: RunnerShapes, prev_rows: Mapping[str, int] | None = None, *,
-              mask_words: int = 1) -> PackedStep:
-    """prev_rows: request id -> its logits row in the previous step, for resolving placeholders."""
+              mask_words: int = 1, tokens: Mapping[str, tuple] | None = None) -> PackedStep:
+    """prev_rows: request id -> its logits row in the previous step, for resolving placeholders.
+    tokens: request id -> (prompt, the outputs the host knows) of each request whose penalties
+    read them, whole (the runner builds them from the scheduler's deltas)."""
     D, P = bucket_for(sched_out, shapes)
     block_size, tile, table_width = shapes.block_size, shapes.prefill_tile, shapes.table_width
     T = D + P * tile
@@ -35,6 +37,12 @@ def pack_step(sched_out, shapes: RunnerShapes, prev_rows: Mapping[str, int] | No
     logits_rows = np.zeros(R, np.int32)
     lora_slots = np.zeros(T, np.int32)     # each row's LoRA slot (models/lora_delta.py); 0: none
     row_sampling: list = [None] * R
+    histories: dict[int, tuple] = {}     # logits row -> (its known tokens, prompt length)
+
+    def known(r: int, req) -> None:
+        if req.sampling.reads_tokens:
+            prompt, outputs = tokens[req.request_id]
+            histories[r] = (list(prompt) + list(outputs), len(prompt))
     sample_rows = []
     drafts = {}
     d = 0
@@ -65,6 +73,7 @@ def pack_step(sched_out, shapes: RunnerShapes, prev_rows: Mapping[str, int] | No
             for j in range(n):
                 logits_rows[r + j] = d + j
                 row_sampling[r + j] = (req.sampling, req.num_output_tokens + j, -1)
+                known(r + j, req)
             sample_rows.append((req.request_id, r))
             drafts[req.request_id] = req.draft_token_ids
             d += n
@@ -101,6 +110,7 @@ def pack_step(sched_out, shapes: RunnerShapes, prev_rows: Mapping[str, int] | No
             logits_rows[r] = last_row
             # the penalties find an in-flight last token where the step finds its placeholder
             row_sampling[r] = (req.sampling, req.num_output_tokens, int(token_src[last_row]))
+            known(r, req)
             sample_rows.append((req.request_id, r))
             r += 1
 
@@ -111,5 +121,5 @@ def pack_step(sched_out, shapes: RunnerShapes, prev_rows: Mapping[str, int] | No
         logits_rows=logits_rows, lora_slots=lora_slots,
     )
     return PackedStep((D, P), arrays, sampling_arrays(row_sampling, R, history_len=shapes.max_model_len,
-                                                      mask_words=mask_words),
+                                                      mask_words=mask_words, histories=histories),
                       tuple(sample_rows), drafts)

@@ -63,6 +63,7 @@ def draft_options(s: SamplingOptions) -> SamplingOptions:
 
 
 def draft_sampling(sched_out: SchedulerOutput) -> SchedulerOutput:
-    """A step as the draft model runs it: the same rows, each request sampling as draft_options says."""
+    """A step as the draft model runs it: the same rows, each request sampling as draft_options says
+    (no penalties, so without the tokens they count: the draft's seats keep no history of them)."""
     return dataclasses.replace(sched_out, requests=tuple(
-        dataclasses.replace(r, sampling=draft_options(r.sampling)) for r in sched_out.requests))
+        dataclasses.replace(r, sampling=draft_options(r.sampling), token_history=None) for r in sched_out.requests))

@@ -42,7 +42,6 @@ from jaxserve.lora.engine_methods import EngineLoRAMethods
 from jaxserve.lora.request import LoRARequest
 from jaxserve.outputs import RequestMetrics, RequestOutput
 from jaxserve.runner import compile_counter
-from jaxserve.runner.logit_adjustments import AdjustedSamplingOptions
 from jaxserve.runner.protocol import Runner, carries
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.sched.kv_connector import KVLoadFailed
@@ -181,8 +180,6 @@ class Engine(EngineControl, EngineLoRAMethods):
                 skip_reading_prefix_cache=params.prompt_logprobs is not None or req.pooling is not None,
                 lora_name=adapter.request.lora_name if adapter is not None else None,
                 lora_key=adapter.key if adapter is not None else None)
-            if isinstance(sched_req.sampling, AdjustedSamplingOptions) and sched_req.sampling.adjust is not None:
-                sched_req.sampling.adjust.tokens.request = sched_req   # the penalties read its tokens
             if kv_transfer is not None:
                 mark_kv_transfer(sched_req, kv_transfer, params.n, self.kv_connector, self.role)
             if req.constraints:

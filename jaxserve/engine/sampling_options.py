@@ -13,8 +13,9 @@ GREEDY_BELOW = 1e-5  # a temperature this small samples as greedy (as vLLM's _SA
 def sampling_options(params: SamplingParams, seed: int, banned: tuple[int, ...],
                      constraint: TokenConstraint | None = None, *, prompt_token_ids=(),
                      pooling: str | None = None) -> SamplingOptions:
-    """The runner's options for one sample of a request (one per sample: each has its own seed,
-    its own tokens for the penalties and its own grammar state)."""
+    """The runner's options for one sample of a request (one per sample: each has its own seed and
+    its own grammar state; the tokens its penalties count reach the runner from the scheduler,
+    ScheduledRequest.token_history)."""
     common = dict(
         # below GREEDY_BELOW, logits / temperature overflows float32: the argmax is meant
         temperature=0.0 if params.temperature < GREEDY_BELOW else params.temperature,

@@ -5,8 +5,10 @@ the request's SamplingOptions.
 The penalties read the request's tokens: the prompt and the outputs so far. The host knows all of
 them but the one a step in flight is sampling (the one-step-ahead loop); that one is on the
 device, where the sampler reads it from the previous step's sampled ids, as the step reads its
-placeholders. So the runner packs the known tokens from the scheduler's Request (`KnownTokens`)
-and the sampler adds the in-flight one.
+placeholders. The known ones reach the runner as data: options that read them say so
+(`reads_tokens`), and the scheduler then sends each step of such a request the outputs the host
+learned since its last one (sched/scheduler_output.py's TokenHistory), which the persistent batch
+keeps per seat (runner/persistent_batch.py); the sampler adds the in-flight one.
 """
 
 from __future__ import annotations
@@ -17,27 +19,12 @@ from jaxserve.runner.token_mask import TokenConstraint
 from jaxserve.sched.sampling import SamplingOptions
 
 
-class KnownTokens:
-    """The request's prompt and the outputs the host knows, read when a step is packed. The engine
-    binds it to the scheduler's Request once that exists (the Request holds its options)."""
-
-    __slots__ = ("request",)
-
-    def __init__(self) -> None:
-        self.request = None
-
-    def prompt_and_outputs(self) -> tuple[list[int], list[int]]:
-        r = self.request
-        return r.prompt_token_ids, r.output_token_ids
-
-
 @dataclass(frozen=True, slots=True)
 class LogitAdjustments:
     presence_penalty: float = 0.0       # subtracted once from every token already in the output
     frequency_penalty: float = 0.0      # subtracted per occurrence in the output
     repetition_penalty: float = 1.0     # divides positive (multiplies negative) logits of tokens in prompt or output
     logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, added to its logit)
-    tokens: KnownTokens = field(default_factory=KnownTokens, compare=False)
 
     @property
     def needs_tokens(self) -> bool:
@@ -51,6 +38,10 @@ class AdjustedSamplingOptions(SamplingOptions):
 
     adjust: LogitAdjustments | None = None
     constraint: TokenConstraint | None = field(default=None, compare=False)
+
+    @property
+    def reads_tokens(self) -> bool:   # SamplingOptions.reads_tokens: the penalties count them
+        return self.adjust is not None and self.adjust.needs_tokens
 
     @property
     def allows_drafts(self) -> bool:

@@ -8,6 +8,12 @@ block ids that grew since the last step; and its sampling options as per-seat va
 top-k/p, min-p, seed, logprobs wanted, the ids banned before min_tokens), written when the seat
 is taken or its options object changes. What is per step, the token, its position, the sampler's
 step index, the placeholder's source row and the LoRA slot, is read off the ScheduledRequest.
+A request whose penalties read its tokens also keeps them on its seat: an int32 history of its
+prompt and the outputs the host knows, extended by the deltas the scheduler sends
+(`ScheduledRequest.token_history`: the outputs learned since its last step, or the prompt and
+every output when the seat is new). The scheduler sends a delta only to a request that was in the
+step before, which is exactly when its seat lasted; a delta for a history the seat does not hold
+is refused, never guessed at.
 
 `pack` returns exactly what the tests' packing oracle (tests/packing_oracle.py) returns for the
 same step (the layout is batch.py's; tests/runner/test_persistent_batch.py checks it array for
@@ -56,8 +62,8 @@ class PersistentBatch:
         self._bans = np.zeros(0, bool)       # banned_before_min_tokens is not empty
         self._too_many = np.zeros(0, bool)   # more banned ids than the sampler holds
         self._neutral: dict[int, dict[str, np.ndarray]] = {}
-        # per seat whose request's penalties read its tokens: that history, appended to as outputs
-        # come instead of copied whole from the request's lists every step
+        # per seat whose request's penalties read its tokens: that history, grown by the
+        # scheduler's deltas (ScheduledRequest.token_history)
         self._histories: dict[int, _TokenHistory] = {}
         self._grow(seats)
 
@@ -195,8 +201,14 @@ class PersistentBatch:
                     smp += (seat, req.num_output_tokens, src, row)
                     if isinstance(s, AdjustedSamplingOptions):
                         adjusting.append((r, s))
+                        if req.token_history is not None:
+                            self._extend_history(seat, req)
                     sample_rows.append((rid, r))
+                elif req.token_history is not None:    # a prompt's one-token chunk
+                    self._extend_history(seat, req)
                 continue
+            if req.token_history is not None:    # prompt chunks and verifications: a few per step
+                self._extend_history(seat, req)
             if req.num_draft_tokens:
                 # one decode row per token, each seeing the context through its own position
                 r = len(smp) >> 2
@@ -330,21 +342,34 @@ class PersistentBatch:
                       banned=banned, want_logprobs=want)
         if adjusting:
             rows = [(i, s, int(srcs[i])) for i, s in adjusting]
-            histories = {i: self._history(int(seats[i]), s.adjust.tokens) for i, s in adjusting
-                         if s.adjust is not None and s.adjust.needs_tokens}
+            histories = {i: self._history(int(seats[i])) for i, s in adjusting if s.reads_tokens}
             arrays.update(adjustment_arrays(rows, R, self.shapes.max_model_len, self.mask_words, histories))
         else:
             arrays.update(self._neutral_adjustments(R))
         return arrays
 
-    def _history(self, seat: int, tokens) -> tuple[np.ndarray, int]:
-        """(the known tokens, prompt length) of the request on `seat` whose penalties read them:
-        only the outputs added since the seat's last step are copied."""
-        prompt, outputs = tokens.prompt_and_outputs()
+    def _extend_history(self, seat: int, req) -> None:
+        """Apply req's token_history to its seat's copy of its tokens: start it afresh from a
+        prompt, or append the new outputs to the copy the delta was made against."""
+        delta = req.token_history
         h = self._histories.get(seat)
-        if h is None or h.request is not tokens.request:
-            h = self._histories[seat] = _TokenHistory(tokens.request, prompt, self.shapes.max_model_len)
-        return h.extend(outputs), h.prompt_len
+        if delta.prompt_token_ids is not None:
+            h = self._histories[seat] = _TokenHistory(req.request_id, delta.prompt_token_ids,
+                                                      self.shapes.max_model_len)
+        elif h is None or h.request_id != req.request_id or h.num_outputs != delta.num_outputs_before:
+            held = "none" if h is None or h.request_id != req.request_id else f"{h.num_outputs} outputs"
+            raise ValueError(f"request {req.request_id!r}: a token delta after {delta.num_outputs_before} outputs, "
+                             f"but its seat holds {held} (the scheduler sends the prompt to a new seat)")
+        if delta.new_output_token_ids:
+            h.append(delta.new_output_token_ids)
+
+    def _history(self, seat: int) -> tuple[np.ndarray, int]:
+        """(the known tokens, prompt length) of the request on `seat` whose penalties read them."""
+        h = self._histories.get(seat)
+        if h is None:
+            raise ValueError(f"seat {seat}: a row whose penalties read its tokens, and no token history "
+                             f"reached it (ScheduledRequest.token_history)")
+        return h.tokens, h.prompt_len
 
     def _neutral_adjustments(self, R: int) -> dict[str, np.ndarray]:
         """A step where no row adjusts its logits: the same read-only arrays every time (the runner
@@ -359,25 +384,29 @@ class PersistentBatch:
 
 
 class _TokenHistory:
-    """One request's prompt and outputs in an int32 buffer that grows by the outputs' deltas."""
+    """One request's prompt and known outputs in an int32 buffer, grown by the scheduler's deltas."""
 
-    __slots__ = ("request", "prompt_len", "_buf", "_n")
+    __slots__ = ("request_id", "prompt_len", "_buf", "_n")
 
-    def __init__(self, request, prompt, capacity: int) -> None:
-        self.request = request
+    def __init__(self, request_id: str, prompt, capacity: int) -> None:
+        self.request_id = request_id
         self.prompt_len = len(prompt)
         self._buf = np.empty(max(capacity, self.prompt_len), np.int32)
         self._buf[:self.prompt_len] = prompt
         self._n = self.prompt_len
 
-    def extend(self, outputs) -> np.ndarray:
-        """The tokens known now (a view); outputs: the request's whole output list."""
-        n = self.prompt_len + len(outputs)
-        if n < self._n:          # outputs only grow for one request; rewrite if they did not
-            self._n = self.prompt_len
-        if n > len(self._buf):   # past capacity: the sampler refuses it (the length says so)
-            return np.concatenate([self._buf[:self._n], np.asarray(outputs[self._n - self.prompt_len:], np.int32)])
-        if n > self._n:
-            self._buf[self._n:n] = outputs[self._n - self.prompt_len:]
-            self._n = n
-        return self._buf[:n]
+    @property
+    def num_outputs(self) -> int:
+        return self._n - self.prompt_len
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """The tokens known now (a view)."""
+        return self._buf[:self._n]
+
+    def append(self, outputs) -> None:
+        n = self._n + len(outputs)
+        if n > len(self._buf):   # past the sampler's history: it refuses the row (the length says so)
+            self._buf = np.concatenate([self._buf[:self._n], np.empty(n - self._n, np.int32)])
+        self._buf[self._n:n] = outputs
+        self._n = n

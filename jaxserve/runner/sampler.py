@@ -52,10 +52,11 @@ LOGPROBS_MODES = ("raw", "processed")     # what logprobs describe (module docst
 
 
 def sampling_arrays(rows: list[tuple | None], num_rows: int, *, history_len: int = 1,
-                    mask_words: int = 1) -> dict[str, np.ndarray]:
+                    mask_words: int = 1, histories: dict | None = None) -> dict[str, np.ndarray]:
     """Host-side arrays for `sample`; rows[i] = (options, outputs before this token[, in-flight
     index]) or None for padding. The in-flight index is where the previous step's sampled ids hold
-    this row's last token when the host does not know it yet (-1: the host knows every token)."""
+    this row's last token when the host does not know it yet (-1: the host knows every token).
+    histories: as `adjustment_arrays` takes them, for the rows whose penalties read their tokens."""
     temperature = np.zeros(num_rows, np.float32)
     top_k = np.zeros(num_rows, np.int32)
     top_p = np.ones(num_rows, np.float32)
@@ -87,7 +88,7 @@ def sampling_arrays(rows: list[tuple | None], num_rows: int, *, history_len: int
             adjusting.append((i, s, row[2] if len(row) > 2 else -1))
     arrays = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, step=step,
                   banned=banned, want_logprobs=want_logprobs)
-    arrays.update(_adjustment_arrays(adjusting, num_rows, history_len, mask_words))
+    arrays.update(_adjustment_arrays(adjusting, num_rows, history_len, mask_words, histories))
     return arrays
 
 
@@ -100,9 +101,10 @@ def neutral_adjustment_arrays(num_rows: int, history_len: int, mask_words: int =
 def adjustment_arrays(adjusting: list, num_rows: int, history_len: int, mask_words: int = 1,
                       histories: dict | None = None) -> dict[str, np.ndarray]:
     """The logit-adjustment and token-mask arrays of `num_rows` rows; adjusting: (row, its
-    AdjustedSamplingOptions, in-flight index) for the rows that have some. `histories[row]`:
-    (its known tokens as an int32 array, prompt length), kept by the caller between steps (the
-    persistent batch), instead of reading the request's token lists."""
+    AdjustedSamplingOptions, in-flight index) for the rows that have some. `histories[row]`, for
+    each row whose penalties read its tokens: (its known tokens, prompt first, then the outputs the
+    host knows; the prompt's length), which the persistent batch keeps per seat from the
+    scheduler's deltas (ScheduledRequest.token_history)."""
     return _adjustment_arrays(adjusting, num_rows, history_len, mask_words, histories)
 
 
@@ -131,20 +133,13 @@ def _adjustment_arrays(adjusting: list, num_rows: int, history_len: int, mask_wo
         presence[i], frequency[i], repetition[i] = a.presence_penalty, a.frequency_penalty, a.repetition_penalty
         if a.needs_tokens:
             kept = histories.get(i)
-            if kept is not None:
-                tokens, prompt_len[i] = kept
-                n = len(tokens)
-            else:
-                prompt, outputs = a.tokens.prompt_and_outputs()
-                n = len(prompt) + len(outputs)
+            if kept is None:
+                raise ValueError(f"row {i}: its penalties read its tokens, and none were given")
+            tokens, prompt_len[i] = kept
+            n = len(tokens)
             if n + (src >= 0) > history_len:
                 raise ValueError(f"{n} known tokens do not fit the sampler's history of {history_len}")
-            if kept is not None:
-                known[i, :n] = tokens
-            else:
-                known[i, :len(prompt)] = prompt
-                known[i, len(prompt):n] = outputs
-                prompt_len[i] = len(prompt)
+            known[i, :n] = tokens
             in_flight[i] = src
         if a.logit_bias:
             ids, values = zip(*a.logit_bias)

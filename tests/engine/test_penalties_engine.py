@@ -2,7 +2,8 @@
 each greedy token is the argmax of the model's own logprobs (returned unadjusted) after the
 frequency and presence penalties of the outputs before it, the in-flight one included; logit bias
 forces a token; n > 1 samples each count their own outputs; a request without adjustments keeps
-its tokens beside one with them; nothing compiles after warm-up."""
+its tokens beside one with them; preemption (recompute or swap) and seats reused by later requests
+change no penalised token; nothing compiles after warm-up."""
 
 import numpy as np
 import pytest
@@ -65,6 +66,39 @@ def test_logit_bias_forces_a_token_and_a_request_without_adjustments_is_undistur
     assert both[0].outputs[0].token_ids == alone
     assert both[1].outputs[0].token_ids == [42] * 12
     assert engines.stats().num_compilations_after_warmup == 0
+
+
+PROMPTS = [PROMPT, "def add(a, b):", "A paged KV cache stores keys", "Unicode: café", "Numbers: 0 1 2 3 4 5",
+           "The runner packs"]
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_preemption_and_seat_reuse_do_not_change_penalised_tokens(engines, mode):
+    """The runner keeps each penalised request's tokens on its seat from the scheduler's deltas:
+    a request preempted and resumed (a new seat, its history sent again), and requests taking the
+    seats of those that ended (six requests, four seats), must sample what they do with room."""
+    checked = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, logprobs=20,
+                             frequency_penalty=0.7, presence_penalty=0.4)
+    params = [checked,
+              SamplingParams(max_tokens=40, temperature=1.0, seed=3, ignore_eos=True, repetition_penalty=1.3,
+                             frequency_penalty=0.5),
+              SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True),
+              SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, repetition_penalty=1.5),
+              checked,
+              SamplingParams(max_tokens=40, temperature=0.8, seed=5, ignore_eos=True, presence_penalty=1.0,
+                             logit_bias={7: 2.0})]
+    roomy = engines.generate(PROMPTS, params, use_tqdm=False)
+    # the pool holds about two of these requests at once; the watermark is off so they run into
+    # each other and must be preempted
+    cramped = LLM.sharing_runner(engines, usable_kv_blocks=30, enable_prefix_caching=False, preemption_mode=mode,
+                                 kv_watermark=0.0)
+    got = cramped.generate(PROMPTS, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in roomy]
+    s = cramped.stats()
+    assert s.num_preemptions > 0                     # the test really exercised preemption
+    assert (s.num_preemptions_swap > 0) == (mode == "swap")
+    for out in (got[0], got[4], roomy[0]):
+        check_against_the_logprobs(out.outputs[0], 0.7, 0.4)
 
 
 def test_a_bias_for_a_token_outside_the_vocabulary_is_refused_at_the_door(llm):

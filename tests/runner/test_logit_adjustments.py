@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxserve.runner.logit_adjustments import AdjustedSamplingOptions, KnownTokens, LogitAdjustments
+from jaxserve.runner.logit_adjustments import AdjustedSamplingOptions, LogitAdjustments
 from jaxserve.runner.sampler import _adjusted, sample, sampling_arrays
 from jaxserve.sched.sampling import SamplingOptions
 
@@ -16,16 +16,13 @@ VOCAB = 64
 HISTORY = 32
 
 
-class FakeRequest:
-    def __init__(self, prompt, outputs):
-        self.prompt_token_ids, self.output_token_ids = list(prompt), list(outputs)
+def adjusted_options(temperature=0.0, seed=0, **adjust):
+    return AdjustedSamplingOptions(temperature=temperature, seed=seed, adjust=LogitAdjustments(**adjust))
 
 
-def adjusted_options(prompt, outputs, temperature=0.0, seed=0, **adjust):
-    tokens = KnownTokens()
-    tokens.request = FakeRequest(prompt, outputs)
-    return AdjustedSamplingOptions(temperature=temperature, seed=seed,
-                                   adjust=LogitAdjustments(tokens=tokens, **adjust))
+def known(prompt, outputs):
+    """A row's history as the persistent batch hands it to the sampler: its tokens, prompt length."""
+    return np.asarray(list(prompt) + list(outputs), np.int32), len(prompt)
 
 
 def reference(logits, prompt, outputs, presence=0.0, frequency=0.0, repetition=1.0, bias=()):
@@ -55,15 +52,16 @@ def test_adjusted_logits_equal_the_reference_with_and_without_an_in_flight_token
     logits = rng.normal(0, 3, (8, VOCAB)).astype(np.float32)
     prev = np.full(8, 0, np.int32)
     prev[3] = 11                                 # the previous step sampled 11 for row 5's request
-    rows = []
-    for c in CASES:
+    rows, histories = [], {}
+    for i, c in enumerate(CASES):
         kw = {k: v for k, v in c.items() if k not in ("prompt", "outputs")}
-        rows.append((adjusted_options(c["prompt"], c["outputs"], **kw), len(c["outputs"])))
+        rows.append((adjusted_options(**kw), len(c["outputs"])))
+        histories[i] = known(c["prompt"], c["outputs"])
     in_flight = dict(CASES[1])                   # row 5: CASES[1] whose last output is still in flight
-    rows.append((adjusted_options(in_flight["prompt"], in_flight["outputs"], frequency_penalty=1.5),
-                 len(in_flight["outputs"]) + 1, 3))
+    rows.append((adjusted_options(frequency_penalty=1.5), len(in_flight["outputs"]) + 1, 3))
+    histories[5] = known(in_flight["prompt"], in_flight["outputs"])
     rows += [(SamplingOptions(), 0), None]       # a row without adjustments, and padding
-    arrays = sampling_arrays(rows, 8, history_len=HISTORY)
+    arrays = sampling_arrays(rows, 8, history_len=HISTORY, histories=histories)
     got = np.asarray(_adjusted(jnp.asarray(logits), {k: jnp.asarray(v) for k, v in arrays.items()},
                                jnp.asarray(prev)))
     for i, c in enumerate(CASES):
@@ -81,8 +79,9 @@ def test_greedy_picks_the_reference_argmax():
         logits = rng.normal(0, 2, (2, VOCAB)).astype(np.float32)
         top = int(np.argmax(logits[0]))
         c = dict(prompt=[top], outputs=[top, top], frequency_penalty=1.0, repetition_penalty=1.5)
-        opts = adjusted_options(c["prompt"], c["outputs"], frequency_penalty=1.0, repetition_penalty=1.5)
-        arrays = sampling_arrays([(opts, 2), None], 2, history_len=HISTORY)
+        opts = adjusted_options(frequency_penalty=1.0, repetition_penalty=1.5)
+        arrays = sampling_arrays([(opts, 2), None], 2, history_len=HISTORY,
+                                 histories={0: known(c["prompt"], c["outputs"])})
         tok = int(np.asarray(sample(jnp.asarray(logits), arrays, pad_to=2)["tokens"])[0])
         assert tok == int(np.argmax(reference(logits[0], [top], [top, top], frequency=1.0, repetition=1.5)))
 
@@ -94,12 +93,20 @@ def test_rows_without_adjustments_keep_their_tokens_whatever_shares_the_batch(te
     plain = [(SamplingOptions(temperature=temperature, seed=s), 3) for s in range(4)]
     alone = sample(logits, sampling_arrays(plain, 4, history_len=HISTORY), pad_to=4)["tokens"]
     mixed_rows = list(plain)
-    mixed_rows[1] = (adjusted_options([1, 2], [3], temperature=temperature, seed=1, presence_penalty=2.0,
+    mixed_rows[1] = (adjusted_options(temperature=temperature, seed=1, presence_penalty=2.0,
                                       logit_bias=((5, 100.0),)), 1)
-    mixed = sample(logits, sampling_arrays(mixed_rows, 4, history_len=HISTORY), pad_to=4)["tokens"]
+    mixed = sample(logits, sampling_arrays(mixed_rows, 4, history_len=HISTORY, histories={1: known([1, 2], [3])}),
+                   pad_to=4)["tokens"]
     alone, mixed = np.asarray(alone), np.asarray(mixed)
     assert [alone[i] for i in (0, 2, 3)] == [mixed[i] for i in (0, 2, 3)]
     assert mixed[1] == 5                          # +100 on token 5 wins at any temperature
+
+
+def test_a_row_whose_penalties_read_its_tokens_needs_them():
+    rows = [(adjusted_options(presence_penalty=1.0), 0)]
+    with pytest.raises(ValueError, match="penalties read its tokens"):
+        sampling_arrays(rows, 2, history_len=HISTORY)
+    sampling_arrays([(adjusted_options(logit_bias=((3, 1.0),)), 0)], 2, history_len=HISTORY)   # a bias reads none
 
 
 def test_bad_values_are_refused_naming_the_field():

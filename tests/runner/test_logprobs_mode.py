@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxserve.runner.logit_adjustments import AdjustedSamplingOptions, KnownTokens, LogitAdjustments
+from jaxserve.runner.logit_adjustments import AdjustedSamplingOptions, LogitAdjustments
 from jaxserve.runner.sampler import sample, sampling_arrays
 from jaxserve.runner.token_mask import mask_words
 from jaxserve.sampling_params import MAX_LOGPROBS
@@ -33,11 +33,6 @@ def compiled(mode, arrays):
             jax.ShapeDtypeStruct((NUM_ROWS, VOCAB), jnp.float32), specs)
         _COMPILED[mode] = lowered.compile({"xla_backend_optimization_level": 0})
     return _COMPILED[mode]
-
-
-class FakeRequest:
-    def __init__(self, prompt, outputs):
-        self.prompt_token_ids, self.output_token_ids = list(prompt), list(outputs)
 
 
 class AllowOnly:
@@ -76,9 +71,7 @@ def options(row, seed):
               if k in row}
     if not adjust and "allowed" not in row:
         return SamplingOptions(**kw)
-    tokens = KnownTokens()
-    tokens.request = FakeRequest(row.get("prompt", [0]), row.get("outputs", []))
-    return AdjustedSamplingOptions(**kw, adjust=LogitAdjustments(tokens=tokens, **adjust) if adjust else None,
+    return AdjustedSamplingOptions(**kw, adjust=LogitAdjustments(**adjust) if adjust else None,
                                    constraint=AllowOnly(row["allowed"]) if "allowed" in row else None)
 
 
@@ -128,11 +121,15 @@ def processed_reference(logits, row):
     return log_softmax(x)
 
 
-def run(logits, rows_opts, mode, outputs_lens):
-    """The sampler on these rows (padded to NUM_ROWS); its outputs for them."""
+def run(logits, rows_opts, mode, token_rows):
+    """The sampler on these rows (padded to NUM_ROWS), whose tokens are token_rows' prompt and
+    outputs (ROWS entries); its outputs for them."""
     n = len(rows_opts)
-    rows = [(o, k) for o, k in zip(rows_opts, outputs_lens)] + [None] * (NUM_ROWS - n)
-    arrays = sampling_arrays(rows, NUM_ROWS, history_len=HISTORY, mask_words=mask_words(VOCAB))
+    rows = [(o, len(r.get("outputs", []))) for o, r in zip(rows_opts, token_rows)] + [None] * (NUM_ROWS - n)
+    # the tokens the penalties count, as the persistent batch hands them over: (tokens, prompt length)
+    histories = {i: (r.get("prompt", [0]) + r.get("outputs", []), len(r.get("prompt", [0])))
+                 for i, (o, r) in enumerate(zip(rows_opts, token_rows)) if o.reads_tokens}
+    arrays = sampling_arrays(rows, NUM_ROWS, history_len=HISTORY, mask_words=mask_words(VOCAB), histories=histories)
     padded = np.zeros((NUM_ROWS, VOCAB), np.float32)
     padded[:n] = logits
     out = compiled(mode, arrays)(jnp.asarray(padded), {k: jnp.asarray(v) for k, v in arrays.items()})
@@ -146,7 +143,7 @@ def logits():
 
 def test_processed_logprobs_of_sampled_tokens_and_top_k_equal_the_reference(logits):
     for seed in range(3):
-        out = run(logits, [options(r, seed) for r in ROWS], "processed", [len(r.get("outputs", [])) for r in ROWS])
+        out = run(logits, [options(r, seed) for r in ROWS], "processed", ROWS)
         for i, row in enumerate(ROWS):
             want = processed_reference(logits[i], row)
             t = out["tokens"][i]
@@ -172,7 +169,7 @@ def test_the_tokens_drawn_follow_the_processed_distribution(logits):
         counts = np.zeros(VOCAB)
         for start in range(0, draws, batch):
             out = run(np.repeat(logits[i:i + 1], batch, 0), [options(row, s) for s in range(start, start + batch)],
-                      "processed", [len(row.get("outputs", []))] * batch)
+                      "processed", [row] * batch)
             np.add.at(counts, out["tokens"], 1)
         want = np.exp(processed_reference(logits[i], row))
         freq = counts / draws
@@ -181,9 +178,8 @@ def test_the_tokens_drawn_follow_the_processed_distribution(logits):
 
 
 def test_raw_logprobs_stay_the_model_distribution_and_the_tokens_do_not_change(logits):
-    lens = [len(r.get("outputs", [])) for r in ROWS]
-    raw = run(logits, [options(r, 5) for r in ROWS], "raw", lens)
-    processed = run(logits, [options(r, 5) for r in ROWS], "processed", lens)
+    raw = run(logits, [options(r, 5) for r in ROWS], "raw", ROWS)
+    processed = run(logits, [options(r, 5) for r in ROWS], "processed", ROWS)
     assert raw["tokens"].tolist() == processed["tokens"].tolist()      # the mode changes logprobs only
     lp = jax.nn.log_softmax(jnp.asarray(logits), axis=-1)
     np.testing.assert_allclose(raw["logprob"], np.take_along_axis(np.asarray(lp), raw["tokens"][:, None], 1)[:, 0],

@@ -1,11 +1,17 @@
 """StepPlan, the step one schedule() call builds: an entry advances its request as if the step
 ran, and take_back (a request preempted later in the same call) restores the request, the budget
-and the block copies exactly as they were before the entry."""
+and the block copies exactly as they were before the entry. A request whose options read its
+tokens gets its TokenHistory: everything on a first step, deltas while every step carries it,
+everything again after a step without it (tests/runner/test_token_history.py runs the runner's
+side of it)."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
+from typing import ClassVar
 
+from jaxserve.sched.sampling import SamplingOptions
 from jaxserve.sched.scheduler_output import PLACEHOLDER_TOKEN
 from jaxserve.sched.step_plan import StepPlan, padded_tokens
 
@@ -71,3 +77,38 @@ def test_take_back_restores_what_add_advanced():
                 assert plan.take_back(r) is True
         assert plan.budget == budget_before and not plan.scheduled and not plan.copies, trial
     assert verifications > 5
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Penalised(SamplingOptions):
+    reads_tokens: ClassVar[bool] = True     # as runner/logit_adjustments.py's options with penalties
+
+
+def test_token_histories_restart_unless_the_step_before_sent_one_and_after_a_take_back():
+    req = make_request("a", 6, sampling=_Penalised())
+    req.set_blocks([1, 2])
+    plan = StepPlan(100, 4, step=1)
+    plan.add(req, 6)
+    h = plan.scheduled["a"].token_history
+    assert h.restarts and h.prompt_token_ids == tuple(req.prompt_token_ids) and h.new_output_token_ids == ()
+    req.output_token_ids.append(9)            # update(): the token it sampled
+    req.num_pending_output_tokens = 0
+    plan = StepPlan(100, 4, step=2)
+    plan.add(req, 1)
+    h = plan.scheduled["a"].token_history
+    assert not h.restarts and (h.num_outputs_before, h.new_output_token_ids) == (0, (9,))
+    plan.take_back(req)                       # preempted later in the same call: the runner never sees it
+    plan = StepPlan(100, 4, step=3)
+    plan.add(req, 1)
+    h = plan.scheduled["a"].token_history
+    assert h.restarts and h.prompt_token_ids == tuple(req.prompt_token_ids) and h.new_output_token_ids == (9,)
+    req.output_token_ids += [4, 5]
+    req.num_pending_output_tokens = 0
+    plan = StepPlan(100, 4, step=5)           # it sat step 4 out: its seat was freed
+    plan.add_decode(req)
+    h = plan.scheduled["a"].token_history
+    assert h.restarts and h.new_output_token_ids == (9, 4, 5)
+    plain = make_request("b", 3)
+    plain.set_blocks([3])
+    plan.add(plain, 3)
+    assert plan.scheduled["b"].token_history is None       # options that read no tokens: nothing sent
