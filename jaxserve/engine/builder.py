@@ -366,12 +366,16 @@ def _serve(config: EngineConfig, model_config: ModelConfig, params, *, dtype: st
         seed=config.seed, checkpoint_identity=identity, model_name=model_name,
         chunk_policy=chunking, async_scheduling=config.async_scheduling, draft_runner=draft,
         startup_timings=clock.timings(), deferred_calibration=deferred, requantize=requantize,
-        lora=lora(runner, scheduler) if lora is not None else None, background_warm_up=warming,
+        lora=lora(runner, scheduler, warm_writer=warming is None) if lora is not None else None,
+        background_warm_up=warming,
     )
     pace_collector(config.python_gc_threshold)
     log.info("%s", engine.startup_timings.describe())
     if warming is not None:
-        warming.start(helpers=[("the grammar tokenizer", engine.input_processor.grammars.warm)])
+        helpers = [("the grammar tokenizer", engine.input_processor.grammars.warm)]
+        if engine.lora is not None:
+            helpers.append(("the LoRA slot writer", functools.partial(engine.lora.device.warm, runner.params)))
+        warming.start(helpers=helpers)
     return engine
 
 

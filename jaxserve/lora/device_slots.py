@@ -10,6 +10,8 @@ place, never a compilation while serving. The host values come from the registry
 
 from __future__ import annotations
 
+import threading
+
 import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
@@ -66,13 +68,25 @@ class DeviceLoRASlots:
         self.mesh = mesh           # tensor parallelism: the slots stay split as the steps read them
         self.resident: dict[int, str] = {}      # slot -> adapter key written there
         self._writer = None
+        self._compiling = threading.Lock()      # the background warm-up may compile it beside a write
 
     def _tree(self, params: dict) -> dict:
         return {"/".join(p): (_module(params, p)[LORA_A], _module(params, p)[LORA_B]) for p in self.paths}
 
     def warm(self, params: dict) -> dict:
-        """Compile the writer (start-up), from the arrays' shapes only: nothing is written, so a
-        step another thread runs meanwhile (background warm-up) keeps its inputs."""
+        """Compile the writer (start-up, or the background warm-up's helpers), from the arrays'
+        shapes only: nothing is written, so a step another thread runs meanwhile keeps its inputs.
+        Once: a second call (a write that came first) finds it compiled."""
+        with self._compiling:
+            if self._writer is None:
+                self._writer = self._compile(params)
+        return params
+
+    @property
+    def compiled(self) -> bool:
+        return self._writer is not None
+
+    def _compile(self, params: dict):
         tree = self._tree(params)
         shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
         # the host values arrive whole (replicated over a mesh); the slots keep their shardings
@@ -82,16 +96,14 @@ class DeviceLoRASlots:
                   for name, (a, b) in tree.items()}
         slot = jax.ShapeDtypeStruct((), np.int32, sharding=whole)
         out_shardings = jax.tree.map(lambda x: x.sharding, tree)
-        self._writer = jax.jit(_write, donate_argnums=(0,), out_shardings=out_shardings).lower(
-            shapes, slot, values).compile()
-        return params
+        return jax.jit(_write, donate_argnums=(0,), out_shardings=out_shardings).lower(shapes, slot, values).compile()
 
     def write(self, params: dict, slot: int, key: str, values: dict[Path, tuple[np.ndarray, np.ndarray]]) -> dict:
         """params with `values` (one slot's host arrays per projection) in `slot`."""
         if not 1 <= slot <= self.max_loras:
             raise ValueError(f"LoRA slot {slot} is outside 1..{self.max_loras}")
-        if self._writer is None:
-            raise RuntimeError("the LoRA slot writer was not compiled at start-up (DeviceLoRASlots.warm)")
+        if self._writer is None:   # the background warm-up has not reached it: compile it here and wait
+            self.warm(params)
         named = {"/".join(p): v for p, v in values.items()}
         params = self._put(params, self._writer(self._tree(params), np.int32(slot), named))
         self.resident[slot] = key

@@ -83,12 +83,15 @@ class EngineLoRA:
                          slots.num_evictions)
 
 
-def build(runner, scheduler, model_config, max_loras: int, max_rank: int, heads=None, mesh=None) -> EngineLoRA:
-    """An engine's adapters: the registry, and the slot writer, compiled now and handed to the
-    runner as a step feature."""
+def build(runner, scheduler, model_config, max_loras: int, max_rank: int, heads=None, mesh=None, *,
+          warm_writer: bool = True) -> EngineLoRA:
+    """An engine's adapters: the registry, and the slot writer, handed to the runner as a step
+    feature; compiled now, or (warm_writer=False: a server warming in the background) by the
+    warm-up thread's helpers, a first write before then compiling it itself."""
     targets = lora_targets(model_config, heads)
     device = DeviceLoRASlots(targets, max_loras, mesh)
     registry = LoRARegistry(targets, max_rank)
-    runner.params = device.warm(runner.params)
+    if warm_writer:
+        device.warm(runner.params)
     runner.add_feature(LoRASlotWrites(registry, device))
     return EngineLoRA(registry, device, scheduler)

@@ -53,15 +53,20 @@ class PeftAdapter:
         return tuple(sorted({name.rsplit(".", 1)[-1] for name in self.factors}))
 
 
+class AdapterFilesMissing(FileNotFoundError, ValueError):
+    """No PEFT adapter at the path (no directory, or one without its files): a ValueError as any
+    bad adapter is, and a FileNotFoundError, which the HTTP load route answers with a 404."""
+
+
 def load_peft_adapter(path: str, targets: LoRATargets, max_rank: int) -> PeftAdapter:
     """The adapter at `path`, checked against the model's `targets` and `max_rank`."""
     if not path or not os.path.isdir(path):
-        raise ValueError(f"LoRA adapter path {path!r} is not a directory")
+        raise AdapterFilesMissing(f"LoRA adapter path {path!r} is not a directory")
     cfg_file, weights_file = os.path.join(path, CONFIG_FILE), os.path.join(path, WEIGHTS_FILE)
     if not os.path.isfile(cfg_file):
-        raise ValueError(f"LoRA adapter {path!r} has no {CONFIG_FILE}")
+        raise AdapterFilesMissing(f"LoRA adapter {path!r} has no {CONFIG_FILE}")
     if not os.path.isfile(weights_file):
-        raise ValueError(f"LoRA adapter {path!r} has no {WEIGHTS_FILE} (only safetensors adapters are read)")
+        raise AdapterFilesMissing(f"LoRA adapter {path!r} has no {WEIGHTS_FILE} (only safetensors adapters are read)")
     with open(cfg_file) as f:
         try:
             cfg = json.load(f)

@@ -19,6 +19,11 @@ from dataclasses import dataclass
 from jaxserve.lora.request import LoRARequest
 
 
+class AdapterConflict(ValueError):
+    """A load under a name in use (an adapter's, or the base model's): the request is well formed,
+    the server's state refuses it (HTTP 409)."""
+
+
 class AdapterNotFound(LookupError):
     """No adapter is registered under that name."""
 
@@ -72,9 +77,9 @@ def register_now(engine, name: str, path: str, read=None) -> LoRARequest:
     if not path:
         raise ValueError("lora_path must name a PEFT adapter directory")
     if name == engine.model_name:
-        raise ValueError(f"lora_name {name!r} is the base model's name; pick another")
+        raise AdapterConflict(f"lora_name {name!r} is the base model's name; pick another")
     if registered(engine, name) is not None:
-        raise ValueError(f"the LoRA adapter {name!r} is already loaded; unload it first to load other weights")
+        raise AdapterConflict(f"the LoRA adapter {name!r} is already loaded; unload it first to load other weights")
     request = LoRARequest(name, _next_id(engine.list_loras()), path)
     engine.add_lora(request, read)
     return request

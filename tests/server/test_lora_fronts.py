@@ -107,9 +107,9 @@ def test_http_load_list_serve_and_unload(server, expected, adapter_dirs, tmp_pat
         r = post(server, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": adapter_dirs[name]})
         assert r.status_code == 200 and name in r.text, r.text
     again = post(server, "/v1/load_lora_adapter", {"lora_name": "qv4", "lora_path": adapter_dirs["qv4"]})
-    assert again.status_code == 400 and "already loaded" in again.json()["error"]["message"]
+    assert again.status_code == 409 and "already loaded" in again.json()["error"]["message"]   # its state
     not_adapter = post(server, "/v1/load_lora_adapter", {"lora_name": "x", "lora_path": str(tmp_path)})
-    assert not_adapter.status_code == 400
+    assert not_adapter.status_code == 404 and not_adapter.json()["error"]["param"] == "lora_path"
     unknown_field = post(server, "/v1/load_lora_adapter", {"lora_name": "y", "lora_path": "p", "rank": 4})
     assert unknown_field.status_code == 400
 

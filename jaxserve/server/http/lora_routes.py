@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from fastapi import Depends, FastAPI
 from fastapi.responses import PlainTextResponse
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from jaxserve.server import lora_adapters
 from jaxserve.server.http import errors
@@ -23,8 +23,8 @@ from jaxserve.server.http.openai_front import OpenAIFront, engine_error
 
 class LoadLoRAAdapterRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    lora_name: str
-    lora_path: str
+    lora_name: str = Field(json_schema_extra={"minLength": 1})
+    lora_path: str = Field(json_schema_extra={"minLength": 1})
 
 
 class UnloadLoRAAdapterRequest(BaseModel):
@@ -38,8 +38,12 @@ def add_lora_routes(app: FastAPI, front: OpenAIFront, authorized) -> None:
     async def load_lora_adapter(req: LoadLoRAAdapterRequest):
         try:
             await lora_adapters.load_adapter(front.engine(), req.lora_name, req.lora_path)
-        except FileNotFoundError as e:
-            raise errors.bad_request(str(e), "lora_path") from e
+        except FileNotFoundError as e:    # no adapter at that path: what it names is not found
+            raise errors.APIError(404, str(e), type="invalid_request_error", param="lora_path",
+                                  code="adapter_not_found") from e
+        except lora_adapters.AdapterConflict as e:
+            raise errors.APIError(409, str(e), type="invalid_request_error", param="lora_name",
+                                  code="adapter_conflict") from e
         except Exception as e:  # noqa: BLE001 - mapped when known, raised as it is otherwise
             raise _mapped(e) from e
         return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' added successfully.")

@@ -213,6 +213,8 @@ def _describe_operation(method: str, path: str, op: dict, *, api_key: bool) -> N
             param["schema"] = copy.deepcopy(schema)
     if path == "/v1/responses/{response_id}/cancel":
         responses["409"] = _error("the response is not running in the background, so there is nothing to cancel")
+    if path == "/v1/load_lora_adapter":
+        responses["409"] = _error("an adapter (or the base model) already has that name")
     ok = responses.setdefault("200", {"description": "OK"})
     model = RESPONSE_MODELS.get((method, path))
     if model is not None:
