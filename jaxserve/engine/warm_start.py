@@ -7,7 +7,7 @@ A bucket's programs are its step, its sampler and every step feature's program f
 logprobs, pooling: runner.load_executables), so a request that asks for one never steps in a
 bucket whose feature program is cold: the cap holds it to warm ones. LoRA slot writes wait for
 the thread's run in progress (lora/slot_writes.py). The grammar compiler's tokenizer and the LoRA
-slot writer are built by the thread after the last bucket (its helpers); a request that needs one
+slot writer are built by the thread before the buckets (its helpers); a request that needs one
 before then builds it itself and waits for it, never failing.
 What the cap cannot bound falls back to warm_up="all" (everything warm before the engine
 returns), with the reason logged:

@@ -16,9 +16,9 @@ buckets are only loaded. A first run reads the runner's weights under `runner.pa
 which a writer that donates them (a LoRA slot write, lora/slot_writes.py) takes too: that writer
 waits for the run in progress instead of deleting the arrays it reads.
 
-After the last bucket the thread runs the engine's host-side helpers it was started with
-(`start(helpers)`: the grammar compiler's tokenizer), so the first request that needs one finds
-it built.
+Before the buckets the thread builds the engine's helpers it was started with (`start(helpers)`:
+the grammar compiler's tokenizer, the LoRA slot writer): seconds, against the buckets' minutes, so
+the first request that needs one finds it built (or waits for the build in progress).
 
 Compilations here (a cold start) are counted in this thread's own counter (`compilations`), never
 in the engine's `num_compilations_after_warmup`, which counts the serving path: a step, a block
@@ -65,7 +65,7 @@ class BackgroundWarmUp:
         self._thread = threading.Thread(target=self._run, name="jaxserve-bucket-warmup", daemon=True)
 
     def start(self, helpers: Sequence[tuple[str, Callable[[], object]]] = ()) -> "BackgroundWarmUp":
-        """Start the thread; `helpers`: (name, build) pairs it calls after the last bucket."""
+        """Start the thread; `helpers`: (name, build) pairs it calls before the buckets."""
         self._helpers = tuple(helpers)
         self._thread.start()
         return self
@@ -89,6 +89,7 @@ class BackgroundWarmUp:
         t0 = time.perf_counter()
         arena = None
         with compile_counter.attributed_to(self.compilations):
+            self._build_helpers()
             for bucket in self.readiness.pending():
                 if self._stop.is_set():
                     break
@@ -108,20 +109,25 @@ class BackgroundWarmUp:
                     continue
                 self.readiness.mark_ready([bucket])
         del arena
-        for name, build in self._helpers:
-            if self._stop.is_set():
-                break
-            try:
-                build()
-            except Exception as e:  # noqa: BLE001 - its first user builds it again, and meets the error itself
-                log.warning("warm-up: %s failed (%s); its first request builds it", name, e)
-                self.helpers_failed.append((name, repr(e)))
         self.seconds = time.perf_counter() - t0
         if self.readiness.all_ready:
             log.info("warm-up: all %d buckets ready, %.1f s in the background (%d compiled there)",
                      self.readiness.total, self.seconds, self.compilations.count)
         else:
             log.info("warm-up stopped after %.1f s: %s", self.seconds, self.readiness.describe())
+
+
+    def _build_helpers(self) -> None:
+        # first: they take seconds, the buckets minutes, and a request that needs one before it is
+        # built stalls the step thread to build it (a compilation on the serving path)
+        for name, build in self._helpers:
+            if self._stop.is_set():
+                return
+            try:
+                build()
+            except Exception as e:  # noqa: BLE001 - its first user builds it again, and meets the error itself
+                log.warning("warm-up: %s failed (%s); its first request builds it", name, e)
+                self.helpers_failed.append((name, repr(e)))
 
 
 def run_on(runner, bucket: tuple[int, int], arena):
