@@ -86,6 +86,37 @@ def test_a_full_waiting_queue_gives_resource_exhausted(tiny_llm):
     assert "max_waiting_requests=1" in err.details()
 
 
+def test_a_call_cancelled_while_its_request_waits_is_aborted_and_frees_everything(tiny_llm):
+    """A gRPC client that leaves before its first token (its request queued behind full seats)
+    aborts the request there, without waiting for a seat; the seats' own requests are untouched."""
+    engine = LLM.sharing_runner(tiny_llm).engine
+    gate = StepGate(engine)   # no request runs past its first output until the gate opens
+    aborted = engine.finished_by_reason.get("abort", 0)
+
+    async def body(client, state):
+        running = [client.stream_chunks(PROMPT, max_tokens=8, ignore_eos=True) for _ in range(4)]
+        for s in running:
+            await first_chunk(s)
+        waiting = client.stream_chunks(PROMPT, max_tokens=8)
+        waiter = asyncio.ensure_future(first_chunk(waiting))
+        await wait_for(lambda: _waiting_is(client, 1), "one waiting request")
+        waiter.cancel()                        # the client leaves: its call is cancelled
+        await asyncio.gather(waiter, return_exceptions=True)
+        await waiting.aclose()
+        await wait_for(lambda: _waiting_is(client, 0), "the waiting request to be aborted")
+        left_running = (await client.server_info()).num_requests_running
+        gate.open()
+        tokens = []
+        for s in running:
+            tokens.append(sum(len(c.token_ids) for c in [c async for c in s]))
+        await wait_for(lambda: _idle(client), "the engine to be idle")
+        return left_running, tokens
+
+    left_running, tokens = asyncio.run(serve(engine, body))
+    assert left_running == 4 and tokens == [7] * 4      # the first token came before; the rest after
+    assert engine.finished_by_reason.get("abort", 0) == aborted + 1
+
+
 async def _waiting_is(client, n):
     return (await client.server_info()).num_requests_waiting == n
 
