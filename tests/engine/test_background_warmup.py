@@ -13,6 +13,7 @@ from jaxserve.runner import background_warmup
 from jaxserve.runner.batch import bucket_for
 from jaxserve.runner.model_runner import ModelRunner
 from tests.conftest import TINY_ENGINE
+from tests.sched.sched_testkit import check_invariants
 
 GUARD_S = 600   # a warm-up that never gets there fails the test instead of hanging it
 
@@ -155,6 +156,7 @@ def test_prompt_logprobs_and_embeddings_are_served_while_their_programs_warm(tin
         test_prompt_logprobs.assert_matches_hf(tiny_llama_dir, out)
     assert runner.executables_loaded_on_demand() == []
     assert llm.stats().num_compilations_after_warmup == 0
+    check_invariants(engine.scheduler)
 
 
 class _RecordingLock:
@@ -211,3 +213,4 @@ def test_lora_adapters_load_while_the_buckets_warm(tiny_llama_dir, held, dispatc
     base = [o.outputs[0].token_ids for o in llm.generate(prompts[:1], params, use_tqdm=False)]
     assert after == during and base[0] != during[0]
     assert llm.stats().num_compilations_after_warmup == 0
+    check_invariants(llm.engine.scheduler)

@@ -65,12 +65,7 @@ def test_a_full_waiting_queue_gives_resource_exhausted(tiny_llm):
 
     async def body(client, state):
         # four streams take every seat (max_num_seqs=4); a fifth waits; a sixth finds the queue full
-        running = [client.stream_chunks(PROMPT, max_tokens=100, ignore_eos=True) for _ in range(4)]
-        for s in running:
-            await first_chunk(s)
-        waiting = client.stream_chunks(PROMPT, max_tokens=4)
-        waiter = asyncio.ensure_future(first_chunk(waiting))
-        await wait_for(lambda: _waiting_is(client, 1), "one waiting request")
+        running, waiting, waiter = await _seats_full_and_one_waiting(client, max_tokens=100)
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await client.generate(PROMPT, max_tokens=4)
         gate.open()
@@ -94,12 +89,7 @@ def test_a_call_cancelled_while_its_request_waits_is_aborted_and_frees_everythin
     aborted = engine.finished_by_reason.get("abort", 0)
 
     async def body(client, state):
-        running = [client.stream_chunks(PROMPT, max_tokens=8, ignore_eos=True) for _ in range(4)]
-        for s in running:
-            await first_chunk(s)
-        waiting = client.stream_chunks(PROMPT, max_tokens=8)
-        waiter = asyncio.ensure_future(first_chunk(waiting))
-        await wait_for(lambda: _waiting_is(client, 1), "one waiting request")
+        running, waiting, waiter = await _seats_full_and_one_waiting(client, max_tokens=8)
         waiter.cancel()                        # the client leaves: its call is cancelled
         await asyncio.gather(waiter, return_exceptions=True)
         await waiting.aclose()
@@ -115,6 +105,18 @@ def test_a_call_cancelled_while_its_request_waits_is_aborted_and_frees_everythin
     left_running, tokens = asyncio.run(serve(engine, body))
     assert left_running == 4 and tokens == [7] * 4      # the first token came before; the rest after
     assert engine.finished_by_reason.get("abort", 0) == aborted + 1
+
+
+async def _seats_full_and_one_waiting(client, *, max_tokens: int):
+    """Four streams on every seat (max_num_seqs=4), each past its first chunk (a closed StepGate
+    holds them there), and a fifth waiting for a seat: (running, waiting, its first-chunk task)."""
+    running = [client.stream_chunks(PROMPT, max_tokens=max_tokens, ignore_eos=True) for _ in range(4)]
+    for s in running:
+        await first_chunk(s)
+    waiting = client.stream_chunks(PROMPT, max_tokens=4)
+    waiter = asyncio.ensure_future(first_chunk(waiting))
+    await wait_for(lambda: _waiting_is(client, 1), "one waiting request")
+    return running, waiting, waiter
 
 
 async def _waiting_is(client, n):

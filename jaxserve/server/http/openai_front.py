@@ -47,7 +47,7 @@ def engine_error(e: BaseException) -> errors.APIError | None:
     if isinstance(e, errors.APIError):
         return e
     if isinstance(e, ValueError):
-        return errors.bad_request(str(e), code=getattr(e, "code", None))   # jaxserve/refusals.py
+        return errors.refused(e)
     if isinstance(e, NotImplementedError):
         return errors.not_implemented(str(e))
     if isinstance(e, Overloaded):

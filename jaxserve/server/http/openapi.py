@@ -34,9 +34,9 @@ from fastapi.openapi.utils import get_openapi
 
 from jaxserve import sampling_params as sp
 from jaxserve.server.chat_roles import chat_roles
-from jaxserve.tool_parsers.plan import TOOL_NAME
 from jaxserve.server.http.schemas import ErrorResponse
 from jaxserve.server.state import Phase
+from jaxserve.tool_parsers.plan import TOOL_NAME
 
 # 400 codes for refusals a request schema cannot express (they depend on the prompt's tokens,
 # the model's template or a grammar's meaning, not on the request's shape)
@@ -60,8 +60,13 @@ _STATUS = {
     503: "the server is not serving (starting, paused, asleep or draining)",
 }
 OPEN_PATHS = ("/health", "/metrics", "/openapi.json")   # served without the key
-NOT_FOUND_PATHS = ("/v1/models/{model_id}", "/tokenize", "/detokenize", "/v1/responses/{response_id}", "/v1/responses/{response_id}/input_items",
-                   "/v1/responses/{response_id}/cancel", "/v1/unload_lora_adapter", "/v1/load_lora_adapter")
+NOT_FOUND_PATHS = ("/v1/models/{model_id}", "/tokenize", "/detokenize", "/v1/responses/{response_id}",
+                   "/v1/responses/{response_id}/input_items", "/v1/responses/{response_id}/cancel",
+                   "/v1/unload_lora_adapter", "/v1/load_lora_adapter")
+# 409s: well-formed requests the server's state refuses
+CONFLICTS = {"/v1/responses/{response_id}/cancel": "the response is not running in the background, so there is "
+                                                   "nothing to cancel",
+             "/v1/load_lora_adapter": "an adapter (or the base model) already has that name"}
 GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/embeddings")
 STREAMING_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses")
 LORA_PATHS = ("/v1/load_lora_adapter", "/v1/unload_lora_adapter")
@@ -211,10 +216,8 @@ def _describe_operation(method: str, path: str, op: dict, *, api_key: bool) -> N
         schema = QUERY_PARAMETERS.get((path, param["name"]))
         if schema is not None:
             param["schema"] = copy.deepcopy(schema)
-    if path == "/v1/responses/{response_id}/cancel":
-        responses["409"] = _error("the response is not running in the background, so there is nothing to cancel")
-    if path == "/v1/load_lora_adapter":
-        responses["409"] = _error("an adapter (or the base model) already has that name")
+    if path in CONFLICTS:
+        responses["409"] = _error(CONFLICTS[path])
     ok = responses.setdefault("200", {"description": "OK"})
     model = RESPONSE_MODELS.get((method, path))
     if model is not None:
@@ -345,13 +348,13 @@ def _describe_responses_request(c: dict) -> None:
     it takes: none at all, or the few it serves; its input items and their parts, which the route
     validates one at a time, as the models it validates them with."""
     from jaxserve.server.http import responses_schemas as rs
-    from jaxserve.server.http.responses_input import _PARTS, _REFUSED_FIELDS, LOGPROBS_INCLUDE
+    from jaxserve.server.http.responses_input import LOGPROBS_INCLUDE, REFUSED_FIELDS, TEXT_PARTS
 
     def ref(model) -> dict:
         _add_component_to(c, model, "validation")
         return {"$ref": f"#/components/schemas/{model.__name__}"}
 
-    parts = {"type": "array", "items": {"anyOf": [ref(m) for m in _PARTS.values()]}}
+    parts = {"type": "array", "items": {"anyOf": [ref(m) for m in TEXT_PARTS.values()]}}
     items = [ref(m) for m in (rs.MessageItem, rs.FunctionCallItem, rs.FunctionCallOutputItem, rs.ReasoningInputItem)]
     _set(c, "MessageItem", {}, content={"anyOf": [{"type": "string"}, parts]})
     _set(c, "FunctionCallOutputItem", {}, output={"anyOf": [{"type": "string"}, parts]})
@@ -361,7 +364,7 @@ def _describe_responses_request(c: dict) -> None:
          tools=_nullable({"type": "array", "items": ref(rs.FunctionTool)}))
 
     nothing = {"type": "null"}
-    _set(c, "ResponsesRequest", dict.fromkeys(_REFUSED_FIELDS, nothing),
+    _set(c, "ResponsesRequest", dict.fromkeys(REFUSED_FIELDS, nothing),
          background=_nullable({"type": "boolean", "enum": [False]}),
          truncation=_nullable({"type": "string", "enum": ["disabled"]}),
          service_tier=_nullable({"type": "string", "enum": ["auto", "default"]}),
@@ -394,5 +397,7 @@ def token_id_pattern(vocab_size: int) -> str:
     same.append(top)
     alternatives = (shorter if len(top) > 1 else []) + same
     return "^0*(" + "|".join(dict.fromkeys(alternatives)) + ")$"
+
+
 def _nullable(schema: dict) -> dict:
     return {"anyOf": [copy.deepcopy(schema), {"type": "null"}]}

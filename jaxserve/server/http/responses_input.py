@@ -25,7 +25,7 @@ from jaxserve.server.http.responses_schemas import (FunctionCallItem, FunctionCa
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
 # Known fields this server does not implement, and why.
-_REFUSED_FIELDS = {
+REFUSED_FIELDS = {
     "conversation": "conversations are not stored here; continue one with previous_response_id",
     "prompt": "stored prompt templates are not supported; send the input itself",
     "context_management": "context compaction is not supported",
@@ -39,7 +39,7 @@ _REFUSED_FIELDS = {
 
 
 def refuse_unsupported(req: ResponsesRequest) -> None:
-    for name, why in _REFUSED_FIELDS.items():
+    for name, why in REFUSED_FIELDS.items():
         if getattr(req, name) is not None:
             raise bad_request(f"{name} is not supported on this server: {why}", name)
     if req.background:
@@ -173,7 +173,7 @@ def _message_text(m: MessageItem, where: str) -> str:
     return _parts_text(m.content, f"{where}.content")
 
 
-_PARTS = {"input_text": InputTextPart, "output_text": OutputTextPart, "refusal": RefusalPart,
+TEXT_PARTS = {"input_text": InputTextPart, "output_text": OutputTextPart, "refusal": RefusalPart,
           "reasoning_text": ReasoningTextPart, "summary_text": SummaryTextPart}
 
 
@@ -182,11 +182,11 @@ def _parts_text(parts: list[dict[str, Any]], where: str) -> str:
     for j, raw in enumerate(parts):
         at = f"{where}[{j}]"
         kind = raw.get("type") if isinstance(raw, dict) else None
-        if kind not in _PARTS:
+        if kind not in TEXT_PARTS:
             raise bad_request(f"{at}: only text parts are supported (input_text, output_text, refusal, "
                               f"reasoning_text, summary_text); got "
                               f"type {kind!r}", at)
-        part = _validated(_PARTS[kind], raw, at)
+        part = _validated(TEXT_PARTS[kind], raw, at)
         texts.append(part.refusal if isinstance(part, RefusalPart) else part.text)
     return "".join(texts)
 

@@ -16,7 +16,7 @@ from jaxserve.sampling_params import OutputKind, SamplingParams
 from jaxserve.structured_outputs import StructuredOutputs
 from jaxserve.tool_parsers.plan import NO_TOOLS, ToolPlan
 from jaxserve.server.request_caps import RequestCaps
-from jaxserve.server.http.errors import bad_request
+from jaxserve.server.http.errors import bad_request, refused
 from jaxserve.server.http.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, _SamplingFields
 
 
@@ -101,7 +101,7 @@ def _params(req: _SamplingFields, limits: RequestCaps, *, max_tokens: int | None
             param = prompt_logprobs_field
         elif param == "max_tokens":
             param = max_tokens_field
-        raise bad_request(message, param, getattr(e, "code", None)) from e
+        raise refused(e, param) from e
 
 
 def _structured_outputs(req: _SamplingFields) -> StructuredOutputs | None:
@@ -123,8 +123,7 @@ def _structured_outputs(req: _SamplingFields) -> StructuredOutputs | None:
                               "response_format")
         return StructuredOutputs(json=rf.json_schema.schema_)
     except ValueError as e:
-        raise bad_request(str(e), "structured_outputs" if so is not None else "response_format",
-                          getattr(e, "code", None)) from e
+        raise refused(e, "structured_outputs" if so is not None else "response_format") from e
 
 
 def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
