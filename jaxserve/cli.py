@@ -47,7 +47,7 @@ def cmd_generate(args) -> int:
     params = _sampling_params(args)
     llm = _make_llm(args, warm_up="none")
     prompts = _prompts(llm.get_tokenizer(), args)
-    if llm.config.warm_up == "none":
+    if llm.config.compilation.warm_up == "none":
         requests = [llm.engine.input_processor.process(p, params) for p in prompts]
         prepare_for_requests(llm.engine, [(len(r.prompt_token_ids), r.max_tokens) for r in requests
                                           for _ in range(r.params.n)])

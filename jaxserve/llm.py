@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Sequence
 
-from jaxserve.config import EngineConfig
+from jaxserve.engine_args import engine_config, per_engine_args, replace_args
 from jaxserve.engine.builder import build_custom_engine, build_engine
 from jaxserve.engine.stats import EngineStats
 from jaxserve.embedding_outputs import EmbeddingRequestOutput
@@ -70,10 +70,10 @@ class LLM:
             raise ValueError("mesh_axis= names an axis of mesh=, which was not given")
         if custom:
             # the config names no checkpoint: the model is the one handed over here
-            self.config = EngineConfig.from_kwargs(model=None, **kwargs)
+            self.config = engine_config(model=None, **kwargs)
             self.engine = build_custom_engine(self.config, model, params, tokenizer, progress=progress, mesh=mesh)
         else:
-            self.config = EngineConfig.from_kwargs(model=model, **kwargs)
+            self.config = engine_config(model=model, **kwargs)
             self.engine = build_engine(self.config, progress=progress, mesh=mesh)
         self.custom_model = model if custom else None
 
@@ -81,18 +81,13 @@ class LLM:
     def sharing_runner(cls, other: "LLM", **overrides: Any) -> "LLM":
         """A second LLM on `other`'s compiled runner and KV arena with a fresh scheduler whose
         knobs come from `overrides` (e.g. usable_kv_blocks): no load, no compile."""
-        shape_free = {"usable_kv_blocks", "enable_prefix_caching", "enable_chunked_prefill",
-                      "long_prefill_token_threshold", "seed", "max_num_partial_prefills", "starvation_steps",
-                      "scheduling_policy", "priority_weight_base", "max_waiting_requests", "kv_watermark",
-                      "preemption_mode", "async_scheduling", "chunk_policy", "ttft_slo_ms", "tpot_slo_ms",
-                      "itl_budget_ms", "speculative_config"}
-        if set(overrides) - shape_free:
-            raise ValueError(f"sharing a runner can only change {sorted(shape_free)}, "
-                             f"not {sorted(set(overrides) - shape_free)}")
+        allowed = per_engine_args()        # what the runner's shapes and weights do not depend on
+        if set(overrides) - allowed:
+            raise ValueError(f"sharing a runner can only change {sorted(allowed)}, "
+                             f"not {sorted(set(overrides) - allowed)}")
         llm = cls.__new__(cls)
         llm.custom_model = getattr(other, "custom_model", None)
-        fields = {k: getattr(other.config, k) for k in other.config.__dataclass_fields__}
-        llm.config = EngineConfig.from_kwargs(**{**fields, **overrides})
+        llm.config = replace_args(other.config, **overrides)
         llm.engine = build_engine(llm.config, share_runner_of=other.engine)
         return llm
 

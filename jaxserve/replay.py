@@ -38,7 +38,7 @@ from jaxserve.models.invariant_attention import sequence_attention
 from jaxserve.models.config import ModelConfig
 from jaxserve.parallel.mesh import MODEL_AXIS
 
-DEFAULT_BLOCK_SIZE = 16      # EngineConfig's block_size default: a ModelConfig replays with it
+DEFAULT_BLOCK_SIZE = 16      # CacheConfig's block_size default: a ModelConfig replays with it
 
 
 class _Replayed(NamedTuple):

@@ -185,7 +185,8 @@ class KVLoading:
     the counters; the scheduler (scheduler.py) owns the queue and the running list it is handed
     and ends the requests it reports failed."""
 
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, admission: Admission) -> None:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, admission: Admission,
+                 lora_slots=None) -> None:
         self.config = config
         self.kv = kv
         self.admission = admission
@@ -202,9 +203,9 @@ class KVLoading:
         self.num_stale_results = 0
         self._ops_loads: list[KVLoad] = []       # the next step's runner-side work (KVConnectorOps)
         self._ops_saves: list[HeldBlocks] = []
-        # LoRA slots (lora_slots.py; the scheduler sets it): a loaded request under an adapter is
+        # LoRA slots (lora_slots.py): a loaded request under an adapter is
         # seated with its adapter's slot, or waits for one
-        self.lora_slots = None
+        self.lora_slots = lora_slots
 
     def attach(self, connector: KVConnector, failure_policy: str = "recompute") -> None:
         if failure_policy not in LOAD_FAILURE_POLICIES:

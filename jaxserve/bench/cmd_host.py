@@ -298,10 +298,10 @@ def _run_without_model(args: argparse.Namespace, batches: list[int]) -> dict[str
 
 
 def _buckets(batches: list[int]) -> dict[str, tuple[int, ...]]:
-    from jaxserve.config import EngineConfig
+    from jaxserve.engine_args import default_arg
     from jaxserve.llm import OFFLINE_PREFILL_TILE     # LLM's tile (the engine's own default is smaller)
 
-    tiles = EngineConfig().max_num_batched_tokens // OFFLINE_PREFILL_TILE
+    tiles = default_arg("max_num_batched_tokens") // OFFLINE_PREFILL_TILE
     # the mixed buckets need 1 and the largest batch (one entry when that is 1 itself)
     return {"decode_buckets": tuple(sorted({1, batches[-1]})), "decode_only_buckets": tuple(batches),
             "prefill_buckets": (0, tiles)}

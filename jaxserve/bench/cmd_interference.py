@@ -28,7 +28,7 @@ from jaxserve.bench.args import add_common, engine_kwargs, set_command
 from jaxserve.bench.metrics import LatencyStats
 from jaxserve.bench.session import Session, log
 from jaxserve.bench.workloads import interference_workload, warmup_requests
-from jaxserve.config import EngineConfig
+from jaxserve.engine_args import default_arg
 
 
 def add_parser(sub: Any) -> None:
@@ -86,7 +86,7 @@ def _variants(text: str, *, budget: int, num_chats: int, tile: int, max_model_le
 def serving_prefill_tile(args: argparse.Namespace) -> int:
     """The server's prefill tile (LLM, which the benchmark drives, defaults to the offline one),
     unless --engine-arg sets it."""
-    return int(engine_kwargs(args).get("prefill_tile", EngineConfig().prefill_tile))
+    return int(engine_kwargs(args).get("prefill_tile", default_arg("prefill_tile")))
 
 
 def row(records: list[Any]) -> dict[str, Any]:
@@ -183,8 +183,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     session.sized_for(workload)
     runs, table = [], {}
     rounds: dict[int, dict[str, dict[str, Any]]] = {}   # round -> the default engine's rows
-    serving = EngineConfig()  # the server's defaults, where LLM's offline ones differ (prefill_tile)
-    budget = args.max_num_batched_tokens or serving.max_num_batched_tokens
+    # the server's defaults, where LLM's offline ones differ (prefill_tile)
+    budget = args.max_num_batched_tokens or default_arg("max_num_batched_tokens")
     max_len = args.max_model_len or base_overrides["max_model_len"]
     tile = base_overrides["prefill_tile"] = serving_prefill_tile(args)
     variants = _variants(args.chunk_sizes, budget=budget, num_chats=args.num_chats, tile=tile,

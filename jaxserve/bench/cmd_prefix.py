@@ -60,7 +60,8 @@ def tier_stats(llm: Any) -> dict[str, Any]:
            "host_bytes_loaded": s.kv_offload_bytes_loaded, "host_bytes_saved": s.kv_offload_bytes_saved,
            "preemptions": s.num_preemptions}
     # the host pool's copy rate, as the engine measured it at start-up (runner/host_swap.py)
-    cost = getattr(getattr(llm.engine, "runner", None), "swap_cost", None)
+    calibration = getattr(llm.engine, "calibration", None)      # another engine's LLM has none
+    cost = calibration.swap_cost if calibration is not None else None
     if cost is not None and cost.per_block_s > 0:
         out["host_copy_gb_s"] = s.kv_cache_bytes_per_block / cost.per_block_s / 1e9
         out["host_copy_fixed_ms"] = cost.fixed_s * 1e3

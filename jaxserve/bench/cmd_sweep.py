@@ -185,8 +185,8 @@ def _build(args: argparse.Namespace, model: str, settings: dict[str, int] | None
 
 def _time_beside(args: argparse.Namespace, llm: Any, default: Any, seeds: Iterator[int]) -> dict[str, PairedTiming]:
     """Batch 1, then a full batch (max_num_seqs rows; the default runs as many, up to its own)."""
-    seqs = llm.config.max_num_seqs
-    batches = {"batch1": (1, 1), "full_batch": (seqs, min(seqs, default.config.max_num_seqs))}
+    seqs = llm.config.scheduler.max_num_seqs
+    batches = {"batch1": (1, 1), "full_batch": (seqs, min(seqs, default.config.scheduler.max_num_seqs))}
     return {key: time_beside(llm, default, batch=b, default_batch=db, rounds=args.repeats, input_len=args.input_len,
                              steps=args.steps, seeds=seeds)
             for key, (b, db) in batches.items()}
@@ -219,13 +219,13 @@ def _engine_kwargs(args: argparse.Namespace, settings: dict[str, int] | None,
     """The engine of one configuration (None: the engine's defaults), compiling only the buckets it is
     timed on: decode-only steps of 1 and max_num_seqs rows (and of `extra_rows` up to max_num_seqs),
     and one mixed bucket that carries the prompts in."""
-    from jaxserve.config import EngineConfig
+    from jaxserve.engine_args import default_arg
     from jaxserve.llm import OFFLINE_PREFILL_TILE
 
     extra = engine_kwargs(argparse.Namespace(dtype=args.dtype, engine_arg=args.engine_arg))
     kw = {**extra, **(settings or {})}
-    seqs = kw.get("max_num_seqs", EngineConfig.__dataclass_fields__["max_num_seqs"].default)
-    budget = kw.get("max_num_batched_tokens", EngineConfig.__dataclass_fields__["max_num_batched_tokens"].default)
+    seqs = kw.get("max_num_seqs", default_arg("max_num_seqs"))
+    budget = kw.get("max_num_batched_tokens", default_arg("max_num_batched_tokens"))
     tile = kw.get("prefill_tile", OFFLINE_PREFILL_TILE)
     # no swap pool: nothing is preempted in this workload, and it skips the start-up swap measurement
     rows = {1, seqs} | {r for r in extra_rows if r < seqs}
@@ -235,8 +235,8 @@ def _engine_kwargs(args: argparse.Namespace, settings: dict[str, int] | None,
 
 def _resolved(llm: Any) -> dict[str, int]:
     """A configuration's settings as the engine resolved them (an unset max_model_len: the model's limit)."""
-    return {"max_model_len": int(llm.engine.max_model_len), "max_num_seqs": llm.config.max_num_seqs,
-            "block_size": llm.config.block_size, "prefill_tile": llm.config.prefill_tile}
+    return {"max_model_len": int(llm.engine.max_model_len), "max_num_seqs": llm.config.scheduler.max_num_seqs,
+            "block_size": llm.config.cache.block_size, "prefill_tile": llm.config.compilation.prefill_tile}
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:

@@ -88,7 +88,7 @@ def measure_decode(llm: Any, *, batch: int, input_len: int, steps: int, seed: in
     rng = np.random.default_rng(seed)
     vocab = llm.engine.vocab_size
     prompts = [{"prompt_token_ids": rng.integers(3, vocab, input_len).tolist()} for _ in range(batch)]
-    max_tokens = output_tokens_for(batch, input_len, steps, llm.config.max_num_batched_tokens)
+    max_tokens = output_tokens_for(batch, input_len, steps, llm.config.scheduler.max_num_batched_tokens)
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0)
     outputs = llm.generate(prompts, params, use_tqdm=False)
     timed = full_batch_step_times([o.metrics.token_times for o in outputs])

@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 from jaxserve.bench.backend_base import Backend, BackendRun, RunOptions
 from jaxserve.bench.backend_jaxserve import JaxServeBackend
 from jaxserve.bench.workloads import BenchRequest
-from jaxserve.config import EngineConfig
+from jaxserve.engine_args import default_arg, engine_args
 
 VARIANT_USAGE = ("expected NAME or NAME:KEY=VALUE[,KEY=VALUE...] with EngineConfig fields and Python-literal "
                  "values, e.g. t64:long_prefill_token_threshold=64")
@@ -30,7 +30,7 @@ _ITEM_START = re.compile(r",(?=\s*[A-Za-z_]\w*\s*=)")   # a comma that starts KE
 def serving_defaults() -> dict[str, Any]:
     """The server's settings where LLM's offline defaults differ (llm.py): the derived chunk and the
     serving prefill tile."""
-    return {"long_prefill_token_threshold": None, "prefill_tile": EngineConfig().prefill_tile}
+    return {"long_prefill_token_threshold": None, "prefill_tile": default_arg("prefill_tile")}
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,14 +45,14 @@ class EngineVariant:
         if not _NAME.match(name):
             raise ValueError(f"bad engine variant {text!r}: {VARIANT_USAGE}")
         overrides: dict[str, Any] = {}
-        known = set(EngineConfig.__dataclass_fields__)
+        known = set(engine_args())
         for item in (_ITEM_START.split(rest) if sep and rest.strip() else []):
             key, eq, value = item.partition("=")
             key = key.strip()
             if not eq or not key or key in overrides:
                 raise ValueError(f"bad engine variant {text!r}: {VARIANT_USAGE}")
             if key not in known:
-                raise ValueError(f"bad engine variant {text!r}: {key!r} is not an EngineConfig field")
+                raise ValueError(f"bad engine variant {text!r}: {key!r} is not an engine argument")
             try:
                 overrides[key] = ast.literal_eval(value.strip())
             except (ValueError, SyntaxError):

@@ -26,9 +26,9 @@ def local_layout(engine, role: str) -> KVLayout:
 
 
 def build_connector(engine, config: EngineConfig, *, client_metadata: tuple = ()) -> DisaggConnector | None:
-    """The KV connector of `config.role` for `engine` (None for "both"), its transfers compiled now.
+    """The KV connector of `config.disagg.role` for `engine` (None for "both"), its transfers compiled now.
     `client_metadata`: sent with a decode engine's calls to its prefill peers."""
-    role = config.role
+    role = config.disagg.role
     if role not in ROLES:
         raise ValueError(f"role={role!r} must be one of {ROLES}")
     if role == "both":
@@ -40,21 +40,21 @@ def build_connector(engine, config: EngineConfig, *, client_metadata: tuple = ()
     metrics = TransferMetrics()
     sender = receiver = None
     if role == "prefill":
-        sender = KVSender(transfer, engine.scheduler.free_held_blocks, config.kv_lease_s)
+        sender = KVSender(transfer, engine.scheduler.free_held_blocks, config.disagg.kv_lease_s)
     else:
         receiver = KVReceiver(transfer, local_layout(engine, role), KVClient(client_metadata),
-                              timeout_s=config.kv_load_timeout_s, lease_s=config.kv_lease_s,
+                              timeout_s=config.disagg.kv_load_timeout_s, lease_s=config.disagg.kv_lease_s,
                               on_transfer=metrics.observe)
     return DisaggConnector(sender, receiver, metrics)
 
 
 def attach_connector(engine, config: EngineConfig, *, client_metadata: tuple = ()) -> DisaggConnector | None:
-    """Give `engine` (and its scheduler) the connector of `config.role`, with the load failure
+    """Give `engine` (and its scheduler) the connector of `config.disagg.role`, with the load failure
     policy; a colocated engine ("both") is left as it is. The scheduler and the engine then call
     its scheduler side through sched/kv_connector.py's KVConnector protocol, the runner its
     runner side (KVConnectorWorker.apply) at each step's dispatch."""
     connector = build_connector(engine, config, client_metadata=client_metadata)
     if connector is None:
         return None
-    engine.attach_kv_connector(connector, config.role, config.kv_load_failure_policy)
+    engine.attach_kv_connector(connector, config.disagg.role, config.disagg.kv_load_failure_policy)
     return connector

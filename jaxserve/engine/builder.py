@@ -30,13 +30,14 @@ from jax.sharding import Mesh
 
 from jaxserve.checkpoints import Checkpoint, load_checkpoint
 from jaxserve.config import EngineConfig
-from jaxserve.engine.chunk_policy import DECODE_CONTEXT, PROVISIONAL, ChunkPolicy, resolve_chunk_policy
+from jaxserve.engine.chunk_policy import DECODE_CONTEXT, PROVISIONAL, resolve_chunk_policy
 from jaxserve.engine.deferred_calibration import DeferredCalibration
 from jaxserve.engine.draft_model import build_draft_runner
 from jaxserve.engine.host_gc import pace_collector
 from jaxserve.engine.draft_proposer import DraftModelProposer
 from jaxserve.engine.chat_template import apply_chat_template_override, default_chat_template
 from jaxserve.engine.engine import Engine
+from jaxserve.engine.startup_calibration import StartupCalibration
 from jaxserve.engine.startup_timings import PhaseClock, StartupTimings
 from jaxserve.engine.step_features import step_features
 from jaxserve.engine import warm_start
@@ -92,26 +93,27 @@ def enable_compilation_cache(path: str | None) -> None:
 
 
 def runner_shapes(config: EngineConfig, max_model_len: int) -> RunnerShapes:
-    tiles = max_prefill_tiles(config.max_num_batched_tokens, config.prefill_tile)
-    decode = config.decode_buckets or default_decode_buckets(config.max_num_seqs)
-    prefill = config.prefill_buckets or default_prefill_buckets(tiles)
+    compiled, seats = config.compilation, config.scheduler.max_num_seqs
+    budget = config.scheduler.max_num_batched_tokens
+    tiles = max_prefill_tiles(budget, compiled.prefill_tile)
+    decode = compiled.decode_buckets or default_decode_buckets(seats)
+    prefill = compiled.prefill_buckets or default_prefill_buckets(tiles)
     # explicit decode_buckets alone also serve decode-only steps (what a test that pins them expects)
     # speculation's guesses are extra decode rows: decode-only steps of up to twice the seats
     # (its planner measures what they cost and stops guessing where they do not pay)
-    spec_rows = 2 * config.max_num_seqs if config.speculative_config is not None else config.max_num_seqs
-    decode_only = config.decode_only_buckets or (
-        decode if config.decode_buckets else default_decode_only_buckets(spec_rows))
+    spec_rows = 2 * seats if config.speculative_config is not None else seats
+    decode_only = compiled.decode_only_buckets or (
+        decode if compiled.decode_buckets else default_decode_only_buckets(spec_rows))
     for name, rows in (("decode_buckets", decode), ("decode_only_buckets", decode_only)):
-        if rows[-1] < config.max_num_seqs:
-            raise ValueError(f"{name}={rows} must reach max_num_seqs={config.max_num_seqs}")
+        if rows[-1] < seats:
+            raise ValueError(f"{name}={rows} must reach max_num_seqs={seats}")
     if prefill[-1] < tiles:
         raise ValueError(f"prefill_buckets={prefill} must reach {tiles} tiles: a step of "
-                         f"max_num_batched_tokens={config.max_num_batched_tokens} in tiles of "
-                         f"{config.prefill_tile} can need that many")
+                         f"max_num_batched_tokens={budget} in tiles of {compiled.prefill_tile} can need that many")
     return RunnerShapes(
-        block_size=config.block_size,
+        block_size=config.cache.block_size,
         max_model_len=max_model_len,
-        prefill_tile=config.prefill_tile,
+        prefill_tile=compiled.prefill_tile,
         decode_buckets=decode,
         prefill_buckets=prefill,
         decode_only_buckets=decode_only,
@@ -129,26 +131,27 @@ def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, 
         return _with_connector(_engine_on_shared_runner(config, share_runner_of), config)
     _check_caller_mesh(mesh, config)
     # several hosts: join them first (jax.distributed must start before jax's backend does)
-    host_config = HostConfig.resolve(config.num_hosts, config.host_rank, config.coordinator_address,
-                                     config.host_timeout_s)
+    parallel = config.parallel
+    host_config = HostConfig.resolve(parallel.num_hosts, parallel.host_rank, parallel.coordinator_address,
+                                     parallel.host_timeout_s)
     hosts = join(host_config) if host_config is not None else None
     clock = PhaseClock()
-    enable_compilation_cache(config.compilation_cache_dir)
-    cache_dir = config.cache_dir or None
+    enable_compilation_cache(config.compilation.compilation_cache_dir)
+    cache_dir = config.compilation.cache_dir or None
     if checkpoint is None:
-        ckpt = load_checkpoint(config.model, cache_dir=cache_dir, native_quantization=config.quantization)
+        ckpt = load_checkpoint(config.model.model, cache_dir=cache_dir, native_quantization=config.model.quantization)
         for phase, seconds in ckpt.load_seconds.items():
             clock.add(phase, seconds)
     else:
         ckpt = checkpoint              # loaded before this build: its time is not this build's
     model_config = ModelConfig.from_hf_config(ckpt.config)
-    dtype = resolve_dtype(config.dtype)
-    tp, ep = config.tensor_parallel_size, config.expert_parallel_size
+    dtype = resolve_dtype(config.model.dtype)
+    tp, ep = config.parallel.tensor_parallel_size, config.parallel.expert_parallel_size
     moe = bool(model_config.moe_layers)
     check_expert_sizes(model_config.num_experts if moe else 0, model_config.moe_intermediate_size, ep, tp)
     # refuses sizes that do not divide; a caller's mesh of one device runs the mesh's program too
     layout = HeadLayout.for_model(model_config, tp) if tp > 1 or ep > 1 or mesh is not None else None
-    if layout is not None and config.speculative_config is not None and config.speculative_config.method == "draft_model":
+    if layout is not None and config.uses_draft_model:
         raise ValueError("speculative decoding with a draft model is not built for tensor_parallel_size > 1 "
                          "(n-gram speculation is)")
     if hosts is not None and tp * ep != jax.device_count():
@@ -163,8 +166,8 @@ def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, 
     with clock.phase("params"):
         params, quant = checkpoint_params(config, ckpt, model_config, dtype, layout, mesh, cache_dir)
         ckpt = quant.checkpoint
-        if config.enable_lora:   # empty slots beside every projection: the steps compile with them
-            params = lora_engine.slotted_params(params, model_config, config.max_loras, config.max_lora_rank,
+        if config.lora.enable_lora:   # empty slots beside every projection: the steps compile with them
+            params = lora_engine.slotted_params(params, model_config, config.lora.max_loras, config.lora.max_lora_rank,
                                                 layout, mesh)
     source_config = model_config
     if layout is not None:   # the runner's model has the replicated KV heads (parallel/layout.py)
@@ -174,17 +177,17 @@ def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, 
     if ckpt.tokenizer is not None and ckpt.tokenizer.eos_token_id is not None:
         eos.add(ckpt.tokenizer.eos_token_id)
     # the checkpoint's config (adapters name its unreplicated heads) and the stored layout
-    lora = (functools.partial(lora_engine.build, model_config=source_config, max_loras=config.max_loras,
-                              max_rank=config.max_lora_rank, heads=layout, mesh=mesh)
-            if config.enable_lora else None)
+    lora = (functools.partial(lora_engine.build, model_config=source_config, max_loras=config.lora.max_loras,
+                              max_rank=config.lora.max_lora_rank, heads=layout, mesh=mesh)
+            if config.lora.enable_lora else None)
     # a weight update of a quantized engine goes through the same pass (engine/weight_update.py)
     requantize = (functools.partial(_requantized_params, config, dict(ckpt.config), source_config, dtype, layout, mesh)
-                  if config.quantization != "none" else None)
+                  if config.model.quantization != "none" else None)
     engine = _serve(config, model_config, params, dtype=dtype, kv_dtype=quant.kv_dtype, mesh=mesh, hosts=hosts,
                     clock=clock, identity=ckpt.identity, tokenizer=ckpt.tokenizer, eos_token_ids=eos,
                     model_name=os.path.basename(ckpt.source.rstrip("/")), cache_dir=cache_dir, progress=progress,
                     lora=lora, requantize=requantize,
-                    chat_template=default_chat_template(ckpt.source, config.chat_template))
+                    chat_template=default_chat_template(ckpt.source, config.model.chat_template))
     return _with_connector(engine, config)
 
 
@@ -192,7 +195,7 @@ def _with_connector(engine: Engine, config: EngineConfig) -> Engine:
     """A prefill or decode engine gets its KV connector from the config's role settings
     (jaxserve/disagg/attach.py), here rather than in the server, so LLM(role=...) and `jaxserve
     serve --role ...` build the same engine. Imported only then: a colocated engine loads no grpc."""
-    if config.role != "both":
+    if config.disagg.role != "both":
         from jaxserve.disagg.attach import attach_connector
 
         attach_connector(engine, config)
@@ -244,22 +247,22 @@ def build_custom_engine(config: EngineConfig, model: CustomModel, params, tokeni
         raise ValueError(f"LLM(model=CustomModel(...)) needs tokenizer=<a transformers tokenizer for "
                          f"{model.name}>: the engine reads prompts and writes text with it")
     refused = []
-    if config.quantization != "none":
-        refused.append(f"quantization={config.quantization!r} (custom models are served as their params are: "
+    if config.model.quantization != "none":
+        refused.append(f"quantization={config.model.quantization!r} (custom models are served as their params are: "
                        f"quantize them in your own forward)")
-    if config.kv_cache_dtype != "auto":
-        refused.append(f"kv_cache_dtype={config.kv_cache_dtype!r} (custom models keep K/V in the arena dtype, "
+    if config.cache.kv_cache_dtype != "auto":
+        refused.append(f"kv_cache_dtype={config.cache.kv_cache_dtype!r} (custom models keep K/V in the arena dtype, "
                        f"`dtype`)")
-    if config.num_hosts != 1:
-        refused.append(f"num_hosts={config.num_hosts} (custom models run on one host)")
-    if config.expert_parallel_size != 1:
-        refused.append(f"expert_parallel_size={config.expert_parallel_size} (a custom model's experts, if any, "
-                       f"are placed by its own partition_specs)")
-    if config.role != "both":
-        refused.append(f"role={config.role!r} (disaggregated prefill/decode is not built for custom models)")
-    if _uses_draft_model(config):
+    if config.parallel.num_hosts != 1:
+        refused.append(f"num_hosts={config.parallel.num_hosts} (custom models run on one host)")
+    if config.parallel.expert_parallel_size != 1:
+        refused.append(f"expert_parallel_size={config.parallel.expert_parallel_size} (a custom model's experts, "
+                       f"if any, are placed by its own partition_specs)")
+    if config.disagg.role != "both":
+        refused.append(f"role={config.disagg.role!r} (disaggregated prefill/decode is not built for custom models)")
+    if config.uses_draft_model:
         refused.append("speculative decoding with a draft model (n-gram speculation works)")
-    if config.enable_lora:
+    if config.lora.enable_lora:
         refused.append("enable_lora (LoRA slots sit beside the registry architectures' projections)")
     if refused:
         raise ValueError(f"not supported for a custom model ({model.name}): " + "; ".join(refused))
@@ -267,8 +270,8 @@ def build_custom_engine(config: EngineConfig, model: CustomModel, params, tokeni
     if vocab > model.vocab_size:
         raise ValueError(f"the tokenizer has {vocab} tokens, more than {model.name}'s vocab_size={model.vocab_size}")
     clock = PhaseClock()
-    enable_compilation_cache(config.compilation_cache_dir)
-    tp = config.tensor_parallel_size
+    enable_compilation_cache(config.compilation.compilation_cache_dir)
+    tp = config.parallel.tensor_parallel_size
     _check_caller_mesh(mesh, config)
     if mesh is None:
         mesh = make_mesh(tp) if tp > 1 else None
@@ -281,14 +284,15 @@ def build_custom_engine(config: EngineConfig, model: CustomModel, params, tokeni
         params = jax.block_until_ready(custom.runner_params(params))
     # the params are used as given, never cast: the arena holds K/V in their floating dtype
     dtype = custom.floating_dtype(params) or resolve_dtype("auto")
-    if config.dtype not in ("auto", dtype):
-        raise ValueError(f"dtype={config.dtype!r}: {model.name}'s params are {dtype}, and a custom model runs in "
+    if config.model.dtype not in ("auto", dtype):
+        raise ValueError(f"dtype={config.model.dtype!r}: {model.name}'s params are {dtype}, and a custom model runs in "
                          f"its params' dtype (cast them before handing them over; dtype='auto' takes theirs)")
     eos = set(model_config.eos_token_ids)
     if tokenizer.eos_token_id is not None:
         eos.add(tokenizer.eos_token_id)
     return _serve(config, model_config, params, dtype=dtype, mesh=mesh, hosts=None, clock=clock, identity=identity,
-                  tokenizer=tokenizer, eos_token_ids=eos, model_name=model.name, cache_dir=config.cache_dir or None,
+                  tokenizer=tokenizer, eos_token_ids=eos, model_name=model.name,
+                  cache_dir=config.compilation.cache_dir or None,
                   progress=progress, model=custom.CustomModelAdapter(model, identity))
 
 
@@ -301,45 +305,46 @@ def _serve(config: EngineConfig, model_config: ModelConfig, params, *, dtype: st
     `kv_dtype` says otherwise); `model`: the runner's forward (None: the config's architecture in
     the registry); `lora`: (runner, scheduler) -> the engine's EngineLoRA (enable_lora);
     `requantize`: a quantized engine's pass from float tensors to its params; `chat_template`: the
-    one used instead of the tokenizer's (default: config.chat_template)."""
-    tp = config.tensor_parallel_size
-    if config.warm_up == "background":
+    one used instead of the tokenizer's (default: config.model.chat_template)."""
+    tp = config.parallel.tensor_parallel_size
+    if config.compilation.warm_up == "background":
         refusal = warm_start.background_refusal(config, multi_host=hosts is not None)
         if refusal is not None:
             log.info("warm_up='background' is not built for %s: every bucket warms before the engine is ready",
                      refusal)
-            config = dataclasses.replace(config, warm_up="all")
-    max_model_len = config.max_model_len or min(model_config.max_position_embeddings, MAX_DEFAULT_MODEL_LEN)
+            config = dataclasses.replace(config, compilation=dataclasses.replace(config.compilation, warm_up="all"))
+    max_model_len = config.model.max_model_len or min(model_config.max_position_embeddings, MAX_DEFAULT_MODEL_LEN)
     if max_model_len > model_config.max_position_embeddings:
         raise ValueError(f"max_model_len={max_model_len} exceeds the model's max_position_embeddings="
                          f"{model_config.max_position_embeddings}")
-    kv_memory = config.kv_cache_memory or DEFAULT_KV_CACHE_MEMORY
-    arena = plan_arena(model_config, block_size=config.block_size, dtype=kv_dtype or dtype,
-                       num_kv_blocks=config.num_kv_blocks, kv_cache_memory=kv_memory, shards=tp)
+    kv_memory = config.cache.kv_cache_memory or DEFAULT_KV_CACHE_MEMORY
+    arena = plan_arena(model_config, block_size=config.cache.block_size, dtype=kv_dtype or dtype,
+                       num_kv_blocks=config.cache.num_kv_blocks, kv_cache_memory=kv_memory, shards=tp)
     shapes = runner_shapes(config, max_model_len)
     with clock.phase("kv_arena"):
-        runner = ModelRunner(model_config, params, arena, shapes, attention_impl=config.attention_impl,
-                             xla_optimization_level=config.xla_optimization_level,
-                             logprobs_mode=config.logprobs_mode,
+        runner = ModelRunner(model_config, params, arena, shapes, attention_impl=config.compilation.attention_impl,
+                             xla_optimization_level=config.compilation.xla_optimization_level,
+                             logprobs_mode=config.rl.logprobs_mode,
                              # several hosts: no swap (its start-up measurement runs outside the steps
                              # the followers mirror); preemption recomputes
-                             num_host_blocks=0 if hosts is not None else host_pool_blocks(config, arena.bytes_per_block),
+                             num_host_blocks=(0 if hosts is not None
+                                              else host_pool_blocks(config, arena.bytes_per_block)),
                              executable_cache=_cache(ExecutableCache, cache_dir, "executables"), mesh=mesh,
-                             coupled_with_draft=_uses_draft_model(config), model=model,
+                             coupled_with_draft=config.uses_draft_model, model=model,
                              features=step_features(config, model_config),
-                             expert_dispatch=config.expert_dispatch, batch_invariant=config.batch_invariant)
+                             expert_dispatch=config.parallel.expert_dispatch, batch_invariant=config.rl.batch_invariant)
         jax.block_until_ready(runner.kv_caches)
     with clock.phase("executables"):
         runner.warm_helpers()
     if hosts is not None:
         if not hosts.config.is_leader:
             log.info("host rank %d of %d: running the leader's steps", hosts.config.host_rank, hosts.config.num_hosts)
-            if config.warm_up == "all":
+            if config.compilation.warm_up == "all":
                 runner.load_executables(progress=progress)   # compiled here while rank 0 compiles its own
             hosts.follow_then_exit(runner)    # until rank 0 ends (or the watchdog ends this process)
         lead(hosts, runner)                   # from here every step rank 0 runs, the followers run too
-    stages = warm_start.plan(config, runner) if config.warm_up == "background" else None
-    if config.warm_up == "all" or stages is not None:
+    stages = warm_start.plan(config, runner) if config.compilation.warm_up == "background" else None
+    if config.compilation.warm_up == "all" or stages is not None:
         # background: only the first stage's buckets now, the rest once the engine serves
         report = warm_up(runner, stages[0].buckets if stages is not None else None, progress=progress)
         clock.add("executables", report.load_seconds)
@@ -348,23 +353,23 @@ def _serve(config: EngineConfig, model_config: ModelConfig, params, *, dtype: st
     deferred = None
     with clock.phase("calibration"):
         if stages is None:
-            chunking = _calibrate(config, runner, identity, cache_dir)
+            calibration = _calibrate(config, runner, identity, cache_dir)
         else:
             # a server warming in the background turns ready without measuring: what the cache
             # lacks is measured once the engine is idle (DeferredCalibration), not before ready
-            chunking, deferred = _calibrate_or_defer(config, runner, identity, cache_dir)
+            calibration, deferred = _calibrate_or_defer(config, runner, identity, cache_dir)
     draft = None
-    if _uses_draft_model(config):
+    if config.uses_draft_model:
         with clock.phase("draft_model"):
             draft = build_draft_runner(config, runner, cache_dir, dtype, progress=progress)
-    scheduler = _scheduler(config, runner, max_model_len, chunking, draft)
+    scheduler = _scheduler(config, runner, max_model_len, calibration, draft)
     warming = warm_start.prepare(scheduler, runner, stages) if stages is not None else None
     engine = Engine(
         scheduler=scheduler, runner=runner,
-        tokenizer=apply_chat_template_override(tokenizer, chat_template or config.chat_template),
+        tokenizer=apply_chat_template_override(tokenizer, chat_template or config.model.chat_template),
         vocab_size=model_config.vocab_size, max_model_len=max_model_len, eos_token_ids=eos_token_ids,
-        seed=config.seed, checkpoint_identity=identity, model_name=model_name,
-        chunk_policy=chunking, async_scheduling=config.async_scheduling, draft_runner=draft,
+        seed=config.model.seed, checkpoint_identity=identity, model_name=model_name,
+        calibration=calibration, async_scheduling=config.async_scheduling, draft_runner=draft,
         startup_timings=clock.timings(), deferred_calibration=deferred, requantize=requantize,
         lora=lora(runner, scheduler, warm_writer=warming is None) if lora is not None else None,
         background_warm_up=warming,
@@ -393,51 +398,40 @@ def prepare_for_requests(engine: Engine, requests: Sequence[tuple[int, int]], *,
 
 
 def _calibrate(config: EngineConfig, runner: ModelRunner, checkpoint_identity: str, cache_dir: str | None,
-               *, measure: bool = True) -> ChunkPolicy:
-    """The swap cost model (set on the runner) and the chunk policy, from timings measured now or
-    kept by an earlier start under the same key (runner/calibration.py). measure=False: from the
-    cache only (CalibrationMiss where it lacks one)."""
+               *, measure: bool = True) -> StartupCalibration:
+    """The swap cost model, the chunk policy and (adaptive speculation) the decode-only step
+    times, from timings measured now or kept by an earlier start under the same key
+    (runner/calibration.py). measure=False: from the cache only (CalibrationMiss where it lacks one)."""
     calibrator = Calibrator(runner, cache=_cache(CalibrationCache, cache_dir, "calibration"),
                             key=CalibrationKey.for_runner(runner, checkpoint_identity), measure=measure)
-    if runner.host_pool is not None:
-        runner.swap_cost = calibrator.measure_swap_cost()
-    chunking = resolve_chunk_policy(config, calibrator)
-    if config.speculative_config is not None and config.speculative_config.adaptive:
-        runner.decode_step_seconds = measure_decode_step_seconds(calibrator)
+    calibration = _measured(config, runner, calibrator)
     calibrator.save()
     if calibrator.measured or calibrator.reused:
         log.info("calibration: measured %s; from the cache %s", calibrator.measured or "nothing",
                  calibrator.reused or "nothing")
-    return chunking
+    return calibration
+
+
+def _measured(config: EngineConfig, runner: ModelRunner, calibrator: Calibrator) -> StartupCalibration:
+    return StartupCalibration(
+        chunk_policy=resolve_chunk_policy(config, calibrator),
+        swap_cost=calibrator.measure_swap_cost() if runner.host_pool is not None else None,
+        decode_step_seconds=measure_decode_step_seconds(calibrator) if config.adaptive_speculation else ())
 
 
 def _calibrate_or_defer(config: EngineConfig, runner: ModelRunner, checkpoint_identity: str,
-                        cache_dir: str | None) -> tuple[ChunkPolicy, DeferredCalibration | None]:
-    """The cached calibration's policy, or (where the cache lacks a timing: a cold start) the
-    provisional one and the calibration to run later. Measuring compiles and runs the buckets it
-    times: 85 of a cold `serve`'s 106 s before ready on our idle CPU (docs/benchmarks.md)."""
+                        cache_dir: str | None) -> tuple[StartupCalibration, DeferredCalibration | None]:
+    """The cached calibration, or (where the cache lacks a timing: a cold start) the provisional
+    one (no chunk cap, recompute on preemption) and the calibration to run later. Measuring
+    compiles and runs the buckets it times: 85 of a cold `serve`'s 106 s before ready on our idle
+    CPU (docs/benchmarks.md)."""
     try:
         return _calibrate(config, runner, checkpoint_identity, cache_dir, measure=False), None
     except CalibrationMiss as miss:
-        runner.swap_cost = None     # recompute on preemption until the swap cost is measured
         log.info("calibration: %s is not cached; prefill chunks: %s (measured once the engine is idle "
                  "and every bucket warm)", miss, PROVISIONAL.describe())
-        return PROVISIONAL, DeferredCalibration(
-            functools.partial(_calibrate, config, runner, checkpoint_identity, cache_dir),
-            functools.partial(scheduler_knobs, runner=runner))
-
-
-def scheduler_knobs(chunking: ChunkPolicy, runner: ModelRunner) -> dict:
-    """The SchedulerConfig fields the chunk policy and the runner's swap cost model set."""
-    crossover = runner.swap_cost.crossover_tokens() if runner.swap_cost is not None else 1 << 30
-    return dict(
-        long_prefill_token_threshold=0 if chunking.derived else chunking.chunk_tokens,
-        decode_step_prefill_cap=chunking.chunk_tokens if chunking.derived else 0,
-        decode_step_prefill_caps=chunking.by_decodes,
-        objectives=chunking.objectives,
-        step_cost=chunking.step_cost,
-        swap_crossover_tokens=min(crossover, 1 << 30),
-    )
+        return StartupCalibration(PROVISIONAL), DeferredCalibration(
+            functools.partial(_calibrate, config, runner, checkpoint_identity, cache_dir))
 
 
 def measure_decode_step_seconds(calibrator) -> tuple[tuple[int, float], ...]:
@@ -455,41 +449,37 @@ def _cache(kind, cache_dir: str | None, name: str):
 def host_pool_blocks(config: EngineConfig, bytes_per_block: int) -> int:
     """Blocks of the engine's one host pool: swap space and the prefix cache's host tier share it
     (a swap preemption evicts host-tier blocks when it needs their room)."""
-    return int(config.swap_space + config.kv_offload_gib * (1 << 30)) // bytes_per_block
+    return config.cache.host_pool_bytes() // bytes_per_block
 
 
-def _scheduler(config: EngineConfig, runner: ModelRunner, max_model_len: int, chunking: ChunkPolicy,
+def _scheduler(config: EngineConfig, runner: ModelRunner, max_model_len: int, calibration: StartupCalibration,
                draft: ModelRunner | None = None) -> Scheduler:
+    """The scheduler of the config's options and what start-up derived for them: the KV pool of
+    the runner's arena, the calibration's knobs, the runner's shapes."""
+    cache = config.cache
     arena_blocks = runner.arena_spec.num_blocks
-    usable = arena_blocks if config.usable_kv_blocks is None else min(arena_blocks, config.usable_kv_blocks + 1)
+    usable = arena_blocks if cache.usable_kv_blocks is None else min(arena_blocks, cache.usable_kv_blocks + 1)
     host_blocks = runner.host_pool.num_blocks if runner.host_pool is not None else 0
-    swap_blocks = min(host_blocks, config.swap_space // runner.arena_spec.bytes_per_block)
-    mode = config.preemption_mode if swap_blocks else "recompute"
-    return Scheduler(SchedulerConfig(
+    swap_blocks = min(host_blocks, cache.swap_space // runner.arena_spec.bytes_per_block)
+    draft_seconds = (measure_decode_step_seconds(Calibrator(draft))
+                     if draft is not None and config.adaptive_speculation else ())
+    return Scheduler(SchedulerConfig.from_options(
+        config.scheduler,
         num_blocks=usable,
-        block_size=config.block_size,
-        max_num_seqs=config.max_num_seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens,
+        block_size=cache.block_size,
         max_model_len=max_model_len,
-        enable_chunked_prefill=config.enable_chunked_prefill,
-        **scheduler_knobs(chunking, runner),
-        enable_prefix_caching=config.enable_prefix_caching,
-        chunk_granularity=config.prefill_tile,
-        max_num_partial_prefills=config.max_num_partial_prefills,
-        starvation_steps=config.starvation_steps,
-        scheduling_policy=config.scheduling_policy,
-        priority_weight_base=config.priority_weight_base,
-        max_waiting_requests=config.max_waiting_requests,
-        kv_watermark=config.kv_watermark,
-        preemption_mode=mode,
+        enable_prefix_caching=cache.enable_prefix_caching,
+        chunk_granularity=config.compilation.prefill_tile,
+        **calibration.scheduler_knobs(),
+        # a host pool held only for the prefix cache's tier has no room to swap into
+        preemption_mode=config.scheduler.preemption_mode if swap_blocks else "recompute",
         num_host_blocks=host_blocks,
-        enable_kv_offload=bool(config.kv_offload_gib) and host_blocks > 0,
+        enable_kv_offload=bool(cache.kv_offload_gib) and host_blocks > 0,
         speculation=config.speculative_config,
         max_decode_rows=(runner.shapes.decode_only_buckets or runner.shapes.decode_buckets)[-1],
-        decode_step_seconds=(runner.decode_step_seconds if config.speculative_config is not None
-                             and config.speculative_config.adaptive else ()),
-        draft_step_seconds=draft.decode_step_seconds if draft is not None else (),
-        max_loras=config.max_loras if config.enable_lora else 0,
+        decode_step_seconds=calibration.decode_step_seconds,
+        draft_step_seconds=draft_seconds,
+        max_loras=config.lora.slots,
     ), draft_proposer=DraftModelProposer(draft) if draft is not None else None)
 
 
@@ -501,21 +491,14 @@ def _check_caller_mesh(mesh: Mesh | None, config: EngineConfig) -> None:
     if tuple(mesh.axis_names) != AXES or mesh.shape[DATA_AXIS] != 1:
         raise ValueError(f"the builder takes a ({DATA_AXIS!r} 1, {MODEL_AXIS!r} N) mesh, got {dict(mesh.shape)}: "
                          f"pass a caller's mesh through jaxserve.parallel.mesh.engine_mesh (LLM(mesh=...) does)")
-    if mesh.shape[MODEL_AXIS] != config.tensor_parallel_size:
-        raise ValueError(f"tensor_parallel_size={config.tensor_parallel_size} but the mesh's tensor-parallel axis "
-                         f"has {mesh.shape[MODEL_AXIS]} devices")
-    if config.num_hosts != 1:
-        raise ValueError(f"num_hosts={config.num_hosts}: an engine on a caller's mesh runs on one host")
-    if config.expert_parallel_size != 1:
-        raise ValueError(f"expert_parallel_size={config.expert_parallel_size} is not built on a caller's mesh "
+    if mesh.shape[MODEL_AXIS] != config.parallel.tensor_parallel_size:
+        raise ValueError(f"tensor_parallel_size={config.parallel.tensor_parallel_size} but the mesh's tensor-parallel "
+                         f"axis has {mesh.shape[MODEL_AXIS]} devices")
+    if config.parallel.num_hosts != 1:
+        raise ValueError(f"num_hosts={config.parallel.num_hosts}: an engine on a caller's mesh runs on one host")
+    if config.parallel.expert_parallel_size != 1:
+        raise ValueError(f"expert_parallel_size={config.parallel.expert_parallel_size} is not built on a caller's mesh "
                          f"(it takes a 1-D tensor-parallel mesh; leave mesh= out to split the experts)")
-
-
-def _uses_draft_model(config: EngineConfig) -> bool:
-    """Whether a draft model runs beside the target: then the target's sampled rows are coupled
-    with the draft's (runner/sampler.py), so its sampler takes the draft's outputs."""
-    spec = config.speculative_config
-    return spec is not None and spec.method == "draft_model"
 
 
 def _engine_on_shared_runner(config: EngineConfig, other: Engine) -> Engine:
@@ -523,28 +506,25 @@ def _engine_on_shared_runner(config: EngineConfig, other: Engine) -> Engine:
     that cache is emptied first (its KV would no longer be what its keys say)."""
     if other.has_unfinished_requests():
         raise ValueError("cannot share the runner of an engine that still has requests")
-    if config.enable_lora or getattr(other, "lora", None) is not None:
+    if config.lora.enable_lora or getattr(other, "lora", None) is not None:
         # the slots' contents follow one engine's registry and scheduler
         raise ValueError("an engine with enable_lora=True does not share its runner (nor takes another's)")
     other.reset_prefix_cache()
-    # the runner is the same, so are its measurements (kept on it): resolve_chunk_policy reads
-    # them, and measures only what the other engine's policy did not need
-    chunking = resolve_chunk_policy(config, Calibrator(other.runner))
-    if (config.speculative_config is not None and config.speculative_config.adaptive
-            and not other.runner.decode_step_seconds):
-        other.runner.decode_step_seconds = measure_decode_step_seconds(Calibrator(other.runner))
+    # the runner is the same, so are its measurements (kept on it): this engine's calibration
+    # reads them, and measures only what the other engine's did not need
+    calibration = _measured(config, other.runner, Calibrator(other.runner))
     draft = None
-    if _uses_draft_model(config):
+    if config.uses_draft_model:
         draft = other.draft_runner
         if draft is None:
             raise ValueError("a draft model is loaded with the runner: share the runner of an engine built with "
                              "the same speculative_config")
     engine = Engine(
-        scheduler=_scheduler(config, other.runner, other.max_model_len, chunking, draft), runner=other.runner,
+        scheduler=_scheduler(config, other.runner, other.max_model_len, calibration, draft), runner=other.runner,
         draft_runner=draft,
         tokenizer=other.tokenizer, vocab_size=other.vocab_size, max_model_len=other.max_model_len,
-        eos_token_ids=other.eos_token_ids, seed=config.seed, checkpoint_identity=other.checkpoint_identity,
-        model_name=other.model_name, chunk_policy=chunking, async_scheduling=config.async_scheduling,
+        eos_token_ids=other.eos_token_ids, seed=config.model.seed, checkpoint_identity=other.checkpoint_identity,
+        model_name=other.model_name, calibration=calibration, async_scheduling=config.async_scheduling,
         startup_timings=StartupTimings(),     # it loaded, compiled and measured nothing
         requantize=other.requantize,
     )

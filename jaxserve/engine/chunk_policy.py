@@ -90,24 +90,25 @@ class ChunkPolicy:
 # prompts as vLLM's default does until the engine, idle, has measured: whole prompt-token budgets,
 # no chunk cap (chunked prefill still splits a prompt longer than the step's budget).
 PROVISIONAL = ChunkPolicy(0, derived=False, provisional=True)
+NO_CHUNK_CAP = ChunkPolicy(0, derived=False)
 
 
 def resolve_chunk_policy(config: EngineConfig, calibrator) -> ChunkPolicy:
     """`calibrator`: a runner.calibration.Calibrator (anything with its measure_* methods and shapes)."""
-    if config.long_prefill_token_threshold is not None:
-        return ChunkPolicy(config.long_prefill_token_threshold, derived=False)
-    if not config.enable_chunked_prefill:
+    if config.chunking.long_prefill_token_threshold is not None:
+        return ChunkPolicy(config.chunking.long_prefill_token_threshold, derived=False)
+    if not config.scheduler.enable_chunked_prefill:
         return ChunkPolicy(0, derived=False)
-    if config.chunk_policy == "slo":
+    if config.chunking.chunk_policy == "slo":
         return _slo_policy(config, calibrator)
     tokens_per_s = calibrator.measure_chunk_rate()
-    tile = config.prefill_tile
+    tile = config.compilation.prefill_tile
 
     def chunk_for(budget_s: float) -> int:
         return max_chunk_for_itl(budget_s, tokens_per_s, multiple=tile, minimum=tile)
 
-    if config.itl_budget_ms:
-        budget = config.itl_budget_ms / 1e3
+    if config.chunking.itl_budget_ms:
+        budget = config.chunking.itl_budget_ms / 1e3
         by_decodes: tuple[tuple[int, int], ...] = ()
     else:
         # one budget per decode bucket of the steps that carry chunks: the decode-only step time
@@ -150,10 +151,10 @@ def measure_step_cost(calibrator) -> StepCostModel:
 
 def default_objectives(config: EngineConfig, cost: StepCostModel, max_num_batched_tokens: int) -> ServiceObjectives:
     """The operator's objectives, or the module doc's defaults for those not given."""
-    tpot = (config.tpot_slo_ms / 1e3 if config.tpot_slo_ms
+    tpot = (config.chunking.tpot_slo_ms / 1e3 if config.chunking.tpot_slo_ms
             else max(0.1, 1.5 * cost.decode_s[-1][1]))
-    if config.ttft_slo_ms:
-        ttft = config.ttft_slo_ms / 1e3
+    if config.chunking.ttft_slo_ms:
+        ttft = config.chunking.ttft_slo_ms / 1e3
     else:
         tokens = min(max_num_batched_tokens, cost.max_tiles * cost.tile)
         full_step = cost.decode_s[0][1] + cost.prefill_seconds(*cost.chunk_items(0, tokens))
@@ -163,7 +164,7 @@ def default_objectives(config: EngineConfig, cost: StepCostModel, max_num_batche
 
 def _slo_policy(config: EngineConfig, calibrator) -> ChunkPolicy:
     cost = measure_step_cost(calibrator)
-    objectives = default_objectives(config, cost, config.max_num_batched_tokens)
+    objectives = default_objectives(config, cost, config.scheduler.max_num_batched_tokens)
     policy = ChunkPolicy(0, derived=False, objectives=objectives, step_cost=cost)
     log.info("prefill chunks: %s; step-cost model: decode %s, prefill tiles %s, %.2f ms per %d-token item",
              policy.describe(), [(r, round(s * 1e3, 1)) for r, s in cost.decode_s],

@@ -139,7 +139,7 @@ class EngineControl:
             raise RuntimeError("the prefix cache could not be flushed: blocks are still held")  # a bug
         runners = [self.runner] + ([self.draft_runner] if self.draft_runner is not None else [])
         with compile_counter.attributed_to(self._compilations):
-            released = [runner_sleep.sleep(r, level) for r in runners]
+            released = [r.sleep(level) for r in runners]
         return runner_sleep.report(level, released, time.perf_counter() - t0)
 
     def wake_up(self) -> runner_sleep.WakeUpReport:
@@ -149,10 +149,10 @@ class EngineControl:
         t0 = time.perf_counter()
         runners = [r for r in [self.runner, self.draft_runner] if r is not None and r.sleep_state is not None]
         for r in runners:
-            runner_sleep.check_can_wake(r)
+            r.check_can_wake()
         kv = weights = 0
         with compile_counter.attributed_to(self._compilations):
             for r in runners:
-                a, w = runner_sleep.wake_up(r)
+                a, w = r.wake_up()
                 kv, weights = kv + a, weights + w
         return runner_sleep.WakeUpReport(kv_cache_bytes=kv, weight_bytes=weights, seconds=time.perf_counter() - t0)

@@ -41,19 +41,19 @@ def build_draft_runner(config, target: ModelRunner, cache_dir: str | None, dtype
                        num_kv_blocks=target.arena_spec.num_blocks - 1, kv_cache_memory=None)   # less the null block
     host_blocks = target.host_pool.num_blocks if target.host_pool is not None else 0
     runner = ModelRunner(model_config, params, arena, target.shapes, attention_impl=target.attention_impl,
-                         xla_optimization_level=config.xla_optimization_level, num_host_blocks=host_blocks,
+                         xla_optimization_level=config.compilation.xla_optimization_level, num_host_blocks=host_blocks,
                          executable_cache=ExecutableCache(f"{cache_dir}/executables") if cache_dir else None,
                          sampler_probs=True)   # the distributions its guesses are drawn from
     runner.warm_helpers()
-    if config.warm_up == "all":
+    if config.compilation.warm_up == "all":
         warm_up(runner, progress=progress)
-    if config.speculative_config.adaptive:
+    if config.adaptive_speculation:
         # what the planner weighs guesses against: k of these steps before each verification
         calibrator = Calibrator(runner, cache=CalibrationCache(f"{cache_dir}/calibration") if cache_dir else None,
                                 key=CalibrationKey.for_runner(runner, ckpt.identity))
         from jaxserve.engine.builder import measure_decode_step_seconds
 
-        runner.decode_step_seconds = measure_decode_step_seconds(calibrator)
+        measure_decode_step_seconds(calibrator)    # kept in runner.measurements for the scheduler's config
         calibrator.save()
     log.info("draft model %s: %d layers, arena of %d blocks", path, model_config.num_hidden_layers, arena.num_blocks)
     return runner

@@ -25,7 +25,6 @@ from typing import Any, Iterable
 import numpy as np
 
 from jaxserve.engine.control_plane import EngineControl
-from jaxserve.engine.deferred_calibration import run_if_idle
 from jaxserve.engine.detokenizer import IncrementalDetokenizer
 from jaxserve.engine.draft_proposer import draft_sampling
 from jaxserve.engine.expert_load import ExpertLoad
@@ -36,6 +35,8 @@ from jaxserve.engine.pooled_embedding import PooledEmbedding
 from jaxserve.engine.request_state import RequestState, SampleState
 from jaxserve.engine.sampling_options import sampling_options
 from jaxserve.engine.stats import EngineStats, mesh_fields, scheduler_fields
+from jaxserve.engine.chunk_policy import NO_CHUNK_CAP
+from jaxserve.engine.startup_calibration import StartupCalibration
 from jaxserve.engine.startup_timings import StartupTimings
 from jaxserve.engine.step_timing import StepTimer
 from jaxserve.lora.engine_methods import EngineLoRAMethods
@@ -63,10 +64,12 @@ class _InFlight:
 class Engine(EngineControl, EngineLoRAMethods):
     def __init__(self, *, scheduler: Scheduler, runner: Runner, tokenizer, vocab_size: int, max_model_len: int,
                  eos_token_ids: Iterable[int], seed: int = 0, checkpoint_identity: str = "",
-                 model_name: str = "", chunk_policy=None, async_scheduling: bool = True,
+                 model_name: str = "", calibration: StartupCalibration | None = None,
+                 async_scheduling: bool = True,
                  draft_runner: Runner | None = None, startup_timings: StartupTimings | None = None,
                  requantize=None, lora=None, deferred_calibration=None, background_warm_up=None):
-        """The builder's parts (engine/builder.py): startup_timings, what building took;
+        """The builder's parts (engine/builder.py): calibration, what start-up measured (the chunk
+        policy, the swap cost; engine/startup_calibration.py); startup_timings, what building took;
         requantize, a quantized engine's pass from checkpoint-named float tensors to its params
         (weight updates); lora, the adapters (lora/engine_lora.py EngineLoRA; None: enable_lora
         off); deferred_calibration, a cold server's start-up calibration, run by run_idle_work
@@ -76,7 +79,8 @@ class Engine(EngineControl, EngineLoRAMethods):
         # speculative decoding's draft model (engine/draft_proposer.py): every step runs on it too,
         # and without lookahead (a placeholder would name a token its own sampler never saw)
         self.draft_runner = draft_runner
-        self.chunk_policy = chunk_policy      # how the prefill chunk size was chosen (engine/chunk_policy.py)
+        # none handed in (an engine built by hand): the scheduler's own caps, no derived policy
+        self.calibration = calibration if calibration is not None else StartupCalibration(NO_CHUNK_CAP)
         self.expert_load = ExpertLoad()       # a mixture-of-experts model's tokens per expert
         self.runner = runner
         self.tokenizer = tokenizer
@@ -228,16 +232,24 @@ class Engine(EngineControl, EngineLoRAMethods):
         return self.scheduler.has_unfinished_requests() or self._in_flight is not None
 
     @property
+    def chunk_policy(self):
+        """How prompt chunks are sized (engine/chunk_policy.py)."""
+        return self.calibration.chunk_policy
+
+    @property
     def idle_work_pending(self) -> bool:
         """Whether run_idle_work has something left to do (the step thread then polls while idle)."""
-        return self.deferred_calibration is not None
+        return self.deferred_calibration is not None and self.deferred_calibration.pending
 
     def run_idle_work(self) -> bool:
         """The start-up calibration a cold server deferred, if the engine is idle and warm
-        (engine/deferred_calibration.py); returns whether it ran."""
-        if self._held or self._in_flight is not None:
+        (engine/deferred_calibration.py); returns whether it ran (or was given up for good)."""
+        if not self.idle_work_pending or self._held or self._in_flight is not None:
             return False
-        return run_if_idle(self)
+        calibration = self.deferred_calibration.run_if_idle(self)
+        if calibration is not None:
+            self.calibration = calibration
+        return not self.deferred_calibration.pending
 
     def step(self) -> list[RequestOutput]:
         """Run one step. With async scheduling it returns the outputs of the step before."""
@@ -371,7 +383,7 @@ class Engine(EngineControl, EngineLoRAMethods):
             generation_tokens_total=c.generation_tokens,
             num_requests_finished=c.finished,
             uptime_s=time.monotonic() - self._start,
-            prefill_policy=self.chunk_policy.describe() if self.chunk_policy is not None else "",
+            prefill_policy=self.chunk_policy.describe(),
             host_ms_per_step=timing.host_ms_per_step,
             device_idle_fraction=timing.device_idle_fraction,
             num_steps=timing.steps,

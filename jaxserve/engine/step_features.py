@@ -15,9 +15,9 @@ def step_features(config: EngineConfig, model_config: ModelConfig) -> list[StepF
     """In the order they run on a step. The KV connector's ops join when a connector is attached
     (disagg/attach.py: ModelRunner.attach_kv_connector)."""
     features: list[StepFeature] = []
-    if config.enable_prompt_logprobs:
+    if config.model.enable_prompt_logprobs:
         features.append(PromptLogprobs())
-    if config.enable_embeddings:
+    if config.model.enable_embeddings:
         features.append(Pooling())
     if getattr(model_config, "moe_layers", ()):
         features.append(ExpertCounts())      # every MoE step returns its routed tokens per expert

@@ -34,16 +34,16 @@ def background_refusal(config: EngineConfig, multi_host: bool) -> str | None:
         return "speculative decoding (its guesses are decode rows beyond the seats a cap bounds)"
     if multi_host:
         return "several hosts (the followers mirror only the steps the leader runs)"
-    if config.role != "both":
-        return f"role={config.role!r} (the KV connector admits requests by max_num_seqs)"
-    if config.max_num_batched_tokens < config.prefill_tile:
+    if config.disagg.role != "both":
+        return f"role={config.disagg.role!r} (the KV connector admits requests by max_num_seqs)"
+    if config.scheduler.max_num_batched_tokens < config.compilation.prefill_tile:
         return "a token budget under one prefill tile"
     return None
 
 
 def plan(config: EngineConfig, runner) -> list[WarmStage]:
-    return warm_stages(runner.shapes, max_num_seqs=config.max_num_seqs,
-                       max_num_batched_tokens=config.max_num_batched_tokens)
+    return warm_stages(runner.shapes, max_num_seqs=config.scheduler.max_num_seqs,
+                       max_num_batched_tokens=config.scheduler.max_num_batched_tokens)
 
 
 def prepare(scheduler, runner, stages: list[WarmStage]) -> BackgroundWarmUp:
@@ -52,12 +52,12 @@ def prepare(scheduler, runner, stages: list[WarmStage]) -> BackgroundWarmUp:
     `engine.background_warm_up`, and the builder starts it once the engine exists)."""
 
     def on_cap(cap) -> None:
-        scheduler.step_cap = cap            # one attribute: the step thread reads it whole
+        scheduler.cap_steps(cap)
         log.info("warm-up: %s", readiness.describe())
 
     readiness = BucketReadiness(stages)
     readiness.mark_ready(stages[0].buckets)
-    scheduler.step_cap = readiness.cap
+    scheduler.cap_steps(readiness.cap)
     readiness.on_cap = on_cap
     log.info("warm-up: %s; the other buckets warm in the background", readiness.describe())
     return BackgroundWarmUp(runner, readiness)

@@ -55,8 +55,8 @@ class Prepared:
 
 def quant_request(config) -> QuantRequest:
     """The quantization an EngineConfig asks for."""
-    return QuantRequest(config.quantization, config.quantization_group_size, config.kv_cache_dtype,
-                        config.calibration_data, lm_head=config.quantize_lm_head)
+    return QuantRequest(config.model.quantization, config.model.quantization_group_size, config.cache.kv_cache_dtype,
+                        config.model.calibration_data, lm_head=config.model.quantize_lm_head)
 
 
 def prepare(ckpt: Checkpoint, request: QuantRequest, model_config: ModelConfig, dtype,

@@ -28,7 +28,7 @@ from typing import Callable
 from jaxserve.checkpoints.disk_cache import DiskCache
 from jaxserve.runner import fingerprint
 from jaxserve.runner.batch import bucket_for
-from jaxserve.runner.host_swap import SwapCostModel, measure_swap_seconds
+from jaxserve.runner.host_swap import SwapCostModel
 from jaxserve.runner.scratch import scratch_request, scratch_step
 
 log = logging.getLogger(__name__)
@@ -99,9 +99,7 @@ class Calibrator:
         self._cache = cache if key is not None else None
         self._key = key
         # kept on the runner, so a later engine on the same runner (tests, bench variants) reuses them
-        if getattr(runner, "calibration", None) is None:
-            runner.calibration = {}
-        self.measurements: dict[str, object] = runner.calibration
+        self.measurements: dict[str, object] = runner.measurements
         if self._cache is not None:
             self.measurements.update(self._cache.load(key))
         self.measured: list[str] = []      # names measured by this calibrator (cache misses)
@@ -168,13 +166,7 @@ class Calibrator:
     def measure_swap_cost(self) -> SwapCostModel:
         """The cost model behind preemption_mode="auto": swap bandwidth and fixed cost against
         prefill throughput, measured on this machine."""
-        runner = self.runner
-
-        def measure() -> list[float]:
-            fixed_s, per_block_s, runner.kv_caches = measure_swap_seconds(runner.host_pool, runner.kv_caches)
-            return [fixed_s, per_block_s]
-
-        fixed_s, per_block_s = self._remember("swap_fixed_and_per_block_s", measure)
+        fixed_s, per_block_s = self._remember("swap_fixed_and_per_block_s", lambda: list(self.runner.time_swaps()))
         model = SwapCostModel(fixed_s, per_block_s, self.measure_prefill_throughput(), self.shapes.block_size)
         log.info("swap cost model: %s; recompute is cheaper below %d tokens", model, model.crossover_tokens())
         return model

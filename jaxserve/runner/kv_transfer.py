@@ -113,4 +113,4 @@ class KVTransfer:
         ids[:n] = block_ids
         if b > n:
             data = np.concatenate([data, np.zeros((b - n,) + data.shape[1:], data.dtype)])
-        self.runner.kv_caches = self._scatter[b](self.runner.kv_caches, ids, data)
+        self.runner.transform_arena(lambda arena: self._scatter[b](arena, ids, data))

@@ -33,13 +33,14 @@ from jaxserve.runner.batch import sample_rows_bucket
 from jaxserve.runner.block_copy import BlockCopy
 from jaxserve.runner.buckets import RunnerShapes
 from jaxserve.runner.executables import ExecutableCache
-from jaxserve.runner.host_swap import HostSwapPool, SwapCostModel
+from jaxserve.runner.host_swap import HostSwapPool, measure_swap_seconds
 from jaxserve.runner.kv_arena import ArenaSpec, allocate_arena
 from jaxserve.runner.kv_connector_ops import KVConnectorOps
 from jaxserve.runner.persistent_batch import PersistentBatch
 from jaxserve.runner.programs import Programs, execution_devices, program_identity
 from jaxserve.runner.sampled_tokens import SampledToken, read_sampled
 from jaxserve.runner.sampler_programs import SamplerPrograms
+from jaxserve.runner.sleep import RunnerSleep
 from jaxserve.runner.step_data import ModelRunnerOutput, StepHandle, StepInputs
 from jaxserve.runner.step_feature import StepFeature
 from jaxserve.runner.step_programs import StepPrograms
@@ -50,7 +51,7 @@ log = logging.getLogger(__name__)
 __all__ = ["ModelRunner", "ModelRunnerOutput", "SampledToken", "StepHandle", "StepInputs"]
 
 
-class ModelRunner:
+class ModelRunner(RunnerSleep):
     def __init__(self, model_config: ModelConfig, params, arena: ArenaSpec, shapes: RunnerShapes,
                  attention_impl: str = "auto", xla_optimization_level: int | None = None,
                  num_host_blocks: int = 0, executable_cache: ExecutableCache | None = None,
@@ -89,14 +90,13 @@ class ModelRunner:
         self.owner = None                # the engine whose block ids the arena follows (engine.py sets it)
         self.mesh_info = describe_mesh(mesh)
         self.kv_caches = self.allocate_arena()
-        # set between sleep and wake_up (runner/sleep.py): kv_caches is None, params maybe abstract
+        # set between sleep and wake_up (runner/sleep.py RunnerSleep): kv_caches is None, params maybe abstract
         self.sleep_state = None
         self.host_pool = HostSwapPool(arena, num_host_blocks) if num_host_blocks else None
         self._block_copy = BlockCopy()   # compiled at the first copy (warm_helpers, at start-up)
-        self.swap_cost: SwapCostModel | None = None
-        self.calibration: dict[str, object] | None = None  # start-up timings (runner/calibration.py)
-        # (decode-only bucket, seconds): what speculation's extra rows cost, measured when it is on
-        self.decode_step_seconds: tuple[tuple[int, float], ...] = ()
+        # start-up timings measured on this runner (runner/calibration.py), by name: kept here so
+        # a later engine on the same runner (LLM.sharing_runner, bench variants) measures nothing twice
+        self.measurements: dict[str, object] = {}
         self.attention_impl = attention_impl
         # native CPU kernels (cpu_kernels/: w8a8's few-row dot) in the traced steps: one CPU device
         # only (a custom call would gather a mesh's sharded weights); built and registered here,
@@ -270,6 +270,17 @@ class ModelRunner:
         if self.host_pool is not None:
             self.host_pool.swap_out(self.kv_caches, [(0, 0)])
             self.kv_caches = self.host_pool.swap_in(self.kv_caches, [(0, 0)])
+
+    def transform_arena(self, program) -> None:
+        """Replace the arena by program(arena): a compiled write outside the steps (a KV load's
+        scatter, runner/kv_transfer.py), run in order after every step dispatched before it."""
+        self.kv_caches = program(self.kv_caches)
+
+    def time_swaps(self) -> tuple[float, float]:
+        """(fixed, per block) seconds of a swap out and back in (host_swap.measure_swap_seconds),
+        measured on the arena's scratch blocks: what calibration's swap cost model is built from."""
+        fixed_s, per_block_s, self.kv_caches = measure_swap_seconds(self.host_pool, self.kv_caches)
+        return fixed_s, per_block_s
 
     # -- execution ---------------------------------------------------------------------------
     def execute(self, sched_out) -> ModelRunnerOutput:

@@ -98,73 +98,77 @@ def _host_copy(params):
     return jax.tree.map(lambda h: h if h.flags.owndata else np.array(h, copy=True), host)
 
 
-def sleep(runner, level: int) -> tuple[dict[int, int], dict[int, int], dict[int, int], int, int]:
-    """Put one runner to sleep. Returns (arena, weight and scratch bytes per device, weight bytes
-    still held elsewhere, host bytes of the weights' copy)."""
-    if level not in LEVELS:
-        raise ValueError(f"sleep level must be one of {LEVELS}, got {level!r}")
-    if runner.sleep_state is not None:
-        raise RuntimeError(f"the runner is asleep already (level {runner.sleep_state.level})")
-    arena = bytes_on_each_device(runner.kv_caches)
-    state = SleepState(level)
-    weights: dict[int, int] = {}
-    held_elsewhere = host_bytes = 0
-    if level >= 1:
-        params = runner.params
-        refs = [(weakref.ref(x), bytes_on_each_device(x)) for x in jax.tree.leaves(params)]
-        for _, held in refs:
-            for device, n in held.items():
-                weights[device] = weights.get(device, 0) + n
-        if level == 1:
-            state.host_params = _host_copy(params)
-            host_bytes = sum(h.nbytes for h in jax.tree.leaves(state.host_params))
-        state.abstract_params = abstract_tree(params)
-        runner.params = state.abstract_params
-        del params
-        # what is still alive now is referenced outside the runner (the caller's arrays)
-        held_elsewhere = sum(sum(b.values()) for r, b in refs if r() is not None and not r().is_deleted())
-    for k, v in runner.kv_caches:
-        k.delete()
-        v.delete()
-    runner.kv_caches = None
-    scratch = bytes_on_each_device(runner.scratch_arrays())
-    runner.forget_step_state()      # only the runner holds them: dropped, they are freed
-    runner.sleep_state = state
-    return arena, weights, scratch, held_elsewhere, host_bytes
+class RunnerSleep:
+    """ModelRunner's sleep and wake-up (a part of ModelRunner, as EngineControl is of Engine): the
+    runner's own methods, so what they replace (params, kv_caches, sleep_state) is written by the
+    runner itself."""
 
+    def sleep(self, level: int) -> tuple[dict[int, int], dict[int, int], dict[int, int], int, int]:
+        """Put the runner to sleep. Returns (arena, weight and scratch bytes per device, weight
+        bytes still held elsewhere, host bytes of the weights' copy)."""
+        if level not in LEVELS:
+            raise ValueError(f"sleep level must be one of {LEVELS}, got {level!r}")
+        if self.sleep_state is not None:
+            raise RuntimeError(f"the runner is asleep already (level {self.sleep_state.level})")
+        arena = bytes_on_each_device(self.kv_caches)
+        state = SleepState(level)
+        weights: dict[int, int] = {}
+        held_elsewhere = host_bytes = 0
+        if level >= 1:
+            params = self.params
+            refs = [(weakref.ref(x), bytes_on_each_device(x)) for x in jax.tree.leaves(params)]
+            for _, held in refs:
+                for device, n in held.items():
+                    weights[device] = weights.get(device, 0) + n
+            if level == 1:
+                state.host_params = _host_copy(params)
+                host_bytes = sum(h.nbytes for h in jax.tree.leaves(state.host_params))
+            state.abstract_params = abstract_tree(params)
+            self.params = state.abstract_params
+            del params
+            # what is still alive now is referenced outside the runner (the caller's arrays)
+            held_elsewhere = sum(sum(b.values()) for r, b in refs if r() is not None and not r().is_deleted())
+        for k, v in self.kv_caches:
+            k.delete()
+            v.delete()
+        self.kv_caches = None
+        scratch = bytes_on_each_device(self.scratch_arrays())
+        self.forget_step_state()      # only the runner holds them: dropped, they are freed
+        self.sleep_state = state
+        return arena, weights, scratch, held_elsewhere, host_bytes
 
-def check_can_wake(runner) -> None:
-    """Level 2 dropped the weights: every leaf must have come back through update_weights."""
-    state = runner.sleep_state
-    if state is None or state.level != 2:
-        return
-    missing = [jax.tree_util.keystr(p) for p, leaf in jax.tree_util.tree_flatten_with_path(runner.params)[0]
-               if is_abstract(leaf)]
-    if missing:
-        raise ValueError(f"sleep(level=2) dropped the weights and {len(missing)} leaves have none yet "
-                         f"(e.g. {missing[0]}): update_weights(params) with the whole pytree before wake_up()")
+    def check_can_wake(self) -> None:
+        """Level 2 dropped the weights: every leaf must have come back through update_weights."""
+        state = self.sleep_state
+        if state is None or state.level != 2:
+            return
+        missing = [jax.tree_util.keystr(p) for p, leaf in jax.tree_util.tree_flatten_with_path(self.params)[0]
+                   if is_abstract(leaf)]
+        if missing:
+            raise ValueError(f"sleep(level=2) dropped the weights and {len(missing)} leaves have none yet "
+                             f"(e.g. {missing[0]}): update_weights(params) with the whole pytree before wake_up()")
 
-
-def wake_up(runner) -> tuple[int, int]:
-    """Give a sleeping runner its arena and weights back. Returns (arena bytes, weight bytes put
-    back from the host copy). Raises, leaving the runner asleep, if something cannot come back."""
-    state = runner.sleep_state
-    if state is None:
-        return 0, 0
-    check_can_wake(runner)
-    restored = 0
-    params = runner.params
-    if state.level == 1:
-        leaves, treedef = jax.tree.flatten(params)
-        host = treedef.flatten_up_to(state.host_params)
-        back = [jax.device_put(h, leaf.sharding) if is_abstract(leaf) else leaf for leaf, h in zip(leaves, host)]
-        restored = sum(sum(bytes_on_each_device(b).values()) for b, leaf in zip(back, leaves) if is_abstract(leaf))
-        params = jax.tree.unflatten(treedef, back)
-    kv_caches = runner.allocate_arena()
-    jax.block_until_ready((params, kv_caches))
-    runner.params, runner.kv_caches = params, kv_caches
-    runner.sleep_state = None
-    return sum(bytes_on_each_device(kv_caches).values()), restored
+    def wake_up(self) -> tuple[int, int]:
+        """Take the arena and weights back. Returns (arena bytes, weight bytes put back from the
+        host copy). Raises, leaving the runner asleep, if something cannot come back."""
+        state = self.sleep_state
+        if state is None:
+            return 0, 0
+        self.check_can_wake()
+        restored = 0
+        params = self.params
+        if state.level == 1:
+            leaves, treedef = jax.tree.flatten(params)
+            host = treedef.flatten_up_to(state.host_params)
+            back = [jax.device_put(h, leaf.sharding) if is_abstract(leaf) else leaf for leaf, h in zip(leaves, host)]
+            restored = sum(sum(bytes_on_each_device(b).values()) for b, leaf in zip(back, leaves)
+                           if is_abstract(leaf))
+            params = jax.tree.unflatten(treedef, back)
+        kv_caches = self.allocate_arena()
+        jax.block_until_ready((params, kv_caches))
+        self.params, self.kv_caches = params, kv_caches
+        self.sleep_state = None
+        return sum(bytes_on_each_device(kv_caches).values()), restored
 
 
 def report(level: int, per_runner: list[tuple], seconds: float) -> SleepReport:

@@ -129,19 +129,19 @@ async def run_server(config: ServerConfig, engine_config: EngineConfig, *, progr
     in flight: an XLA compile cannot be cut short, and a bucket's took ~8 s of an idle server's exit."""
     state = ServerState()
     metrics = ServerMetrics(lambda: state.aengine.snapshot if state.aengine is not None else None)
-    if engine_config.role != "both":
+    if engine_config.disagg.role != "both":
         from jaxserve.disagg.metrics import DisaggCollector
 
         metrics.registry.register(DisaggCollector(lambda: state.aengine.engine if state.aengine is not None else None))
     max_message_bytes = config.max_message_bytes
     if max_message_bytes is None:
-        max_message_bytes = message_bytes_limit(engine_config.max_model_len or DEFAULT_MAX_MODEL_LEN_BOUND)
+        max_message_bytes = message_bytes_limit(engine_config.model.max_model_len or DEFAULT_MAX_MODEL_LEN_BOUND)
     grpc_front = None
     if config.grpc:   # imported only when served: `--no-grpc` loads no grpc at all
         from jaxserve.server.grpc_front import start_grpc
 
         grpc_front = await start_grpc(config, max_message_bytes, state, metrics,
-                                      kv_transfer=engine_config.role != "both")
+                                      kv_transfer=engine_config.disagg.role != "both")
     http = None
     if config.http_port is not None:
         from jaxserve.server.http.app import create_app
@@ -248,11 +248,11 @@ async def run_server(config: ServerConfig, engine_config: EngineConfig, *, progr
 
 def _lease_reaper(aengine, engine_config: EngineConfig):
     """A prefill engine frees expired leases even while idle."""
-    if engine_config.role != "prefill":
+    if engine_config.disagg.role != "prefill":
         return None
     from jaxserve.disagg.service import reap_leases
 
-    return asyncio.ensure_future(reap_leases(aengine, min(1.0, engine_config.kv_lease_s / 4)))
+    return asyncio.ensure_future(reap_leases(aengine, min(1.0, engine_config.disagg.kv_lease_s / 4)))
 
 
 def _with_adapters(engine, modules: tuple[LoRAModule, ...]):

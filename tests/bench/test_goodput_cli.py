@@ -16,7 +16,7 @@ from jaxserve.bench.engine_variants import EngineVariant, check_unique
     (["--attainment", "90"], "argument --attainment: --attainment must be in (0, 1]"),
     (["--search-probes", "1"], "argument --search-probes: --search-probes must be >= 2"),
     (["--engine-variant", "t64:long_prefill_token_threshold"], "argument --engine-variant: bad engine variant"),
-    (["--engine-variant", "t64:no_such_knob=1"], "'no_such_knob' is not an EngineConfig field"),
+    (["--engine-variant", "t64:no_such_knob=1"], "'no_such_knob' is not an engine argument"),
     (["--engine-variant", "bad name:max_num_seqs=4"], "expected NAME or NAME:KEY=VALUE"),
     (["--workload", "soak"], "argument --workload: invalid choice"),
 ])

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from jaxserve.bench import cli
-from jaxserve.config import EngineConfig
+from jaxserve.engine_args import engine_config
 
 LOOSE = "ttft=100000,tpot=100000000"   # 28 hours to the first token, 28 hours per token
 TIGHT = "ttft=0.000000001,tpot=100000000"
@@ -91,7 +91,7 @@ def test_in_process_variants_take_turns_at_each_rate_on_shared_and_own_engines(t
     base, seqs2 = [llm for llm in sharing_fake if not hasattr(llm, "shares")]   # built with weights, in order
     # the base runs the server's defaults, not LLM's offline ones
     assert base.kwargs["long_prefill_token_threshold"] is None
-    assert base.kwargs["prefill_tile"] == EngineConfig().prefill_tile
+    assert base.kwargs["prefill_tile"] == engine_config().compilation.prefill_tile
     assert seqs2.engine.max_num_seqs == 2                  # a shape knob: an engine of its own
     shared = [llm for llm in sharing_fake if getattr(llm, "shares", None) is base]
     # one at build for each shared variant, then a fresh engine per run: 2 variants x (1 + 2 rates)

@@ -193,7 +193,7 @@ def test_the_scripts_engine_flags_make_valid_step_shapes():
     import argparse
 
     from jaxserve.bench.args import engine_kwargs
-    from jaxserve.config import EngineConfig
+    from jaxserve.engine_args import engine_config
     from jaxserve.engine.builder import runner_shapes
     from jaxserve.llm import OFFLINE_PREFILL_TILE
 
@@ -208,7 +208,7 @@ def test_the_scripts_engine_flags_make_valid_step_shapes():
         kw = {k: v for k, v in engine_kwargs(argparse.Namespace(dtype="bfloat16", **vars(args))).items()}
         max_len = kw.pop("max_model_len")
         kw.setdefault("prefill_tile", OFFLINE_PREFILL_TILE)    # the bench builds an LLM
-        shapes = runner_shapes(EngineConfig(**kw, max_model_len=max_len), max_len)
+        shapes = runner_shapes(engine_config(**kw, max_model_len=max_len), max_len)
         assert shapes.prefill_buckets[0] == 0 and len(shapes.buckets()) == 4, (flags, shapes.buckets())
 
 

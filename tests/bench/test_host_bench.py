@@ -36,12 +36,12 @@ def test_host_ms_and_its_parts_per_batch_size(tmp_path):
 def test_buckets_for_one_batch_size_are_valid_engine_buckets():
     # `--batch-sizes 1` alone once asked for decode_buckets=(1, 1), which the engine refuses
     from jaxserve.bench.cmd_host import _buckets
-    from jaxserve.config import EngineConfig
+    from jaxserve.engine_args import engine_config
 
     for batches in ([1], [4], [1, 256], [16, 64]):
         b = _buckets(batches)
         assert b["decode_buckets"] == tuple(sorted({1, batches[-1]}))
-        EngineConfig(max_num_seqs=batches[-1], **b)      # validates the buckets
+        engine_config(max_num_seqs=batches[-1], **b)      # validates the buckets
 
 
 def test_without_model_times_decode_steps_of_every_batch_size_and_context(tmp_path, monkeypatch):

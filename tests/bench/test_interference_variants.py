@@ -24,12 +24,12 @@ def test_variants_run_on_the_servers_prefill_tile_unless_one_is_given():
 
     from jaxserve.bench.args import add_common
     from jaxserve.bench.cmd_interference import serving_prefill_tile
-    from jaxserve.config import EngineConfig
+    from jaxserve.engine_args import engine_config
     from jaxserve.llm import OFFLINE_PREFILL_TILE
 
     p = argparse.ArgumentParser()
     add_common(p, "jaxserve")
-    assert serving_prefill_tile(p.parse_args([])) == EngineConfig().prefill_tile != OFFLINE_PREFILL_TILE
+    assert serving_prefill_tile(p.parse_args([])) == engine_config().compilation.prefill_tile != OFFLINE_PREFILL_TILE
     assert serving_prefill_tile(p.parse_args(["--engine-arg", "prefill_tile=32"])) == 32
 
 

@@ -5,7 +5,7 @@ and the server only passes the config along."""
 import pytest
 
 from jaxserve import LLM, SamplingParams
-from jaxserve.config import EngineConfig
+from jaxserve.engine_args import replace_args
 from jaxserve.disagg.service import HeldLease, lease_of
 from jaxserve.engine.builder import build_engine
 from jaxserve.sched.kv_cache_manager import cdiv
@@ -20,9 +20,8 @@ def prefill_llm(tiny_llama_dir):
     return LLM(tiny_llama_dir, role="prefill", kv_lease_s=LEASE_S, **TINY_ENGINE)
 
 
-def _config(llm, **role) -> EngineConfig:
-    fields = {k: getattr(llm.config, k) for k in llm.config.__dataclass_fields__}
-    return EngineConfig.from_kwargs(**{**fields, **role})
+def _config(llm, **role):
+    return replace_args(llm.config, **role)
 
 
 def test_an_offline_prefill_engine_holds_a_finished_prompt_under_a_lease(prefill_llm):
@@ -51,7 +50,7 @@ def test_a_decode_engine_gets_a_receiver_with_the_configured_deadline_and_policy
     try:
         assert engine.role == "decode" and conn.sender is None and conn.receiver is not None
         assert engine.scheduler.kv_connector is conn and engine.scheduler.kv_loads.failure_policy == "fail"
-        assert conn.receiver.timeout_s == 3.0 and conn.receiver.lease_s == prefill_llm.config.kv_lease_s
+        assert conn.receiver.timeout_s == 3.0 and conn.receiver.lease_s == prefill_llm.config.disagg.kv_lease_s
         assert conn.receiver.local.role == "decode"
         assert conn.receiver.local.checkpoint_identity == prefill_llm.engine.checkpoint_identity
     finally:

@@ -46,12 +46,12 @@ def test_bad_pairing_flags_are_refused_with_their_names(argv, message, capsys):
 
 
 def test_bad_role_settings_are_refused(capsys):
-    from jaxserve.config import EngineConfig
+    from jaxserve.engine_args import engine_config
 
     with pytest.raises(SystemExit):
         main(["serve", "--role", "middle"])
     assert "invalid choice: 'middle'" in capsys.readouterr().err
     with pytest.raises(ValueError, match="kv_lease_s=0 must be a finite number > 0"):
-        EngineConfig(kv_lease_s=0)
+        engine_config(kv_lease_s=0)
     with pytest.raises(ValueError, match="kv_load_failure_policy='retry' must be one of"):
-        EngineConfig(kv_load_failure_policy="retry")
+        engine_config(kv_load_failure_policy="retry")

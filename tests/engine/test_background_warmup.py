@@ -107,17 +107,17 @@ def test_a_held_warm_up_serves_on_ready_buckets_then_lifts_the_cap(tiny_llama_di
 
 
 def test_background_falls_back_to_warming_everything_where_a_cap_cannot_bound_the_steps(tiny_llama_dir):
-    from jaxserve.config import EngineConfig
+    from jaxserve.engine_args import engine_config
     from jaxserve.engine.warm_start import background_refusal
 
     tiny = {k: v for k, v in TINY_ENGINE.items() if k != "progress"}
-    assert background_refusal(EngineConfig(**tiny), multi_host=False) is None
+    assert background_refusal(engine_config(**tiny), multi_host=False) is None
     # the optional programs warm with their buckets: no fallback for them
     for flag in ("enable_prompt_logprobs", "enable_embeddings"):
-        assert background_refusal(EngineConfig(**tiny, **{flag: True}), multi_host=False) is None
-    spec = EngineConfig(**tiny, speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+        assert background_refusal(engine_config(**tiny, **{flag: True}), multi_host=False) is None
+    spec = engine_config(**tiny, speculative_config={"method": "ngram", "num_speculative_tokens": 2})
     assert "speculative" in background_refusal(spec, multi_host=False)
-    assert "hosts" in background_refusal(EngineConfig(), multi_host=True)
+    assert "hosts" in background_refusal(engine_config(), multi_host=True)
 
 
 def test_prompt_logprobs_and_embeddings_are_served_while_their_programs_warm(tiny_llama_dir, held, dispatched):

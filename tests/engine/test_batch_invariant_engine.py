@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jaxserve import LLM, SamplingParams, reference_logprobs
-from jaxserve.config import EngineConfig
+from jaxserve.engine_args import engine_config
 from tests.conftest import TINY_ENGINE
 from tests.sched.sched_testkit import check_invariants
 
@@ -68,7 +68,7 @@ def test_a_request_is_bit_identical_whatever_else_runs_and_equals_the_replay(llm
                                      dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2})])
 def test_what_the_mode_does_not_cover_is_refused(setting):
     with pytest.raises(ValueError, match="batch_invariant"):
-        EngineConfig.from_kwargs(batch_invariant=True, **setting)
+        engine_config(batch_invariant=True, **setting)
 
 
 def test_a_mixture_of_experts_model_is_refused(tmp_path):

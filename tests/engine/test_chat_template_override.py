@@ -7,7 +7,7 @@ import json
 import pytest
 
 from jaxserve import LLM, SamplingParams
-from jaxserve.config import EngineConfig
+from jaxserve.engine_args import engine_config
 from tests.conftest import TINY_ENGINE
 
 TOOLS_TEMPLATE = (
@@ -21,11 +21,11 @@ TOOL = {"type": "function", "function": {"name": "get_tide", "description": "tid
 
 def test_a_bad_template_fails_the_config_before_anything_loads(tmp_path):
     with pytest.raises(ValueError, match="neither a file nor Jinja"):
-        EngineConfig(chat_template="tools.jinja")
+        engine_config(chat_template="tools.jinja")
     bad = tmp_path / "bad.jinja"
     bad.write_text("{% for m in messages %}{{ m.content }}")
     with pytest.raises(ValueError, match="does not parse"):
-        EngineConfig(chat_template=str(bad))
+        engine_config(chat_template=str(bad))
 
 
 def test_the_template_file_replaces_the_models_and_lets_it_take_tools(tiny_llama_dir, tmp_path):

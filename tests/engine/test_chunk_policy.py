@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from jaxserve import LLM, SamplingParams
-from jaxserve.config import EngineConfig
+from jaxserve.engine_args import engine_config
 from jaxserve.engine.builder import runner_shapes
 from jaxserve.engine.chunk_policy import ITEM_TOKENS, resolve_chunk_policy
 from jaxserve.runner.batch import bucket_for
@@ -46,7 +46,7 @@ class MeasuredRunner:
 
 def test_default_budget_is_the_measured_decode_step():
     runner = MeasuredRunner(0.2, 430.0)   # 0.2 s x 430 tok/s = 86 tokens -> 64 in tiles of 32
-    policy = resolve_chunk_policy(EngineConfig(prefill_tile=32, chunk_policy="itl"), runner)
+    policy = resolve_chunk_policy(engine_config(prefill_tile=32, chunk_policy="itl"), runner)
     assert (policy.chunk_tokens, policy.derived) == (64, True)
     assert policy.itl_budget_s == 0.2 and policy.prefill_tokens_per_s == 430.0
     assert runner.calls == ["prefill", "decode 32"] and policy.by_decodes == ()
@@ -54,7 +54,7 @@ def test_default_budget_is_the_measured_decode_step():
 
 def test_smaller_decode_batches_get_their_own_smaller_chunks():
     runner = MeasuredRunner(0.2, 430.0, decode_buckets=(1, 4, 16, 32))
-    policy = resolve_chunk_policy(EngineConfig(prefill_tile=8, chunk_policy="itl"), runner)
+    policy = resolve_chunk_policy(engine_config(prefill_tile=8, chunk_policy="itl"), runner)
     # budgets 6.25, 25, 100, 200 ms x 430 tok/s = 2.7, 10.8, 43, 86 tokens -> tiles of 8 (at least one)
     assert policy.by_decodes == ((1, 8), (4, 8), (16, 40))
     assert policy.chunk_tokens == 80 and policy.itl_budget_s == 0.2
@@ -63,13 +63,13 @@ def test_smaller_decode_batches_get_their_own_smaller_chunks():
 
 def test_an_explicit_itl_budget_replaces_the_decode_measurement():
     runner = MeasuredRunner(0.2, 430.0)
-    policy = resolve_chunk_policy(EngineConfig(prefill_tile=32, itl_budget_ms=500, chunk_policy="itl"), runner)
+    policy = resolve_chunk_policy(engine_config(prefill_tile=32, itl_budget_ms=500, chunk_policy="itl"), runner)
     assert policy.chunk_tokens == 192          # 0.5 x 430 = 215 -> 192
     assert runner.calls == ["prefill"] and policy.by_decodes == ()
 
 
 def test_a_tiny_budget_still_gets_one_tile():
-    policy = resolve_chunk_policy(EngineConfig(prefill_tile=32, itl_budget_ms=1, chunk_policy="itl"),
+    policy = resolve_chunk_policy(engine_config(prefill_tile=32, itl_budget_ms=1, chunk_policy="itl"),
                                   MeasuredRunner(0.2, 430.0))
     assert policy.chunk_tokens == 32
 
@@ -79,19 +79,19 @@ def test_a_tiny_budget_still_gets_one_tile():
                                              ({"enable_chunked_prefill": False}, 0)])
 def test_explicit_settings_measure_nothing(kwargs, expected):
     runner = MeasuredRunner(0.2, 430.0)
-    policy = resolve_chunk_policy(EngineConfig(**kwargs), runner)
+    policy = resolve_chunk_policy(engine_config(**kwargs), runner)
     assert (policy.chunk_tokens, policy.derived, runner.calls) == (expected, False, [])
 
 
 @pytest.mark.parametrize("bad", [0, -5.0])
 def test_itl_budget_must_be_positive(bad):
     with pytest.raises(ValueError, match="itl_budget_ms"):
-        EngineConfig(itl_budget_ms=bad)
+        engine_config(itl_budget_ms=bad)
 
 
 def test_the_slo_policy_measures_a_step_cost_model_and_derives_its_objectives():
     runner = MeasuredRunner(0.2, 400.0, decode_buckets=(1, 4, 16, 32))
-    policy = resolve_chunk_policy(EngineConfig(max_num_batched_tokens=32), runner)
+    policy = resolve_chunk_policy(engine_config(max_num_batched_tokens=32), runner)
     cost, slo = policy.step_cost, policy.objectives
     assert policy.chunk_tokens == 0 and not policy.derived
     assert cost.decode_s == ((1, 0.2 / 32), (4, 0.2 / 8), (16, 0.1), (32, 0.2))
@@ -104,7 +104,7 @@ def test_the_slo_policy_measures_a_step_cost_model_and_derives_its_objectives():
 
 def test_the_operators_objectives_replace_the_derived_ones():
     runner = MeasuredRunner(0.2, 400.0)
-    policy = resolve_chunk_policy(EngineConfig(ttft_slo_ms=2500, tpot_slo_ms=120), runner)
+    policy = resolve_chunk_policy(engine_config(ttft_slo_ms=2500, tpot_slo_ms=120), runner)
     assert (policy.objectives.ttft_s, policy.objectives.tpot_s) == (2.5, 0.12)
 
 
@@ -112,7 +112,7 @@ def test_the_operators_objectives_replace_the_derived_ones():
 @pytest.mark.parametrize("bad", [0, -1.0, float("inf"), float("nan")])
 def test_objectives_must_be_finite_and_positive(name, bad):
     with pytest.raises(ValueError, match=name):
-        EngineConfig(**{name: bad})
+        engine_config(**{name: bad})
 
 
 def test_a_real_engine_measures_its_step_cost_model_at_start_up(tiny_llama_dir):
@@ -174,6 +174,7 @@ class PackingRunner:
         self.shapes = shapes
         self.arena_spec = SimpleNamespace(num_blocks=num_blocks)
         self.host_pool = None
+        self.measurements = {}    # what a Calibrator keeps on the runner
         self.steps = []
 
     def load_executables(self, buckets) -> None:
@@ -195,7 +196,7 @@ class PackingRunner:
 def test_calibration_steps_fit_a_short_context(max_model_len, policy):
     # serve's defaults but a 2,048-token step budget: the largest prompt bucket (and the
     # item-cost depth of 2,048) exceeds what one request of a short context can hold
-    config = EngineConfig(max_model_len=max_model_len, chunk_policy=policy, max_num_batched_tokens=2048)
+    config = engine_config(max_model_len=max_model_len, chunk_policy=policy, max_num_batched_tokens=2048)
     shapes = runner_shapes(config, max_model_len)
     assert shapes.prefill_buckets[-1] * shapes.prefill_tile > max_model_len
     runner = PackingRunner(shapes, num_blocks=4096)
@@ -213,7 +214,7 @@ def test_calibration_steps_fit_a_short_context(max_model_len, policy):
 
 
 def test_calibration_steps_fit_a_small_arena():
-    config = EngineConfig(max_model_len=1024)
+    config = engine_config(max_model_len=1024)
     shapes = runner_shapes(config, 1024)
     runner = PackingRunner(shapes, num_blocks=1 + 300 // shapes.block_size)   # 300 tokens of scratch
     policy = resolve_chunk_policy(config, Calibrator(runner))

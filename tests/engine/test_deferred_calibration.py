@@ -29,7 +29,7 @@ def test_a_cold_start_defers_calibration_until_idle_and_then_serves_the_measured
     assert engine.deferred_calibration is not None and engine.idle_work_pending
     assert engine.chunk_policy.provisional and "provisional" in engine.chunk_policy.describe()
     assert scheduler.config.objectives is None and scheduler.config.long_prefill_token_threshold == 0
-    assert engine.runner.swap_cost is None                 # recompute until the swap cost is measured
+    assert engine.calibration.swap_cost is None            # recompute until the swap cost is measured
 
     before = llm.generate([PROMPT], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
     assert scheduler.kv.pool.num_cached > 0                # the prompt's full blocks stay cached
@@ -40,7 +40,7 @@ def test_a_cold_start_defers_calibration_until_idle_and_then_serves_the_measured
     assert not policy.provisional and policy.objectives is not None and policy.step_cost is not None
     assert scheduler.config.objectives is policy.objectives and scheduler.config.step_cost is policy.step_cost
     assert scheduler.preemption.config is scheduler.config and scheduler.admission.config is scheduler.config
-    assert engine.runner.swap_cost is not None
+    assert engine.calibration.swap_cost is not None
     assert scheduler.kv.pool.num_cached == 0               # emptied: calibration wrote those blocks
     # the same prompt again computes its KV afresh: the same tokens (a cache that kept blocks the
     # calibration overwrote would serve other K/V)
@@ -90,30 +90,37 @@ def test_the_async_engine_runs_it_when_idle_and_not_while_a_request_runs(tiny_ll
 
 
 class _Fake:
-    """What run_if_idle reads of an engine, with a deferred calibration that records its runs."""
+    """What DeferredCalibration.run_if_idle reads of an engine; `retuned` records the knobs it set."""
 
     def __init__(self, *, live=False, warming_failed=(), reset_ok=True):
         import types
 
         self.paused = self.asleep = False
-        self.ran = []
-        measured = types.SimpleNamespace(describe=lambda: "measured")
-        self.deferred_calibration = types.SimpleNamespace(run=lambda: self.ran.append(1) or (measured, {}))
+        self.retuned = []
         self.background_warm_up = types.SimpleNamespace(running=False, failed=list(warming_failed))
         self.scheduler = types.SimpleNamespace(has_unfinished_requests=lambda: live,
-                                               reset_prefix_cache=lambda: reset_ok, retune=lambda **k: None)
-        self.chunk_policy = "provisional"
+                                               reset_prefix_cache=lambda: reset_ok,
+                                               retune=lambda **k: self.retuned.append(k))
 
 
 def test_it_waits_for_an_idle_engine_and_gives_up_on_a_failed_warm_up():
-    from jaxserve.engine.deferred_calibration import run_if_idle
+    from jaxserve.engine.chunk_policy import ChunkPolicy
+    from jaxserve.engine.deferred_calibration import DeferredCalibration
+    from jaxserve.engine.startup_calibration import StartupCalibration
 
-    busy = _Fake(live=True)
-    assert not run_if_idle(busy) and not busy.ran and busy.deferred_calibration is not None
-    held = _Fake(reset_ok=False)       # blocks still held: the cache cannot be emptied yet
-    assert not run_if_idle(held) and not held.ran and held.deferred_calibration is not None
-    failed = _Fake(warming_failed=[((4, 0), "boom")])   # measuring would compile on the step thread
-    assert run_if_idle(failed) and not failed.ran
-    assert failed.deferred_calibration is None and failed.chunk_policy == "provisional"
-    idle = _Fake()
-    assert run_if_idle(idle) and idle.ran == [1] and idle.chunk_policy.describe() == "measured"
+    measured = StartupCalibration(ChunkPolicy(64, derived=True))
+    runs = []
+
+    def deferred():
+        return DeferredCalibration(lambda: runs.append(1) or measured)
+
+    busy, d = _Fake(live=True), deferred()
+    assert d.run_if_idle(busy) is None and d.pending and not runs
+    held, d = _Fake(reset_ok=False), deferred()     # blocks still held: the cache cannot be emptied yet
+    assert d.run_if_idle(held) is None and d.pending and not runs
+    failed, d = _Fake(warming_failed=[((4, 0), "boom")]), deferred()   # measuring would compile on the step thread
+    assert d.run_if_idle(failed) is None and not d.pending and not runs and not failed.retuned
+    idle, d = _Fake(), deferred()
+    assert d.run_if_idle(idle) is measured and not d.pending and runs == [1]
+    assert idle.retuned == [measured.scheduler_knobs()] and idle.retuned[0]["decode_step_prefill_cap"] == 64
+    assert d.run_if_idle(idle) is None and runs == [1]      # once

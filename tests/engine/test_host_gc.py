@@ -5,7 +5,7 @@ import gc
 
 import pytest
 
-from jaxserve.config import EngineConfig
+from jaxserve.engine_args import engine_config
 from jaxserve.engine.host_gc import pace_collector
 
 
@@ -27,7 +27,7 @@ def test_the_threshold_is_raised_never_lowered_and_none_leaves_it(restore_thresh
 
 
 def test_the_knob_is_validated():
-    assert EngineConfig().python_gc_threshold == 20_000
-    assert EngineConfig(python_gc_threshold=None).python_gc_threshold is None
+    assert engine_config().python_gc_threshold == 20_000
+    assert engine_config(python_gc_threshold=None).python_gc_threshold is None
     with pytest.raises(ValueError, match="python_gc_threshold=0 must be a positive integer or None"):
-        EngineConfig(python_gc_threshold=0)
+        engine_config(python_gc_threshold=0)

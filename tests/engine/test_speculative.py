@@ -253,29 +253,29 @@ def test_aborts_mid_speculation_leak_no_block(speculating):
 def test_the_cli_flag_and_llm_kwarg_take_the_same_speculative_config():
     import argparse
 
-    from jaxserve.config import EngineConfig
+    from jaxserve.engine_args import engine_config
     from jaxserve.engine_args import add_engine_args, engine_config_from_args
 
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
     args = parser.parse_args(["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'])
     from_cli = engine_config_from_args(args).speculative_config
-    assert from_cli == EngineConfig(speculative_config={"method": "ngram", "num_speculative_tokens": 3}).speculative_config
+    assert from_cli == engine_config(speculative_config={"method": "ngram", "num_speculative_tokens": 3}).speculative_config
     assert from_cli.num_speculative_tokens == 3 and from_cli.adaptive
     with pytest.raises(SystemExit):   # argparse reports the bad value with the parser's usage
         parser.parse_args(["--speculative-config", '{"method": "draft_model"}'])
     with pytest.raises(ValueError, match="draft's checkpoint path"):
-        EngineConfig(speculative_config={"method": "draft_model"})
-    assert EngineConfig(speculative_config={"method": "draft_model", "model": "/x"}).speculative_config.model == "/x"
+        engine_config(speculative_config={"method": "draft_model"})
+    assert engine_config(speculative_config={"method": "draft_model", "model": "/x"}).speculative_config.model == "/x"
 
 
 def test_a_draft_model_with_another_vocabulary_is_refused(spec_llm, tmp_path):
-    from jaxserve.config import EngineConfig
+    from jaxserve.engine_args import engine_config
     from jaxserve.engine.draft_model import build_draft_runner
     from jaxserve.testing.tiny_models import make_tiny_model
 
     other = make_tiny_model(tmp_path / "other-vocab", vocab_size=256)
-    config = EngineConfig(speculative_config={"method": "draft_model", "model": other})
+    config = engine_config(speculative_config={"method": "draft_model", "model": other})
     with pytest.raises(ValueError, match="vocabulary of 256 tokens, the target 320"):
         build_draft_runner(config, spec_llm.engine.runner, None, "float32")
 

@@ -280,7 +280,7 @@ def test_a_quantized_engine_quantizes_a_complete_named_update_as_a_fresh_start_w
     import jax
 
     from jaxserve.checkpoints.loader import load_checkpoint
-    from jaxserve.config import EngineConfig
+    from jaxserve.engine_args import engine_config
     from jaxserve.engine.builder import checkpoint_params
     from jaxserve.models.config import ModelConfig
 
@@ -293,7 +293,7 @@ def test_a_quantized_engine_quantizes_a_complete_named_update_as_a_fresh_start_w
 
     # what a fresh int8 start on the second model's checkpoint would serve, leaf for leaf
     ckpt = load_checkpoint(second_dir)
-    config = EngineConfig.from_kwargs(model=second_dir, **{k: v for k, v in TINY_ENGINE.items() if k != "progress"},
+    config = engine_config(model=second_dir, **{k: v for k, v in TINY_ENGINE.items() if k != "progress"},
                                       quantization="int8")
     fresh, _ = checkpoint_params(config, ckpt, ModelConfig.from_hf_config(ckpt.config), "float32", None, None, None)
     got = llm.engine.runner.params

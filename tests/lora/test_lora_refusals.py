@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jaxserve import LLM, LoRARequest, SamplingParams
-from jaxserve.config import EngineConfig
+from jaxserve.engine_args import engine_config
 from jaxserve.lora.peft_adapter import load_peft_adapter
 from jaxserve.lora.random_adapter import write_random_adapter
 from jaxserve.lora.engine_lora import lora_targets
@@ -79,10 +79,10 @@ def test_configurations_lora_is_not_built_for_are_refused():
                      (dict(batch_invariant=True), "batch_invariant"),
                      (dict(expert_parallel_size=2), "expert_parallel_size")):
         with pytest.raises(ValueError, match=f"enable_lora=True is not supported with .*{what}"):
-            EngineConfig(enable_lora=True, **kw)
-    EngineConfig(enable_lora=True, speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+            engine_config(enable_lora=True, **kw)
+    engine_config(enable_lora=True, speculative_config={"method": "ngram", "num_speculative_tokens": 2})
     with pytest.raises(ValueError, match="max_lora_rank=0 must be a positive integer"):
-        EngineConfig(enable_lora=True, max_lora_rank=0)
+        engine_config(enable_lora=True, max_lora_rank=0)
 
 
 def test_a_lora_request_without_enable_lora_is_refused_at_the_door(tiny_llama_dir, tmp_path, targets):

@@ -82,7 +82,7 @@ def main(model_dir: str) -> dict:
         "arena_devices": devices_of(runner.kv_caches),
         "made_on": sorted(per_device(made)),
         "mesh": runner.mesh_info.as_dict(),
-        "tensor_parallel_size": llm.config.tensor_parallel_size,
+        "tensor_parallel_size": llm.config.parallel.tensor_parallel_size,
     }
     arena, weights = bytes_on_each_device(runner.kv_caches), bytes_on_each_device(runner.params)
     scratch = bytes_on_each_device(runner.scratch_arrays())

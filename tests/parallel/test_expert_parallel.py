@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from jaxserve.config import EngineConfig
+from jaxserve.engine_args import engine_config
 from jaxserve.parallel.experts import ALL_GATHER, ALL_TO_ALL, check_expert_sizes, dispatch_for
 from tests.parallel.cpu_devices import REPO, cpu_device_env
 
@@ -63,9 +63,9 @@ def test_expert_counts_that_do_not_divide_are_refused_naming_the_sizes_that_work
     check_expert_sizes(8, 32, 4, 2)          # 8 devices: 2 experts each, 16 columns of each per device
     check_expert_sizes(0, 0, 1, 4)           # a dense model under tensor parallelism: nothing to check
     with pytest.raises(ValueError, match="expert_parallel_size=0 must be a positive integer"):
-        EngineConfig(expert_parallel_size=0)
+        engine_config(expert_parallel_size=0)
     with pytest.raises(ValueError, match="expert_dispatch='ring'"):
-        EngineConfig(expert_dispatch="ring")
+        engine_config(expert_dispatch="ring")
     assert dispatch_for(4) == dispatch_for(4096) == ALL_GATHER        # the measured choice at both sizes
     assert dispatch_for(4, ALL_TO_ALL) == ALL_TO_ALL
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jaxserve.checkpoints import load_checkpoint
-from jaxserve.config import EngineConfig
+from jaxserve.engine_args import engine_config
 from jaxserve.models import ModelConfig, registry
 from jaxserve.models.params import params_from_hf
 from jaxserve.quant.prepare import QuantRequest, prepare
@@ -62,7 +62,7 @@ def test_what_the_option_does_not_cover_is_refused():
     with pytest.raises(ValueError, match="quantization='w8a8'"):
         QuantSpec("int8", lm_head=True)
     with pytest.raises(ValueError, match="needs quantization='w8a8'"):
-        EngineConfig(quantize_lm_head=True)
+        engine_config(quantize_lm_head=True)
     with pytest.raises(ValueError, match="tensor_parallel_size"):
-        EngineConfig(quantization="w8a8", quantize_lm_head=True, tensor_parallel_size=2)
+        engine_config(quantization="w8a8", quantize_lm_head=True, tensor_parallel_size=2)
     assert "lm_head" not in QuantSpec("w8a8").describe()    # identities from before the option hold

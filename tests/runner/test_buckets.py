@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from jaxserve.config import EngineConfig
+from jaxserve.engine_args import engine_config
 from jaxserve.engine.builder import runner_shapes
 from jaxserve.runner.batch import batch_shapes
 from tests.packing_oracle import pack_step
@@ -62,18 +62,18 @@ def test_pack_step_uses_the_fine_bucket_for_a_decode_only_step():
 
 
 def test_engine_config_sets_the_decode_only_list():
-    default = runner_shapes(EngineConfig(max_num_seqs=32), 512)
+    default = runner_shapes(engine_config(max_num_seqs=32), 512)
     assert default.decode_buckets == (1, 4, 16, 32)
     assert default.decode_only_buckets == (1, 2, 4, 6, 8, 12, 16, 24, 32)
     # pinned decode_buckets serve decode-only steps too unless decode_only_buckets is given
-    pinned = runner_shapes(EngineConfig(max_num_seqs=8, decode_buckets=(8,)), 512)
+    pinned = runner_shapes(engine_config(max_num_seqs=8, decode_buckets=(8,)), 512)
     assert pinned.decode_only_buckets == (8,)
-    both = runner_shapes(EngineConfig(max_num_seqs=8, decode_buckets=(8,), decode_only_buckets=(2, 8)), 512)
+    both = runner_shapes(engine_config(max_num_seqs=8, decode_buckets=(8,), decode_only_buckets=(2, 8)), 512)
     assert both.buckets()[:2] == [(2, 0), (8, 0)]
     with pytest.raises(ValueError, match="decode_only_buckets=.* must reach max_num_seqs=8"):
-        runner_shapes(EngineConfig(max_num_seqs=8, decode_only_buckets=(1, 4)), 512)
+        runner_shapes(engine_config(max_num_seqs=8, decode_only_buckets=(1, 4)), 512)
     with pytest.raises(ValueError, match="decode_only_buckets"):
-        EngineConfig(decode_only_buckets=(4, 2))
+        engine_config(decode_only_buckets=(4, 2))
 
 
 def test_a_placeholder_reads_the_previous_steps_row_and_other_rows_read_their_ids():

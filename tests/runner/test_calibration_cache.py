@@ -20,6 +20,7 @@ class CountingRunner:
         self.arena_spec = ArenaSpec(num_layers=2, num_blocks=num_blocks, block_size=shapes.block_size,
                                     num_kv_heads=1, head_dim=8, dtype="float32")
         self.host_pool = None
+        self.measurements = {}    # what a Calibrator keeps on the runner
         self.attention_impl = "xla"
         self.compiler_options = {}
         self.steps = 0

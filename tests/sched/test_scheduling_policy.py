@@ -184,7 +184,7 @@ def test_chunk_size_follows_the_itl_budget_and_prefill_throughput():
     [
         ({"scheduling_policy": "lifo"}, "scheduling_policy must be 'fcfs' or 'priority', got 'lifo'"),
         ({"preemption_mode": "swap"}, "num_host_blocks must be >= 1, got 0"),
-        ({"kv_watermark": 1.5}, r"kv_watermark must be a number in \[0, 1\], got 1.5"),
+        ({"kv_watermark": 1.5}, r"kv_watermark must be a number in \[0, 1\), got 1.5"),
         ({"max_waiting_requests": -1}, "max_waiting_requests must be an int >= 0, got -1"),
         ({"priority_weight_base": 0.5}, "priority_weight_base must be a number >= 1, got 0.5"),
     ],

@@ -24,13 +24,13 @@ CHILD = textwrap.dedent("""
     import jaxserve.server.http as http
     for m in pkgutil.iter_modules(http.__path__):
         importlib.import_module(f"jaxserve.server.http.{m.name}")
-    from jaxserve.config import EngineConfig
+    from jaxserve.engine_args import engine_config
     from jaxserve.server.server import ServerConfig, run_server
 
     def build_engine(config, progress=False):   # the HTTP listener is up by now; stop here
         raise RuntimeError("no engine in this test")
 
-    rc = asyncio.run(run_server(ServerConfig(grpc=False, http_port=0), EngineConfig(model="unused"),
+    rc = asyncio.run(run_server(ServerConfig(grpc=False, http_port=0), engine_config(model="unused"),
                                 build_engine=build_engine))
     print("rc", rc)
 """)

@@ -67,7 +67,7 @@ async def embeddings(front, req: EmbeddingRequest, http: Request):
     model = front.check_model(req.model, aengine, adapters=False)   # embeddings come from the base model
     if not aengine.engine.input_processor.embeddings:
         raise errors.bad_request("this server does not serve embeddings: start it with --enable-embeddings "
-                                 "(EngineConfig.enable_embeddings)")
+                                 "(--enable-embeddings)")
     check_dimensions(req, aengine.engine.runner.model_config.hidden_size)
     prompts = prompts_of(req)
     try:
