@@ -67,7 +67,7 @@ print(json.dumps({
     "compiled_by_second": compile_counter.compilations() - before,
     "measured_nothing": any("calibration: measured nothing" in m for m in records),
     "same_chunk_policy": second.engine.chunk_policy == first.engine.chunk_policy,
-    "same_swap_cost": second.engine.runner.swap_cost == first.engine.runner.swap_cost,
+    "same_swap_cost": second.engine.calibration.swap_cost == first.engine.calibration.swap_cost,
     "same_tokens": (second.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
                     == first.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids),
 }))
