@@ -54,19 +54,6 @@ def _stats_dict(llm: Any) -> dict[str, Any]:
     return dict(stats.as_dict()) if hasattr(stats, "as_dict") else dict(vars(stats))
 
 
-def _engine_setting(llm: Any, name: str, default: int) -> int:
-    for owner in (llm, getattr(llm, "config", None), getattr(llm, "engine", None),
-                  getattr(getattr(llm, "engine", None), "config", None)):
-        value = getattr(owner, name, None) if owner is not None else None
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        cfg = getattr(owner, "config", None) if owner is not None else None
-        value = getattr(cfg, name, None) if cfg is not None else None
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    return default
-
-
 class JaxServeBackend:
     name = "jaxserve"
 
@@ -136,8 +123,8 @@ class JaxServeBackend:
         eng = self.llm.engine
         by_id = {r.request_id: r for r in requests}
         index = {r.request_id: i for i, r in enumerate(requests)}
-        block_size = _engine_setting(self.llm, "block_size", 16)
-        trace = KVTrace(block_size, _engine_setting(self.llm, "max_model_len", 1))
+        block_size = self.llm.engine.scheduler.config.block_size
+        trace = KVTrace(block_size, self.llm.engine.max_model_len)
         start = time.perf_counter()
         if not options.timed_arrivals:
             requests = [at_once(r) for r in requests]

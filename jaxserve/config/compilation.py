@@ -31,6 +31,10 @@ class CompilationConfig:
               "1, 2, 4, 6, 8, 12, 16, 24, 32, 48, ... max_num_seqs)")
     prefill_buckets: tuple[int, ...] | None = option(None, "compiled prefill tile counts (default: 0, 1, 2, 4, ... "
                                                            "max)")
+    fuse_sampler: bool = option(
+        True, "each compiled step samples its logits rows itself: one launch per step instead of a step and a "
+              "sampler (a draft model's speculation keeps them apart); --no-fuse-sampler is the two-launch "
+              "baseline benchmarks compare against")
     warm_up: str = option(
         "all", "first runs before requests: all (every step is loaded and run once before the engine takes a "
                "request, so none pays a step's slow first run), background (the engine is ready once the steps "

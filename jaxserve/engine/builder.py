@@ -332,7 +332,8 @@ def _serve(config: EngineConfig, model_config: ModelConfig, params, *, dtype: st
                              executable_cache=_cache(ExecutableCache, cache_dir, "executables"), mesh=mesh,
                              coupled_with_draft=config.uses_draft_model, model=model,
                              features=step_features(config, model_config),
-                             expert_dispatch=config.parallel.expert_dispatch, batch_invariant=config.rl.batch_invariant)
+                             expert_dispatch=config.parallel.expert_dispatch, batch_invariant=config.rl.batch_invariant,
+                             fuse_sampler=config.compilation.fuse_sampler)
         jax.block_until_ready(runner.kv_caches)
     with clock.phase("executables"):
         runner.warm_helpers()

@@ -36,6 +36,7 @@ import jax
 import numpy as np
 
 from jaxserve.runner import compile_counter
+from jaxserve.runner.batch import sample_rows_bucket
 from jaxserve.runner.persistent_batch import PersistentBatch
 from jaxserve.runner.kv_arena import allocate_arena
 from jaxserve.runner.warm_plan import BucketReadiness
@@ -131,15 +132,19 @@ class BackgroundWarmUp:
 
 
 def run_on(runner, bucket: tuple[int, int], arena):
-    """Run `bucket`'s step and sampler once on the null block of `arena` (not the engine's), with
+    """Run `bucket`'s step and sampler (or its step with the sampler fused in) once on the null block of `arena` (not the engine's), with
     zero previous-step tokens, and wait; returns the arena the step hands back (it donates it)."""
     # a batch of its own: the engine's seats (the runner's persistent batch) stay as they are
     packed = PersistentBatch(runner.shapes, mask_words=runner.mask_words).pack(warm_up_step(runner.shapes, bucket), {})
     step, sampler = runner.step_and_sampler(bucket)
     prev = np.zeros((runner.max_sample_rows,), np.int32)
     with runner.params_lock:    # a LoRA slot write waits: it would delete the slot arrays read here
-        arena, logits, *_ = step(runner.params, arena, packed.arrays, prev)
-        out = sampler(logits, packed.sampling, prev)
+        if sampler is None:     # the step samples itself (one launch per step)
+            sampling = runner.sampler.inputs(sample_rows_bucket(*bucket), packed.sampling)
+            arena, out, *_ = step(runner.params, arena, packed.arrays, prev, sampling)
+        else:
+            arena, logits, *_ = step(runner.params, arena, packed.arrays, prev)
+            out = sampler(logits, packed.sampling, prev)
         jax.block_until_ready(out["tokens"])
     return arena
 

@@ -50,3 +50,32 @@ class FlatStep:
     def __getattr__(self, name):
         # as_text(), cost_analysis() and the like: the compiled executable's
         return getattr(self.compiled, name)
+
+
+class FusedStep:
+    """A step with its sampler fused in (step_programs.py, one launch per step), compiled by
+    `lower_flat` from (params, kv_caches, step buffer, prev_tokens, sampler buffer, sampler's other
+    arrays): returns (kv_caches, the sampler's outputs, the step's extra outputs...)."""
+
+    __slots__ = ("compiled", "layout", "sampler_layout", "sampler_names", "_packed_names")
+
+    def __init__(self, compiled, layout: InputLayout, sampler_layout: InputLayout,
+                 sampler_names: tuple[str, ...]):
+        self.compiled = compiled
+        self.layout = layout
+        self.sampler_layout = sampler_layout
+        self.sampler_names = sampler_names     # the arrays apart from its buffer, in their flattened order
+        self._packed_names = frozenset(sampler_layout.names)
+
+    def __call__(self, params, kv_caches, arrays: dict, prev_tokens, sampling: dict, *,
+                 param_leaves: list | None = None):
+        if param_leaves is None:
+            param_leaves = jax.tree.leaves(params)
+        if len(sampling) != len(self._packed_names) + len(self.sampler_names):
+            raise ValueError(f"a fused step's sampler takes {sorted(self._packed_names | set(self.sampler_names))}, "
+                             f"got {sorted(sampling)}")
+        return self.compiled(*param_leaves, *jax.tree.leaves(kv_caches), self.layout.pack(arrays), prev_tokens,
+                             self.sampler_layout.pack(sampling), *(sampling[k] for k in self.sampler_names))
+
+    def __getattr__(self, name):
+        return getattr(self.compiled, name)

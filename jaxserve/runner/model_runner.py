@@ -57,7 +57,7 @@ class ModelRunner(RunnerSleep):
                  num_host_blocks: int = 0, executable_cache: ExecutableCache | None = None,
                  sampler_probs: bool = False, coupled_with_draft: bool = False, mesh=None, model=None,
                  logprobs_mode: str = "raw", features: Sequence[StepFeature] = (),
-                 expert_dispatch: str = "auto", batch_invariant: bool = False):
+                 expert_dispatch: str = "auto", batch_invariant: bool = False, fuse_sampler: bool = True):
         """sampler_probs: the sampler also returns each row's distribution (a draft model's runner).
         coupled_with_draft: sampled rows are coupled with a draft model's rows of the same step
         (runner/sampler.py), which dispatch(draft_sample=...) hands over. model: what has the
@@ -67,6 +67,8 @@ class ModelRunner(RunnerSleep):
         (runner/step_feature.py: prompt logprobs, pooling, expert counts, ...), in the order they
         run. expert_dispatch: a mixture-of-experts model on a mesh with an "expert" axis: how its
         tokens reach their experts' devices (parallel/experts.py: auto, all_gather or all_to_all).
+        fuse_sampler: each step samples too, one launch per step (runner/step_programs.py), unless
+        a draft model's outputs must reach the sampler between them.
         batch_invariant: every program is traced in the batch-invariant mode (row-tiled matmuls
         and norms, models/batch_invariant.py; grouped attention, models/invariant_attention.py)."""
         if batch_invariant and (model_config.num_experts or model is not None):
@@ -124,7 +126,9 @@ class ModelRunner(RunnerSleep):
                                           attention=select_attention(attention_impl), model=model,
                                           outputs=self._step_outputs, expert_dispatch=expert_dispatch,
                                           batch_invariant=batch_invariant, prev_rows=self.max_sample_rows,
-                                          params_spec=lambda: self.params)
+                                          params_spec=lambda: self.params,
+                                          sampler=None if fuse_sampler is False or sampler_probs
+                                          or coupled_with_draft else self.sampler)
         self.steps = self.step_programs.store    # bucket -> its compiled step (FlatStep)
         self._prev_tokens = self._no_prev_tokens()
         self._prev_rows: dict[str, int] = {}   # request id -> its row in _prev_tokens
@@ -208,7 +212,8 @@ class ModelRunner(RunnerSleep):
         bucket), their samplers and the features' programs; `on_loaded(bucket, step)` is called
         as each step arrives (warm-up runs it while the next one loads). Returns the seconds spent."""
         buckets = sorted(self.shapes.buckets() if buckets is None else set(buckets))
-        seconds = self.sampler.store.load(sorted({sample_rows_bucket(*b) for b in buckets}))
+        seconds = (0.0 if self.step_programs.fused
+                   else self.sampler.store.load(sorted({sample_rows_bucket(*b) for b in buckets})))
         with progress_bar(progress, len(buckets), "loading steps") as bar:
             def loaded(bucket, step):
                 bar.update(1)
@@ -225,8 +230,11 @@ class ModelRunner(RunnerSleep):
         return self.steps.loaded_on_demand + self.sampler.store.loaded_on_demand + extra
 
     def step_and_sampler(self, bucket: tuple[int, int]) -> tuple:
-        """The loaded step of `bucket` and the sampler of its logits rows, for a warm-up that runs
-        them outside the engine's arena (runner/background_warmup.py); loaded here if not yet."""
+        """The loaded step of `bucket` and the sampler of its logits rows (None: fused into the
+        step), for a warm-up that runs them outside the engine's arena (runner/background_warmup.py);
+        loaded here if not yet."""
+        if self.step_programs.fused:
+            return self.steps[bucket], None
         return self.steps[bucket], self.sampler.store[sample_rows_bucket(*bucket)]
 
     @property
@@ -250,7 +258,8 @@ class ModelRunner(RunnerSleep):
         entries, compile them here, and start from a fresh arena (the failed run may have consumed
         the donated one; only start-up warm-up calls this, when the arena holds nothing)."""
         self.step_programs.rebuild(bucket)
-        self.sampler.rebuild(sample_rows_bucket(*bucket))
+        if not self.step_programs.fused:
+            self.sampler.rebuild(sample_rows_bucket(*bucket))
         self.kv_caches = self.allocate_arena()
         self._prev_tokens = self._no_prev_tokens()
         self._prev_rows = {}
@@ -331,8 +340,14 @@ class ModelRunner(RunnerSleep):
         step = self.steps.get(packed.bucket)
         if step is None:
             raise RuntimeError(f"bucket {packed.bucket} was not compiled at start-up")
-        self.kv_caches, logits, *extra = step(self._params, self.kv_caches, packed.arrays, self._prev_tokens,
-                                              param_leaves=self._flat_params())
+        fused = self.step_programs.fused
+        if fused:        # one launch: the step samples its logits rows itself
+            sampling = self.sampler.inputs(sample_rows_bucket(*packed.bucket), packed.sampling)
+            self.kv_caches, out, *extra = step(self._params, self.kv_caches, packed.arrays, self._prev_tokens,
+                                               sampling, param_leaves=self._flat_params())
+        else:
+            self.kv_caches, logits, *extra = step(self._params, self.kv_caches, packed.arrays, self._prev_tokens,
+                                                  param_leaves=self._flat_params())
         outputs = dict(zip(self._step_outputs, extra))
         dispatched = {}
         for feature, rows in features:
@@ -342,9 +357,10 @@ class ModelRunner(RunnerSleep):
         # placeholder (the scheduler schedules after its update), so it has no row here
         self._prev_rows = (dict(packed.sample_rows) if not packed.drafts else
                            {rid: row for rid, row in packed.sample_rows if rid not in packed.drafts})
-        if not packed.sample_rows:
+        if not packed.sample_rows:       # a fused step's sampled ids are padding then: dropped
             return StepHandle(features=dispatched)
-        out = self.sampler(logits, packed.sampling, self._prev_tokens, draft_sample)
+        if not fused:
+            out = self.sampler(logits, packed.sampling, self._prev_tokens, draft_sample)
         self._prev_tokens = out["padded_tokens"]
         wants = packed.sampling["want_logprobs"]
         # start the copies to the host now; collect() reads them a step later

@@ -47,12 +47,19 @@ class SamplerPrograms:
 
     def __call__(self, logits, sampling: dict, prev_tokens, draft_sample: dict | None = None) -> dict:
         """Sample a step's logits rows with their packed options (runner/persistent_batch.py)."""
+        rows = logits.shape[0]
+        return self.store[rows](logits, self.inputs(rows, sampling, draft_sample), prev_tokens)
+
+    def inputs(self, rows: int, sampling: dict, draft_sample: dict | None = None) -> dict:
+        """What a sampler of `rows` logits rows is called with besides the logits: the packed
+        options, with the neutral adjustments where no row adjusts and a draft's outputs where
+        coupled (a step with the sampler fused in takes the same, step_programs.py)."""
         if not (sampling["adjust"].any() or sampling["masked"].any()):
-            sampling = {**sampling, **self.neutral_adjustments(logits.shape[0])}
+            sampling = {**sampling, **self.neutral_adjustments(rows)}
         if self.coupled_with_draft:
             draft = draft_sample or self._no_draft
             sampling = {**sampling, "draft_probs": draft["probs"], "draft_tokens": draft["padded_tokens"]}
-        return self.store[logits.shape[0]](logits, sampling, prev_tokens)
+        return sampling
 
     def neutral_adjustments(self, rows: int) -> dict:
         """The wide logit-adjustment arrays of a step where no row adjusts, on the device."""
@@ -70,36 +77,48 @@ class SamplerPrograms:
     def drop_scratch(self) -> None:
         self._neutral = {}
 
-    def _layout(self, rows: int) -> InputLayout:
+    def layout(self, rows: int) -> InputLayout:
+        """The per-row options that travel in the packed buffer (the wide arrays go apart)."""
         base = sampling_arrays([None] * rows, rows, history_len=self.shapes.max_model_len, mask_words=self.mask_words)
         adjustments = neutral_adjustment_arrays(rows, self.shapes.max_model_len, self.mask_words)
         return InputLayout.of({k: (v.shape, v.dtype) for k, v in base.items() if k not in adjustments})
 
-    def _lower(self, rows: int):
+    def rest_specs(self, rows: int) -> dict:
+        """Specs of the inputs a sampler of `rows` rows takes apart from its packed buffer."""
         spec = self.programs.input_spec
-        logits = spec((rows, self.vocab_size), jnp.float32)
         specs = {k: spec(v.shape, v.dtype) for k, v in
                  sampling_arrays([None] * rows, rows, history_len=self.shapes.max_model_len,
                                  mask_words=self.mask_words).items()}
         if self.coupled_with_draft:
             specs["draft_probs"] = jax.ShapeDtypeStruct((self.pad_to, self.vocab_size), jnp.float32)
             specs["draft_tokens"] = jax.ShapeDtypeStruct((self.pad_to,), jnp.int32)
-        prev = spec((self.pad_to,), jnp.int32)
-        layout = self._layout(rows)
+        names = self.layout(rows).names
+        return {k: v for k, v in specs.items() if k not in names}
+
+    def traced(self, rows: int):
+        """The sampling function of `rows` rows as f(logits, buffer, rest, prev_tokens), to lower
+        alone or inside a step."""
+        layout = self.layout(rows)
         sampler = functools.partial(sample, pad_to=self.pad_to, probs_out=self.probs_out,
                                     logprobs_mode=self.logprobs_mode)
 
         def packed_sampler(logits, buffer, rest, prev_tokens):   # the per-row options in one buffer
             return sampler(logits, {**layout.unpack(buffer), **rest}, prev_tokens)
 
-        rest = {k: v for k, v in specs.items() if k not in layout.names}
-        return jax.jit(packed_sampler).lower(logits, layout.spec(self.programs.replicated), rest, prev)
+        return packed_sampler
+
+    def _lower(self, rows: int):
+        spec = self.programs.input_spec
+        logits = spec((rows, self.vocab_size), jnp.float32)
+        prev = spec((self.pad_to,), jnp.int32)
+        return jax.jit(self.traced(rows)).lower(logits, self.layout(rows).spec(self.programs.replicated),
+                                                self.rest_specs(rows), prev)
 
     def _build(self, rows: int, reuse: bool = True):
         # packed: its per-row options in one buffer (packed_inputs.py)
         compiled = self.programs.load_or_compile({"kind": "sampler", "rows": rows, "packed": True},
                                                  lambda: self._lower(rows), reuse=reuse)
-        return PackedSampler(compiled, self._layout(rows))
+        return PackedSampler(compiled, self.layout(rows))
 
     def rebuild(self, rows: int) -> None:
         """Forget the cached executable of `rows` and compile it again (ModelRunner.recompile)."""

@@ -2,7 +2,6 @@
 block ids of another arrive bit for bit (float32 and fp8 storage, through the wire's bytes), the
 blocks around them untouched, and serving compiles nothing after compile_all()."""
 
-from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +19,17 @@ def _runner(dtype, seed):
     kv = [(jnp.asarray(rng.normal(size=spec.layer_shape).astype(np.float32)).astype(dtype),
            jnp.asarray(rng.normal(size=spec.layer_shape).astype(np.float32)).astype(dtype))
           for _ in range(spec.num_layers)] if seed is not None else allocate_arena(spec)
-    return SimpleNamespace(arena_spec=spec, kv_caches=kv)
+    return _ArenaRunner(spec, kv)
+
+
+class _ArenaRunner:
+    """What KVTransfer asks of a runner: its arena, and a way to replace it by a program's output."""
+
+    def __init__(self, arena_spec, kv_caches):
+        self.arena_spec, self.kv_caches = arena_spec, kv_caches
+
+    def transform_arena(self, program) -> None:
+        self.kv_caches = program(self.kv_caches)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float8_e4m3fn"])
