@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
@@ -189,15 +189,10 @@ class OpenAIFront:
     async def _answer(self, http: Request, aengine: AsyncEngine, req, model: str, params: SamplingParams,
                       arrival: float, prompts: Callable[[], list | Awaitable[list]], *, chat: bool,
                       prompt_field: str, chat_output: Callable[[], ChatOutputParser] | None = None):
-        st = self.state
-        if st.active_streams >= self.max_concurrent_streams:
-            raise errors.too_many_requests(
-                f"{st.active_streams} requests are active, the limit is "
-                f"max_concurrent_streams={self.max_concurrent_streams}; retry later")
-        st.active_streams += 1     # before any await, so the limit holds under a burst; drained on shutdown
+        self.take_slot()
         released = False
         try:
-            run = await unless_disconnected(http, self._start(aengine, req, params, arrival, prompts, prompt_field))
+            run = await unless_disconnected(http, self.start_run(aengine, req, params, arrival, prompts, prompt_field))
             if req.stream:
                 released = True    # the stream's own finally releases it
                 events = self._events(run, req, model, params, chat=chat, chat_output=chat_output)
@@ -215,11 +210,52 @@ class OpenAIFront:
             if not released:
                 self._release()
 
+    def take_slot(self) -> None:
+        """A request's place among --max-concurrent-streams (both fronts count), taken before any
+        await so the limit holds under a burst; the server's drain waits for every one's release."""
+        st = self.state
+        if st.active_streams >= self.max_concurrent_streams:
+            raise errors.too_many_requests(
+                f"{st.active_streams} requests are active, the limit is "
+                f"max_concurrent_streams={self.max_concurrent_streams}; retry later")
+        st.active_streams += 1
+
     def _release(self) -> None:
         self.state.active_streams -= 1
         self.state.streams_changed.set()
 
-    async def _start(self, aengine, req, params, arrival, prompts, prompt_field: str) -> EngineRun:
+    async def serve_run(self, http: Request, start: Callable[[], Awaitable[EngineRun]], *, stream: bool,
+                        streamed: Callable[[EngineRun, Callable[[], Awaitable[None]]], Any],
+                        whole: Callable[[EngineRun], Awaitable[Any]]):
+        """One request of a second API shape (the Responses and Messages APIs): its stream slot,
+        the engine run `start()` makes, then `streamed(run, close)` (an answer whose body calls
+        `close()` when it ends: the run closed, the slot released) or `whole(run)` (the run
+        closed after it); None when the client left first (nobody reads an answer)."""
+        self.take_slot()
+        released = False
+        try:
+            run = await unless_disconnected(http, start())
+            if stream:
+                released = True
+
+                async def close() -> None:
+                    await run.close()
+                    self._release()
+                return streamed(run, close)
+            try:
+                return await unless_disconnected(http, whole(run))
+            finally:
+                await run.close()
+        except ClientDisconnected:
+            return None
+        finally:
+            if not released:
+                self._release()
+
+    async def start_run(self, aengine, req, params, arrival, prompts, prompt_field: str) -> EngineRun:
+        """The engine run of a chat-shaped request `req` (its request_id, priority, model and the
+        fields its refusals are about), after its prompts pass --max-input-tokens; the door's
+        refusals as HTTP errors, a prompt's about `prompt_field`."""
         try:
             got = prompts()
             if not isinstance(got, list):

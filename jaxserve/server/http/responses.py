@@ -35,7 +35,6 @@ from jaxserve.server.chat_prompt import render_chat
 from jaxserve.server.chat_roles import chat_roles
 from jaxserve.server.http import errors
 from jaxserve.server.http.chat_tools import chat_tool_plan
-from jaxserve.server.http.disconnect import ClientDisconnected, unless_disconnected
 from jaxserve.server.http.engine_run import EngineRun
 from jaxserve.server.http.logprobs import TokenText
 from jaxserve.server.http.openai_front import OpenAIFront, engine_error
@@ -43,7 +42,7 @@ from jaxserve.server.http.responses_events import response_events
 from jaxserve.server.http.responses_input import (LOGPROBS_INCLUDE, as_template_roles, chat_tool_choice, chat_tools,
                                                   input_messages, listed_input_items, refuse_logprobs_of_parsed_output,
                                                   refuse_unsupported, with_instructions)
-from jaxserve.server.http.responses_output import AnswerText, ResponseBuilder, as_chat_message
+from jaxserve.server.http.responses_output import AnswerText, ResponseBuilder, as_chat_message, collect_answer
 from jaxserve.server.http.responses_schemas import DeletedResponse, InputItemList, ResponseObject, ResponsesRequest
 from jaxserve.server.http.responses_store import ResponseStore, StoredResponse
 from jaxserve.server.http.sampling import chat_messages, chat_params
@@ -102,33 +101,21 @@ class ResponsesAPI:
                 self.store.put(StoredResponse(final, conversation + [as_chat_message(items)], listed))
             return final
 
-        self._take_slot()
-        released = False
-        try:
-            run = await unless_disconnected(http, self._start(aengine, req, conversation, sampling, builder.id,
-                                                              arrival, opens_reasoning))
-            if req.stream:
-                released = True   # the event stream's close releases it
-
-                async def close():
-                    await run.close()
-                    self._release()
-                return StreamingResponse(response_events(run, builder, answer, parser=parser(),
-                                                         finish=lambda items, a: finish(items, a, run),
-                                                         error_of=engine_error, close=close),
-                                         media_type="text/event-stream")
-            try:
-                await unless_disconnected(http, self._collect(run, answer))
-            finally:
-                await run.close()
+        async def whole(run: EngineRun) -> ResponseObject:
+            await collect_answer(run, answer)
             p = parser()
             return finish(builder.items(p.parse(answer.text) if p is not None else ChatMessageOut(answer.text),
                                         answer), answer, run)
-        except ClientDisconnected:
-            return None
-        finally:
-            if not released:
-                self._release()
+
+        def streamed(run: EngineRun, close) -> StreamingResponse:
+            return StreamingResponse(response_events(run, builder, answer, parser=parser(),
+                                                     finish=lambda items, a: finish(items, a, run),
+                                                     error_of=engine_error, close=close),
+                                     media_type="text/event-stream")
+
+        return await front.serve_run(http, lambda: self._start(aengine, req, conversation, sampling, builder.id,
+                                                               arrival, opens_reasoning),
+                                     stream=req.stream, streamed=streamed, whole=whole)
 
     async def _start(self, aengine: AsyncEngine, req: ResponsesRequest, conversation: list[dict[str, Any]],
                      sampling: _Sampling, response_id: str, arrival: float, opens_reasoning: list[bool]) -> EngineRun:
@@ -156,29 +143,6 @@ class ResponsesAPI:
             elif err.param in _CHAT_TO_RESPONSES_PARAM:
                 err.param = _CHAT_TO_RESPONSES_PARAM[err.param]
             raise err from e
-
-    async def _collect(self, run: EngineRun, answer: AnswerText) -> None:
-        try:
-            async for cd in run.deltas():
-                answer.add(cd.delta)
-        except Exception as e:
-            err = engine_error(e)
-            if err is None:
-                raise
-            raise err from e
-
-    # the front's stream count, as its completions take it: before any await, so a burst cannot
-    # overshoot the limit; the server's drain waits for it to reach zero
-    def _take_slot(self) -> None:
-        st, limit = self.front.state, self.front.max_concurrent_streams
-        if st.active_streams >= limit:
-            raise errors.too_many_requests(f"{st.active_streams} requests are active, the limit is "
-                                           f"max_concurrent_streams={limit}; retry later")
-        st.active_streams += 1
-
-    def _release(self) -> None:
-        self.front.state.active_streams -= 1
-        self.front.state.streams_changed.set()
 
     # -- stored responses --------------------------------------------------------------------
     def retrieve(self, response_id: str) -> ResponseObject:

@@ -89,7 +89,7 @@ def chat_tools(req: ResponsesRequest) -> list[dict[str, Any]] | None:
         if kind != "function":
             raise bad_request(f"{where}: tools of type {kind!r} are not available on this server; only function "
                               "tools are (built-in tools such as web_search or file_search are OpenAI's own)", "tools")
-        t = _validated(FunctionTool, raw, where)
+        t = validated(FunctionTool, raw, where)
         out.append({"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)})
     return out
 
@@ -119,7 +119,7 @@ def input_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
             raise bad_request(f"{where} must be an object", where)
         kind = raw.get("type", "message")
         if kind == "message":
-            m = _validated(MessageItem, raw, where)
+            m = validated(MessageItem, raw, where)
             text = _message_text(m, where)
             if m.role == "assistant" and out and _only_reasoning(out[-1]):
                 out[-1] = dict(out[-1], content=text)   # the answer of the reasoning before it
@@ -127,13 +127,13 @@ def input_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
                 out.append({"role": m.role, "content": text})
         elif kind in ("function_call", "function_call_output"):
             if kind == "function_call":
-                _append_call(out, _validated(FunctionCallItem, raw, where), where)
+                _append_call(out, validated(FunctionCallItem, raw, where), where)
             else:
-                o = _validated(FunctionCallOutputItem, raw, where)
+                o = validated(FunctionCallOutputItem, raw, where)
                 out.append({"role": "tool", "tool_call_id": o.call_id,
                             "content": o.output if isinstance(o.output, str) else _parts_text(o.output, where)})
         elif kind == "reasoning":   # the assistant turn's reasoning, which its text and calls then join
-            r = _validated(ReasoningInputItem, raw, where)
+            r = validated(ReasoningInputItem, raw, where)
             parts = r.content if r.content else r.summary
             out.append({"role": "assistant", "content": "", "reasoning": _parts_text(parts, f"{where}.content")})
         elif kind == "item_reference":
@@ -157,7 +157,7 @@ def as_template_roles(messages: list[dict[str, Any]], roles: frozenset[str]) -> 
     return [dict(m, role="system") if m["role"] == "developer" else m for m in messages]
 
 
-def _validated(model: type[BaseModel], raw: dict, where: str):
+def validated(model: type[BaseModel], raw: dict, where: str):
     try:
         return model.model_validate(raw)
     except ValidationError as e:
@@ -186,7 +186,7 @@ def _parts_text(parts: list[dict[str, Any]], where: str) -> str:
             raise bad_request(f"{at}: only text parts are supported (input_text, output_text, refusal, "
                               f"reasoning_text, summary_text); got "
                               f"type {kind!r}", at)
-        part = _validated(TEXT_PARTS[kind], raw, at)
+        part = validated(TEXT_PARTS[kind], raw, at)
         texts.append(part.refusal if isinstance(part, RefusalPart) else part.text)
     return "".join(texts)
 

@@ -29,6 +29,7 @@ class AnswerText:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
+    stop_reason: int | str | None = None    # the stop string or token id it ended at
 
     def add(self, d: SampleDelta) -> list[TokenLogprob]:
         """Take a delta; returns its tokens' logprobs (empty when none were asked)."""
@@ -39,13 +40,28 @@ class AnswerText:
             new = chat_logprobs(d.token_ids, d.logprobs, self.logprobs_k, self.text_of).content
             self.logprobs += new
         if d.finish_reason is not None:
-            self.finish_reason = d.finish_reason
+            self.finish_reason, self.stop_reason = d.finish_reason, d.stop_reason
         return new
 
     @property
     def cut_short(self) -> bool:
         """The answer ended at max_output_tokens (or the model's context), not by itself."""
         return self.finish_reason == "length"
+
+
+async def collect_answer(run, answer: AnswerText) -> AnswerText:
+    """The run's one sample into `answer`, to its end; the engine's errors as HTTP errors."""
+    from jaxserve.server.http.openai_front import engine_error
+
+    try:
+        async for cd in run.deltas():
+            answer.add(cd.delta)
+    except Exception as e:
+        err = engine_error(e)
+        if err is None:
+            raise
+        raise err from e
+    return answer
 
 
 @dataclass
