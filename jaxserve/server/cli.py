@@ -40,6 +40,10 @@ def add_server_parsers(subparsers) -> None:
                         "on this port, beside gRPC (0: pick a free one)")
     g.add_argument("--no-grpc", action="store_true", help="serve only the HTTP API (needs --http-port)")
     g.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
+    g.add_argument("--metrics-names", default="both", choices=["both", "vllm", "jaxserve"],
+                   help="the metric names /metrics shows: jaxserve's (jaxserve_...), vLLM's (vllm:num_requests_waiting, "
+                        "vllm:kv_cache_usage_perc, ...: what llm-d and the Gateway API inference extension read) or "
+                        "both (so such a router works with no setting, and jaxserve's own dashboards too)")
     g.add_argument("--api-key", default=None,
                    help=f"require 'authorization: Bearer KEY' on every call but health (default: ${API_KEY_ENV})")
     g.add_argument("--tls-cert", default=None, help="PEM certificate chain (with --tls-key: serve TLS)")
@@ -123,6 +127,7 @@ def server_config_from_args(args: argparse.Namespace):
                         tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
                         http_header_timeout=args.http_header_timeout, http_body_timeout=args.http_body_timeout,
                         lenient_api=args.lenient_api, chat_content_special_tokens=args.chat_content_special_tokens,
+                        metrics_names=args.metrics_names,
                         lora_modules=tuple(parse_lora_modules(getattr(args, "lora_modules", None))),
                         limits=RequestCaps(max_n=args.max_n, max_tokens=args.max_tokens_limit,
                                            max_prompts=args.max_prompts,

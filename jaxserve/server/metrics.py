@@ -11,10 +11,11 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from jaxserve.outputs import RequestMetrics
+from jaxserve.server.vllm_metrics import NamedRegistry
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
                     7.5, 10.0, 20.0, 40.0, 80.0)
@@ -86,7 +87,7 @@ class _EngineCollector:
 
 class ServerMetrics:
     def __init__(self, snapshot: Callable[[], object | None]):
-        self.registry = CollectorRegistry()
+        self.registry = NamedRegistry()   # jaxserve's names, vLLM's or both (--metrics-names: vllm_metrics.py)
         self.registry.register(_EngineCollector(snapshot))
         r = self.registry
         self.ttft = Histogram("jaxserve_time_to_first_token_seconds", "arrival to first token",

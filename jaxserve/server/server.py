@@ -27,6 +27,7 @@ from typing import Callable
 from jaxserve.config import EngineConfig
 from jaxserve.server.lora_adapters import LoRAModule, register_now
 from jaxserve.server.metrics import ServerMetrics
+from jaxserve.server.vllm_metrics import METRIC_NAMES, serve_vllm_names
 from jaxserve.server.request_caps import RequestCaps
 from jaxserve.server.state import Phase, ServerState
 
@@ -70,6 +71,7 @@ class ServerConfig:
     lenient_api: bool = False            # HTTP: unknown request fields dropped with a warning, not a 400
     chat_content_special_tokens: bool = False   # special-token text in chat contents is control tokens
     lora_modules: tuple[LoRAModule, ...] = ()    # LoRA adapters registered before SERVING (--lora-modules)
+    metrics_names: str = "both"          # the metric names /metrics shows: both, vllm or jaxserve (vllm_metrics.py)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -95,6 +97,8 @@ class ServerConfig:
                              f"{self.http_body_timeout} must be > 0")
         if self.responses_store_size < 0:
             raise ValueError(f"responses_store_size={self.responses_store_size} must be >= 0")
+        if self.metrics_names not in METRIC_NAMES:
+            raise ValueError(f"metrics_names={self.metrics_names!r} must be one of {', '.join(METRIC_NAMES)}")
         if self.tool_call_parser is not None:
             from jaxserve.tool_parsers.registry import tool_parser
             tool_parser(self.tool_call_parser)
@@ -129,6 +133,7 @@ async def run_server(config: ServerConfig, engine_config: EngineConfig, *, progr
     in flight: an XLA compile cannot be cut short, and a bucket's took ~8 s of an idle server's exit."""
     state = ServerState()
     metrics = ServerMetrics(lambda: state.aengine.snapshot if state.aengine is not None else None)
+    serve_vllm_names(metrics.registry, config.metrics_names, lambda: state.aengine)
     if engine_config.disagg.role != "both":
         from jaxserve.disagg.metrics import DisaggCollector
 

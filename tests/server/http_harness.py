@@ -19,6 +19,7 @@ from jaxserve.server.http.listener import HTTPListener
 from tests.server.server_process import wait_until  # noqa: F401  (the HTTP tests import it from here)
 from jaxserve.server.http.openai_front import OpenAIFront
 from jaxserve.server.metrics import ServerMetrics
+from jaxserve.server.vllm_metrics import serve_vllm_names
 from jaxserve.server.state import Phase, ServerState
 from tests.server.step_gate import StepGate
 
@@ -33,7 +34,7 @@ class HTTPServer:
 
     def __init__(self, tiny_llm, *, api_key: str | None = API_KEY, max_n: int = 4, max_body_bytes: int = 1 << 20,
                  tool_call_parser: str | None = None, reasoning_parser: str | None = None, share_runner: bool = True,
-                 **engine_overrides):
+                 metrics_names: str = "both", **engine_overrides):
         """share_runner=False: serve `tiny_llm`'s own engine (one that cannot share its runner, e.g.
         with LoRA slots); the LLM must then not be used while the server runs, and `reference` is off."""
         self.max_body_bytes = max_body_bytes
@@ -45,6 +46,7 @@ class HTTPServer:
         self._thread = threading.Thread(target=self.loop.run_forever, name="http-test-loop", daemon=True)
         self._thread.start()
         self.metrics = ServerMetrics(lambda: self.state.aengine.snapshot if self.state.aengine else None)
+        serve_vllm_names(self.metrics.registry, metrics_names, lambda: self.state.aengine)   # as the server does
         self.front = OpenAIFront(self.state, limits=RequestCaps(max_n=max_n), metrics=self.metrics,
                                  max_concurrent_streams=64, tool_call_parser=tool_call_parser,
                                  reasoning_parser=reasoning_parser)
