@@ -46,5 +46,11 @@ class TemplateRefused(Refusal):
     code = "template_refused"
 
 
+class PrefillRefused(Refusal):
+    """A conversation that ends with an assistant turn (Anthropic's prefill: continue that partial
+    answer), which this server does not continue."""
+    code = "prefill_unsupported"
+
+
 __all__ = ["ConflictingFields", "ContextLengthExceeded", "FeatureDisabled", "InputTokensExceeded", "InvalidGrammar", "InvalidJSONText",
-           "Refusal", "TemplateRefused"]
+           "PrefillRefused", "Refusal", "TemplateRefused"]

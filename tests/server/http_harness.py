@@ -104,6 +104,15 @@ class HTTPServer:
         return openai.OpenAI(base_url=self.base_url, api_key=kw.pop("api_key", self.api_key or "none"),
                              max_retries=0, timeout=HANG_GUARD_S, **kw)
 
+    def anthropic_client(self, **kw):
+        """The official `anthropic` client for this server (it sends the key as Authorization: Bearer)."""
+        import anthropic
+
+        if "auth_token" not in kw:
+            kw.setdefault("api_key", self.api_key or "none")
+        return anthropic.Anthropic(base_url=self.base_url.removesuffix("/v1"), max_retries=0, timeout=HANG_GUARD_S,
+                                   **kw)
+
     def close(self) -> None:
         self.gate.open()
         self.run(self.listener.stop())

@@ -1,6 +1,7 @@
 """The FastAPI application of the OpenAI-compatible API.
 
 Routes: POST /v1/completions, POST /v1/chat/completions, the /v1/responses routes (http/responses.py),
+Anthropic's POST /v1/messages and /v1/messages/count_tokens (http/messages.py, errors in Anthropic's shape),
 GET /v1/models and /v1/models/{id}, vLLM's tokenizer routes
 (POST /tokenize, POST /detokenize, GET /tokenizer_info: http/tokenization.py) and the control
 routes of http/control.py (pause, resume, weight updates), all behind the API key when the server
@@ -27,6 +28,7 @@ from jaxserve.server.http.request_checks import LenientAPI
 from jaxserve.server.http.control import add_control_routes
 from jaxserve.server.http.embeddings import add_embeddings_route
 from jaxserve.server.http.lora_routes import add_lora_routes
+from jaxserve.server.http.messages import add_messages_routes
 from jaxserve.server.http.json_numbers import JSONNumberRoute
 from jaxserve.server.http.openai_front import OpenAIFront
 from jaxserve.server.http.openapi import describe_server
@@ -153,6 +155,7 @@ def create_app(front: OpenAIFront, *, api_key: str | None = None, max_body_bytes
     add_lora_routes(app, front, authorized)   # POST /v1/load_lora_adapter, /v1/unload_lora_adapter (http/lora_routes.py)
     # /v1/responses (http/responses.py); stored responses kept in memory, the store's size a server setting
     add_responses_routes(app, front, authorized, responses_store if responses_store is not None else ResponseStore())
+    add_messages_routes(app, front, authorized, api_key=key)   # Anthropic's /v1/messages (http/messages.py)
     describe_server(app, front, api_key=key is not None)   # /openapi.json: every status, this server's limits
     return app
 
