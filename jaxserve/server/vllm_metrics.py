@@ -77,40 +77,34 @@ def lora_info(engine) -> LoRAInfo | None:
     return LoRAInfo(names(list(sched.running)), names(list(sched.waiting)), lora.device.max_loras)
 
 
+@dataclass(frozen=True)
 class VLLMCollector:
-    """vLLM's names (above) at scrape time; nothing before the engine exists. `engine()`: the
-    AsyncEngine, or None."""
-
-    def __init__(self, engine: Callable[[], object | None]):
-        self._engine = engine
+    """vLLM's names (above) at scrape time; nothing before the engine exists."""
+    engine: Callable[[], object | None]    # the AsyncEngine, or None
 
     def collect(self):
-        aengine = self._engine()
+        aengine = self.engine()
         if aengine is None:
             return
         v = vllm_values(aengine.snapshot.stats)
         model = [aengine.engine.model_name]
 
-        def family(cls, name: str, doc: str, value: float):
-            f = cls(name, doc, labels=["model_name"])
-            f.add_metric(model, value)
-            return f
-        for name, doc, value in (
-            ("vllm:num_requests_running", "requests in the running batch", v.running),
-            ("vllm:num_requests_waiting", "requests waiting to be scheduled", v.waiting),
-            ("vllm:kv_cache_usage_perc", "fraction of KV blocks live requests hold (1 = all)", v.kv_usage),
-            ("vllm:gpu_cache_usage_perc", "fraction of KV blocks live requests hold (1 = all); "
+        gauge, counter = GaugeMetricFamily, CounterMetricFamily
+        for kind, name, doc, value in (
+            (gauge, "vllm:num_requests_running", "requests in the running batch", v.running),
+            (gauge, "vllm:num_requests_waiting", "requests waiting to be scheduled", v.waiting),
+            (gauge, "vllm:kv_cache_usage_perc", "fraction of KV blocks live requests hold (1 = all)", v.kv_usage),
+            (gauge, "vllm:gpu_cache_usage_perc", "fraction of KV blocks live requests hold (1 = all); "
              "vllm:kv_cache_usage_perc's older name", v.kv_usage),
+            (counter, "vllm:prefix_cache_queries", "prompt tokens looked up in the prefix cache", v.prefix_queries),
+            (counter, "vllm:prefix_cache_hits", "prompt tokens found in the prefix cache", v.prefix_hits),
+            (counter, "vllm:num_preemptions", "requests preempted", v.preemptions),
+            (counter, "vllm:prompt_tokens", "prompt tokens of the requests accepted", v.prompt_tokens),
+            (counter, "vllm:generation_tokens", "tokens generated", v.generation_tokens),
         ):
-            yield family(GaugeMetricFamily, name, doc, value)
-        for name, doc, value in (
-            ("vllm:prefix_cache_queries", "prompt tokens looked up in the prefix cache", v.prefix_queries),
-            ("vllm:prefix_cache_hits", "prompt tokens found in the prefix cache", v.prefix_hits),
-            ("vllm:num_preemptions", "requests preempted", v.preemptions),
-            ("vllm:prompt_tokens", "prompt tokens of the requests accepted", v.prompt_tokens),
-            ("vllm:generation_tokens", "tokens generated", v.generation_tokens),
-        ):
-            yield family(CounterMetricFamily, name, doc, value)
+            f = kind(name, doc, labels=["model_name"])
+            f.add_metric(model, value)
+            yield f
         lora = lora_info(aengine.engine)
         if lora is not None:
             f = GaugeMetricFamily("vllm:lora_requests_info", "LoRA adapters of the running and waiting requests "

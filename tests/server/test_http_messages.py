@@ -238,6 +238,8 @@ def test_a_client_leaving_mid_stream_aborts_the_message(server):
             assert next(lines) == "event: message_start"
             start = json.loads(next(lines).removeprefix("data: "))
             assert start["message"]["content"] == [] and server.stats().num_requests_running == 1
+            usage = start["message"]["usage"]     # the prompt is known when the stream starts
+            assert usage["input_tokens"] + usage["cache_read_input_tokens"] > 0 and usage["output_tokens"] == 0
         # held mid-generation by the gate: only the disconnect can end it
         wait_until(lambda: server.stats().num_requests_running == 0, "the request to be aborted")
         wait_until(lambda: server.state.active_streams == 0, "the stream slot to be released")
@@ -249,3 +251,45 @@ def test_the_block_accounting_holds_after_the_workloads(server):
     server.wait_idle()
     assert blocks_all_free(server.stats())
     check_invariants(server.engine.scheduler)
+
+
+def test_turns_become_the_chat_templates_messages():
+    from jaxserve.server.http.messages_input import chat_conversation
+    from jaxserve.server.http.messages_schemas import MessagesRequest
+
+    req = MessagesRequest.model_validate({"max_tokens": 4, "system": [{"type": "text", "text": "Be "},
+                                                                      {"type": "text", "text": "brief."}],
+                                          "messages": [
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm", "signature": ""},
+                                          {"type": "text", "text": "Let me look."},
+                                          {"type": "tool_use", "id": "toolu_1", "name": "get_tide",
+                                           "input": {"place": "north", "hour": 3}}]},
+        {"role": "user", "content": [{"type": "text", "text": "(before)"},
+                                     {"type": "tool_result", "tool_use_id": "toolu_1",
+                                      "content": [{"type": "text", "text": "at "}, {"type": "text", "text": "14:00"}]},
+                                     {"type": "text", "text": "Thanks."}]}]})
+    assert chat_conversation(req) == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": "Let me look.", "reasoning_content": "hm", "tool_calls": [
+            {"id": "toolu_1", "type": "function", "function": {"name": "get_tide", "arguments": {"place": "north",
+                                                                                                "hour": 3}}}]},
+        {"role": "user", "content": "(before)"},
+        {"role": "tool", "tool_call_id": "toolu_1", "name": "get_tide", "content": "at 14:00"},
+        {"role": "user", "content": "Thanks."}]
+
+
+def test_thinking_without_a_reasoning_parser_is_refused_and_disabled_tells_the_template():
+    from jaxserve.server.http.errors import APIError
+    from jaxserve.server.http.messages_input import thinking_template_kwargs
+    from jaxserve.server.http.messages_schemas import MessagesRequest
+
+    def req(thinking):
+        return MessagesRequest.model_validate({"max_tokens": 2048, "messages": [{"role": "user", "content": "a"}],
+                                               "thinking": thinking})
+    assert thinking_template_kwargs(req({"type": "disabled"}), None) == {"enable_thinking": False}
+    for thinking in ({"type": "enabled", "budget_tokens": 1024}, {"type": "adaptive"}):
+        with pytest.raises(APIError) as e:
+            thinking_template_kwargs(req(thinking), None)
+        assert e.value.status == 400 and e.value.code == "feature_disabled" and "--reasoning-parser" in e.value.message

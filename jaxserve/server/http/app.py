@@ -30,7 +30,7 @@ from jaxserve.server.http.embeddings import add_embeddings_route
 from jaxserve.server.http.lora_routes import add_lora_routes
 from jaxserve.server.http.messages import add_messages_routes
 from jaxserve.server.http.json_numbers import JSONNumberRoute
-from jaxserve.server.http.openai_front import OpenAIFront
+from jaxserve.server.http.openai_front import OpenAIFront, as_response
 from jaxserve.server.http.openapi import describe_server
 from jaxserve.server.http.responses import add_responses_routes
 from jaxserve.server.http.responses_store import ResponseStore
@@ -127,11 +127,11 @@ def create_app(front: OpenAIFront, *, api_key: str | None = None, max_body_bytes
 
     @app.post("/v1/completions", dependencies=[Depends(authorized)])
     async def completions(req: CompletionRequest, request: Request):
-        return _json(await front.completions(req, request))
+        return as_response(await front.completions(req, request))
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
     async def chat_completions(req: ChatCompletionRequest, request: Request):
-        return _json(await front.chat_completions(req, request))
+        return as_response(await front.chat_completions(req, request))
 
     # vLLM's tokenizer routes (http/tokenization.py), behind the key as generation is
     @app.post("/tokenize", dependencies=[Depends(authorized)], response_model=TokenizeResponse)
@@ -167,16 +167,6 @@ def _union_member_tag(part) -> bool:
     """pydantic names the member of a union a value failed (`str`, `list[str]`, `literal[...]`,
     a model's class name) in the error's location; the 400's param is the field's path alone."""
     return isinstance(part, str) and (part in _SCALAR_TAGS or "[" in part or "-" in part or part[:1].isupper())
-
-
-def _json(answer):
-    """A pydantic answer as JSON (None fields kept: OpenAI's clients expect them); a streaming
-    response or nothing (the client left) as it is."""
-    if answer is None:
-        return Response(status_code=499)
-    if isinstance(answer, Response):
-        return answer
-    return JSONResponse(answer.model_dump())
 
 
 # pydantic's error types for a body that is absent or no JSON object (loc: just "body")

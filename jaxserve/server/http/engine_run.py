@@ -73,6 +73,7 @@ class EngineRun:
             raise errors[0]
         for p, first in zip(run.prompts, firsts):
             if first is not _END:
+                p.last = first         # the prompt's token counts are known before its deltas are read
                 run._queue.put_nowait((p, first))
             if first is not _END and not first.finished:
                 run._tasks.append(asyncio.ensure_future(run._pump(p)))

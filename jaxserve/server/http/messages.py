@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.responses import StreamingResponse
 
@@ -39,7 +39,7 @@ from jaxserve.server.http.messages_input import (chat_conversation, chat_tool_ch
 from jaxserve.server.http.messages_output import content_blocks, message, stop_of
 from jaxserve.server.http.messages_schemas import (CountTokensRequest, MessageObject, MessagesRequest,
                                                    MessageTokensCount, _Conversation, new_message_id)
-from jaxserve.server.http.openai_front import OpenAIFront, engine_error
+from jaxserve.server.http.openai_front import OpenAIFront, as_response, engine_error
 from jaxserve.server.http.responses_output import AnswerText, collect_answer
 from jaxserve.server.http.sampling import chat_messages, chat_params
 from jaxserve.server.http.schemas import ChatCompletionRequest, ChatMessage
@@ -63,8 +63,7 @@ class MessagesAPI:
     async def create(self, req: MessagesRequest, http: Request):
         arrival = time.perf_counter()
         front = self.front
-        aengine = front.engine()
-        model = front.check_model(req.model, aengine)
+        aengine, model = front.serving(req.model)
         message_id = new_message_id()
         chat = self._chat(req, aengine, request_id=message_id)
         params = _sampling(chat, front)
@@ -105,8 +104,7 @@ class MessagesAPI:
         """The prompt /v1/messages would run for these turns, tools and thinking (the same
         rendering), counted; its refusals are create's."""
         front = self.front
-        aengine = front.engine()
-        front.check_model(req.model, aengine)
+        aengine, _ = front.serving(req.model)
         chat = self._chat(req, aengine)
         try:
             prompt = await self._render(aengine, chat)
@@ -156,13 +154,17 @@ def _sampling(chat: _Chat, front: OpenAIFront) -> SamplingParams:
 
 
 def api_key_or_bearer(authorized, key: bytes | None):
-    """Anthropic's `x-api-key: KEY`, or the server's own `Authorization: Bearer KEY` (`authorized`)."""
+    """Anthropic's `x-api-key: KEY` or the server's own `Authorization: Bearer KEY` (`authorized`):
+    either one holding the key lets the request in."""
     def check(request: Request) -> None:
         given = request.headers.get("x-api-key")
         if key is None or given is None:
             return authorized(request)
-        if not hmac.compare_digest(given.encode(), key):
-            raise errors.unauthorized("wrong x-api-key")
+        if hmac.compare_digest(given.encode(), key):
+            return None
+        if "authorization" in request.headers:
+            return authorized(request)
+        raise errors.unauthorized("wrong x-api-key")
     return check
 
 
@@ -173,12 +175,7 @@ def add_messages_routes(app: FastAPI, front: OpenAIFront, authorized, *, api_key
 
     @app.post("/v1/messages", dependencies=auth)
     async def create_message(req: MessagesRequest, request: Request):
-        answer = await api.create(req, request)
-        if answer is None:
-            return Response(status_code=499)   # the client left; nobody reads this
-        if isinstance(answer, Response):
-            return answer
-        return JSONResponse(answer.model_dump(mode="json"))
+        return as_response(await api.create(req, request), mode="json")
 
     @app.post("/v1/messages/count_tokens", dependencies=auth)
     async def count_message_tokens(req: CountTokensRequest):

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from jaxserve.refusals import ConflictingFields, FeatureDisabled, PrefillRefused
 from jaxserve.server.http.errors import bad_request
-from jaxserve.server.http.responses_input import validated
+from jaxserve.server.http.responses_input import type_of, typed_items, validated
 from jaxserve.server.http.messages_schemas import (MessagesRequest, TextBlockIn, ThinkingBlockIn, ToolIn,
                                                    ToolResultBlockIn, ToolUseBlockIn, _Conversation)
 
@@ -74,9 +74,7 @@ def chat_tools(req: _Conversation) -> list[dict[str, Any]] | None:
     if req.tools is None:
         return None
     out = []
-    for i, raw in enumerate(req.tools):
-        where = f"tools[{i}]"
-        kind = raw.get("type") if isinstance(raw, dict) else None
+    for where, kind, raw in typed_items(req.tools, "tools"):
         if kind not in (None, "custom"):
             raise bad_request(f"{where}: tools of type {kind!r} are not available on this server; only client tools "
                               "(name, description, input_schema) are (server tools are Anthropic's own)", where)
@@ -175,7 +173,7 @@ def _assistant_turn(blocks: list[dict[str, Any]], where: str, names: dict[str, s
 
 
 def _block(raw: Any, where: str, kinds: dict[str, type[BaseModel]], role: str):
-    kind = raw.get("type") if isinstance(raw, dict) else None
+    kind = type_of(raw)
     if kind in _WHY_NOT:
         raise bad_request(f"{where}: {_WHY_NOT[kind]}", where)
     if kind not in kinds:
@@ -184,7 +182,7 @@ def _block(raw: Any, where: str, kinds: dict[str, type[BaseModel]], role: str):
 
 
 def _text_block(raw: Any, where: str, what: str) -> str:
-    kind = raw.get("type") if isinstance(raw, dict) else None
+    kind = type_of(raw)
     if kind != "text":
         why = _WHY_NOT.get(kind, f"{what} takes text blocks only; got type {kind!r}")
         raise bad_request(f"{where}: {why}", where)

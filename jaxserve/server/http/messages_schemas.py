@@ -96,7 +96,7 @@ class ToolChoiceAny(_Request):
 
 class ToolChoiceTool(_Request):
     type: Literal["tool"]
-    name: str
+    name: str = Field(min_length=1)
     disable_parallel_tool_use: bool | None = None
 
 
@@ -130,8 +130,9 @@ class Metadata(_Request):
 
 
 class _Conversation(_Request):
-    """What both routes render: the model, the turns, the system prompt, the tools and thinking."""
-    model: str
+    """What both routes render: the model (absent: the served one, as on the other routes), the
+    turns, the system prompt, the tools and thinking."""
+    model: str | None = None
     messages: list[MessageIn] = Field(min_length=1)
     system: str | list[dict[str, Any]] | None = None     # a string or text blocks
     tools: list[dict[str, Any]] | None = None

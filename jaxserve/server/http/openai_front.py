@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from starlette.requests import Request
-from starlette.responses import StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from jaxserve.chat_output import ChatOutputParser, ChatOutputSpec, chat_finish_reason
 from jaxserve.engine.async_engine import AsyncEngine, EngineDeadError, EngineStoppedError
@@ -108,6 +108,11 @@ class OpenAIFront:
             raise errors.unavailable(f"the engine failed and accepts no requests: {st.aengine.error!r}")
         return st.aengine
 
+    def serving(self, model: str | None) -> tuple[AsyncEngine, str]:
+        """The engine and the model a request names (503 while not serving, 404 for another model)."""
+        aengine = self.engine()
+        return aengine, self.check_model(model, aengine)
+
     def model_name(self, aengine: AsyncEngine) -> str:
         return aengine.engine.model_name
 
@@ -153,8 +158,7 @@ class OpenAIFront:
     # -- the two generation endpoints --------------------------------------------------------
     async def completions(self, req: CompletionRequest, http: Request):
         arrival = time.perf_counter()
-        aengine = self.engine()
-        model = self.check_model(req.model, aengine)
+        aengine, model = self.serving(req.model)
         params = completion_params(req, self.limits)
         prompts = completion_prompts(req)
         if len(prompts) > self.limits.max_prompts:
@@ -165,8 +169,7 @@ class OpenAIFront:
 
     async def chat_completions(self, req: ChatCompletionRequest, http: Request):
         arrival = time.perf_counter()
-        aengine = self.engine()
-        model = self.check_model(req.model, aengine)
+        aengine, model = self.serving(req.model)
         tools = chat_tool_plan(req, aengine.engine, parser=self.tool_call_parser)
         params = chat_params(req, self.limits, tools)
         messages = chat_messages(req.messages)
@@ -189,26 +192,16 @@ class OpenAIFront:
     async def _answer(self, http: Request, aengine: AsyncEngine, req, model: str, params: SamplingParams,
                       arrival: float, prompts: Callable[[], list | Awaitable[list]], *, chat: bool,
                       prompt_field: str, chat_output: Callable[[], ChatOutputParser] | None = None):
-        self.take_slot()
-        released = False
-        try:
-            run = await unless_disconnected(http, self.start_run(aengine, req, params, arrival, prompts, prompt_field))
-            if req.stream:
-                released = True    # the stream's own finally releases it
-                events = self._events(run, req, model, params, chat=chat, chat_output=chat_output)
-                if req.stream_options is not None and req.stream_options.continuous_usage_stats:
-                    events = _with_usage_so_far(events, run)
-                return StreamingResponse(events, media_type="text/event-stream")
-            try:
-                return await unless_disconnected(http, self._collect(run, req, model, params, chat=chat,
-                                                                     chat_output=chat_output))
-            finally:
-                await run.close()
-        except ClientDisconnected:
-            return None
-        finally:
-            if not released:
-                self._release()
+        def streamed(run: EngineRun, close) -> StreamingResponse:
+            events = self._events(run, req, model, params, chat=chat, chat_output=chat_output, close=close)
+            if req.stream_options is not None and req.stream_options.continuous_usage_stats:
+                events = _with_usage_so_far(events, run)
+            return StreamingResponse(events, media_type="text/event-stream")
+
+        return await self.serve_run(http, lambda: self.start_run(aengine, req, params, arrival, prompts, prompt_field),
+                                    stream=req.stream, streamed=streamed,
+                                    whole=lambda run: self._collect(run, req, model, params, chat=chat,
+                                                                    chat_output=chat_output))
 
     def take_slot(self) -> None:
         """A request's place among --max-concurrent-streams (both fronts count), taken before any
@@ -227,7 +220,7 @@ class OpenAIFront:
     async def serve_run(self, http: Request, start: Callable[[], Awaitable[EngineRun]], *, stream: bool,
                         streamed: Callable[[EngineRun, Callable[[], Awaitable[None]]], Any],
                         whole: Callable[[EngineRun], Awaitable[Any]]):
-        """One request of a second API shape (the Responses and Messages APIs): its stream slot,
+        """One request (chat, completions, and the Responses and Messages APIs): its stream slot,
         the engine run `start()` makes, then `streamed(run, close)` (an answer whose body calls
         `close()` when it ends: the run closed, the slot released) or `whole(run)` (the run
         closed after it); None when the client left first (nobody reads an answer)."""
@@ -347,6 +340,7 @@ class OpenAIFront:
         return _Echo(text, ids, entries)
 
     async def _events(self, run: EngineRun, req, model: str, params: SamplingParams, *, chat: bool,
+                      close: Callable[[], Awaitable[None]],
                       chat_output: Callable[[], ChatOutputParser] | None = None) -> AsyncIterator[str]:
         """The SSE body: a chunk per choice delta, then (stream_options.include_usage) one chunk
         with the usage and no choices, then `data: [DONE]`. A client that disconnects cancels this
@@ -411,9 +405,19 @@ class OpenAIFront:
             yield _sse(ErrorResponse(error=ErrorBody(message=err.message, type=err.type, param=err.param,
                                                      code=err.code)))
         finally:
-            await run.close()
-            self._release()
+            await close()     # the run closed (its requests aborted if still running), the slot released
         yield "data: [DONE]\n\n"
+
+
+def as_response(answer, **dump) -> Response:
+    """A handler's answer: a pydantic model as JSON (`dump`: model_dump's options; None fields kept:
+    the clients expect them), a streaming response as it is, nothing (the client left) as a 499
+    nobody reads."""
+    if answer is None:
+        return Response(status_code=499)
+    if isinstance(answer, Response):
+        return answer
+    return JSONResponse(answer.model_dump(**dump))
 
 
 async def _with_usage_so_far(events: AsyncIterator[str], run: EngineRun) -> AsyncIterator[str]:

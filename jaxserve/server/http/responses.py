@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Depends, FastAPI, Query, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.responses import StreamingResponse
 
@@ -37,7 +37,7 @@ from jaxserve.server.http import errors
 from jaxserve.server.http.chat_tools import chat_tool_plan
 from jaxserve.server.http.engine_run import EngineRun
 from jaxserve.server.http.logprobs import TokenText
-from jaxserve.server.http.openai_front import OpenAIFront, engine_error
+from jaxserve.server.http.openai_front import OpenAIFront, as_response, engine_error
 from jaxserve.server.http.responses_events import response_events
 from jaxserve.server.http.responses_input import (LOGPROBS_INCLUDE, as_template_roles, chat_tool_choice, chat_tools,
                                                   input_messages, listed_input_items, refuse_logprobs_of_parsed_output,
@@ -74,8 +74,7 @@ class ResponsesAPI:
     async def create(self, req: ResponsesRequest, http: Request):
         arrival = time.perf_counter()
         front = self.front
-        aengine = front.engine()
-        model = front.check_model(req.model, aengine)
+        aengine, model = front.serving(req.model)
         refuse_unsupported(req)
         earlier: list[dict[str, Any]] = []
         if req.previous_response_id is not None:
@@ -230,12 +229,7 @@ def add_responses_routes(app: FastAPI, front: OpenAIFront, authorized, store: Re
 
     @app.post("/v1/responses", dependencies=[Depends(authorized)])
     async def create_response(req: ResponsesRequest, request: Request):
-        answer = await api.create(req, request)
-        if answer is None:
-            return Response(status_code=499)   # the client left; nobody reads this
-        if isinstance(answer, Response):
-            return answer
-        return JSONResponse(answer.model_dump(mode="json", by_alias=True))
+        return as_response(await api.create(req, request), mode="json", by_alias=True)
 
     @app.get("/v1/responses/{response_id}", dependencies=[Depends(authorized)])
     async def retrieve_response(response_id: str, stream: bool = False):

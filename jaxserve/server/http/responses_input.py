@@ -11,7 +11,7 @@ items: messages (user/assistant/system/developer; text parts only), an earlier a
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Iterator
 
 from pydantic import BaseModel, ValidationError
 
@@ -83,9 +83,7 @@ def chat_tools(req: ResponsesRequest) -> list[dict[str, Any]] | None:
     if req.tools is None:
         return None
     out = []
-    for i, raw in enumerate(req.tools):
-        where = f"tools[{i}]"
-        kind = raw.get("type") if isinstance(raw, dict) else None
+    for where, kind, raw in typed_items(req.tools, "tools"):
         if kind != "function":
             raise bad_request(f"{where}: tools of type {kind!r} are not available on this server; only function "
                               "tools are (built-in tools such as web_search or file_search are OpenAI's own)", "tools")
@@ -157,6 +155,18 @@ def as_template_roles(messages: list[dict[str, Any]], roles: frozenset[str]) -> 
     return [dict(m, role="system") if m["role"] == "developer" else m for m in messages]
 
 
+def type_of(raw: Any) -> str | None:
+    """A typed object's `type` (tools, content parts); None when it has no string one, or is no object."""
+    kind = raw.get("type") if isinstance(raw, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+def typed_items(items: list, field: str) -> Iterator[tuple[str, str | None, Any]]:
+    """Each item of a list of typed objects with where it is (`tools[2]`) and its type_of."""
+    for i, raw in enumerate(items):
+        yield f"{field}[{i}]", type_of(raw), raw
+
+
 def validated(model: type[BaseModel], raw: dict, where: str):
     try:
         return model.model_validate(raw)
@@ -181,7 +191,7 @@ def _parts_text(parts: list[dict[str, Any]], where: str) -> str:
     texts = []
     for j, raw in enumerate(parts):
         at = f"{where}[{j}]"
-        kind = raw.get("type") if isinstance(raw, dict) else None
+        kind = type_of(raw)
         if kind not in TEXT_PARTS:
             raise bad_request(f"{at}: only text parts are supported (input_text, output_text, refusal, "
                               f"reasoning_text, summary_text); got "
