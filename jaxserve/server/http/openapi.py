@@ -16,6 +16,8 @@ each request, without what only the engine knows):
   `--max-embedding-inputs` inputs.
 - **Only the routes it serves**: `/v1/embeddings` with `--enable-embeddings`, the LoRA routes
   with `--enable-lora` (on other servers they answer a 400 naming the flag, and are not listed).
+- **Anthropic's Messages routes as Anthropic's** (http/messages_openapi.py): their error body,
+  529 where the others say 429, `x-api-key` beside the bearer scheme, `anthropic-version`.
 
 What a JSON Schema cannot say is refused with a `code` naming why (REFUSAL_CODES): a prompt and
 max_tokens that together pass max_model_len, a grammar or tool schema that does not compile, a
@@ -34,6 +36,8 @@ from fastapi.openapi.utils import get_openapi
 
 from jaxserve import sampling_params as sp
 from jaxserve.server.chat_roles import chat_roles
+from jaxserve.server.http.messages_openapi import API_KEY_SCHEME, describe_messages_operation, describe_messages_requests
+from jaxserve.server.http.messages_schemas import AnthropicErrorResponse
 from jaxserve.server.http.schemas import ErrorResponse
 from jaxserve.server.state import Phase
 from jaxserve.tool_parsers.plan import TOOL_NAME
@@ -48,6 +52,7 @@ REFUSAL_CODES = {
     "input_tokens_exceeded": "the request's prompts together pass --max-input-tokens",
     "invalid_grammar": "a structured-output grammar, regex or JSON schema (a tool's parameters too) does not compile",
     "template_refused": "the model's chat template refuses these messages or tools",
+    "prefill_unsupported": "a Messages conversation ends with an assistant turn (a prefill), which is not continued",
 }
 
 _STATUS = {
@@ -60,15 +65,16 @@ _STATUS = {
     503: "the server is not serving (starting, paused, asleep or draining)",
 }
 OPEN_PATHS = ("/health", "/metrics", "/openapi.json")   # served without the key
-NOT_FOUND_PATHS = ("/v1/models/{model_id}", "/tokenize", "/detokenize", "/v1/responses/{response_id}",
+NOT_FOUND_PATHS = ("/v1/models/{model_id}", "/tokenize", "/detokenize", "/v1/messages/count_tokens",
+                   "/v1/responses/{response_id}",
                    "/v1/responses/{response_id}/input_items", "/v1/responses/{response_id}/cancel",
                    "/v1/unload_lora_adapter", "/v1/load_lora_adapter")
 # 409s: well-formed requests the server's state refuses
 CONFLICTS = {"/v1/responses/{response_id}/cancel": "the response is not running in the background, so there is "
                                                    "nothing to cancel",
              "/v1/load_lora_adapter": "an adapter (or the base model) already has that name"}
-GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/embeddings")
-STREAMING_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses")
+GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/embeddings", "/v1/messages")
+STREAMING_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages")
 LORA_PATHS = ("/v1/load_lora_adapter", "/v1/unload_lora_adapter")
 # the routes' 200 bodies where the route returns a JSONResponse of its own (no response_model)
 RESPONSE_MODELS = {
@@ -80,6 +86,8 @@ RESPONSE_MODELS = {
     ("post", "/v1/responses/{response_id}/cancel"): "ResponseObject",
     ("get", "/v1/responses/{response_id}/input_items"): "InputItemList",
     ("delete", "/v1/responses/{response_id}"): "DeletedResponse",
+    ("post", "/v1/messages"): "MessageObject",
+    ("post", "/v1/messages/count_tokens"): "MessageTokensCount",
 }
 
 
@@ -97,7 +105,8 @@ QUERY_PARAMETERS = {
 
 # what each data line of a stream holds (OpenAPI 3.1: a text/event-stream schema is one event's)
 STREAM_CHUNKS = {"/v1/completions": "CompletionChunk", "/v1/chat/completions": "ChatCompletionChunk",
-                 "/v1/responses": None}     # Responses: typed events (http/responses_events.py)
+                 "/v1/responses": None,     # Responses: typed events (http/responses_events.py)
+                 "/v1/messages": None}      # Anthropic's typed events (http/messages_events.py)
 
 
 def _event_schema(chunk: str | None) -> dict:
@@ -112,9 +121,10 @@ def _event_schema(chunk: str | None) -> dict:
 def describe_server(app: FastAPI, front, *, api_key: bool) -> None:
     """Replace `app.openapi` with the document described above (`front`: the OpenAIFront whose
     engine and limits it reads)."""
-    from jaxserve.server.http import schemas, embedding_schemas, responses_schemas
+    from jaxserve.server.http import schemas, embedding_schemas, messages_schemas, responses_schemas
 
-    models = {name: getattr(module, name) for module in (schemas, embedding_schemas, responses_schemas)
+    models = {name: getattr(module, name) for module in (schemas, embedding_schemas, responses_schemas,
+                                                         messages_schemas)
               for name in dir(module)
               if name in set(RESPONSE_MODELS.values()) | {c for c in STREAM_CHUNKS.values() if c}}
 
@@ -124,6 +134,7 @@ def describe_server(app: FastAPI, front, *, api_key: bool) -> None:
         doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
         engine = _serving_engine(front)
         _add_component(doc, ErrorResponse)
+        _add_component(doc, AnthropicErrorResponse)
         for model in models.values():
             _add_component(doc, model)
         paths = doc["paths"]
@@ -137,16 +148,21 @@ def describe_server(app: FastAPI, front, *, api_key: bool) -> None:
             for method, op in operations.items():
                 _describe_operation(method, path, op, api_key=api_key)
         if api_key:
-            doc["components"].setdefault("securitySchemes", {})["bearer"] = {"type": "http", "scheme": "bearer"}
+            schemes = doc["components"].setdefault("securitySchemes", {})
+            schemes["bearer"] = {"type": "http", "scheme": "bearer"}
+            schemes["x_api_key"] = API_KEY_SCHEME      # the Messages routes' (Anthropic's header)
             for path, operations in paths.items():
                 if path not in OPEN_PATHS:
                     for op in operations.values():
                         op["security"] = [{"bearer": []}]
+        for path, operations in paths.items():
+            for op in operations.values():
+                describe_messages_operation(path, op, api_key=api_key)
         _link_stored_responses(paths)
         for name in ("HTTPValidationError", "ValidationError"):
             doc.get("components", {}).get("schemas", {}).pop(name, None)
         if engine is not None:
-            _apply_limits(doc, engine, front.limits)
+            _apply_limits(doc, engine, front.limits, reasoning=front.reasoning_parser is not None)
             app.openapi_schema = doc      # the engine's facts are final: built once
         return doc
 
@@ -235,7 +251,7 @@ def _describe_operation(method: str, path: str, op: dict, *, api_key: bool) -> N
         ok["content"] = {"text/plain": {"schema": {"type": "string"}}}
 
 
-def _apply_limits(doc: dict, engine, limits) -> None:
+def _apply_limits(doc: dict, engine, limits, *, reasoning: bool = False) -> None:
     """The engine's and this server's limits, and SamplingParams' ranges, into the request schemas
     (see the module doc); a field's schema here is the one the server enforces for it."""
     c = doc["components"]["schemas"]
@@ -282,6 +298,10 @@ def _apply_limits(doc: dict, engine, limits) -> None:
                                           "top_logprobs")},
          max_output_tokens=max_tokens)
     _describe_responses_request(c)
+    describe_messages_requests(c, set_fields=lambda comps, model, **fields: _set(comps, model, {}, **fields),
+                               ref=lambda model: _ref(c, model), stop=stops,
+                               max_stops=min(sp.MAX_STOP_STRINGS, limits.max_stop_strings), most_tokens=most_tokens,
+                               reasoning=reasoning)
     tool_name = {"type": "string", "pattern": f"^{TOOL_NAME.pattern}$"}
     _set(c, "FunctionDefinition", {}, name=tool_name)
     _set(c, "FunctionTool", {}, name=tool_name)
@@ -351,8 +371,7 @@ def _describe_responses_request(c: dict) -> None:
     from jaxserve.server.http.responses_input import LOGPROBS_INCLUDE, REFUSED_FIELDS, TEXT_PARTS
 
     def ref(model) -> dict:
-        _add_component_to(c, model, "validation")
-        return {"$ref": f"#/components/schemas/{model.__name__}"}
+        return _ref(c, model)
 
     parts = {"type": "array", "items": {"anyOf": [ref(m) for m in TEXT_PARTS.values()]}}
     items = [ref(m) for m in (rs.MessageItem, rs.FunctionCallItem, rs.FunctionCallOutputItem, rs.ReasoningInputItem)]
@@ -372,6 +391,12 @@ def _describe_responses_request(c: dict) -> None:
          reasoning=_nullable({"type": "object", "additionalProperties": nothing}))
     _set(c, "TextConfig", {}, verbosity=_nullable({"type": "string", "enum": ["medium"]}))
     _set(c, "ResponsesStreamOptions", {}, include_obfuscation=_nullable({"type": "boolean", "enum": [False]}))
+
+
+def _ref(components: dict, model) -> dict:
+    """A request part the route validates itself, as a component of the validating model."""
+    _add_component_to(components, model, "validation")
+    return {"$ref": f"#/components/schemas/{model.__name__}"}
 
 
 def _set(components: dict, model: str, fields: dict, **more) -> None:
