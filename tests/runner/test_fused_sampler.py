@@ -49,7 +49,7 @@ def test_a_fused_step_samples_as_the_step_and_sampler_apart_do(engines):
         for step, want_step in zip(logprobs, want_logprobs):
             assert [lp for _, lp in step] == pytest.approx([lp for _, lp in want_step], rel=1e-5, abs=1e-5)
     for llm in engines:
-        assert llm.stats().num_compilations_after_warmup == 0
+        assert llm.stats().steps.num_compilations_after_warmup == 0
         assert llm.engine.scheduler.kv.pool.num_in_use == 0
 
 
