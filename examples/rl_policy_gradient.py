@@ -165,7 +165,7 @@ def main(argv=None) -> list[dict]:
     print(f"mean reward: first 5 steps {np.mean([h['reward'] for h in first]):.3f}, "
           f"last 5 steps {np.mean([h['reward'] for h in last]):.3f}; "
           f"largest rollout-vs-replay gap {max(h['gap'] for h in history):.2e}; "
-          f"compilations after warm-up: {llm.stats().num_compilations_after_warmup}")
+          f"compilations after warm-up: {llm.stats().steps.num_compilations_after_warmup}")
     return history
 
 

@@ -192,7 +192,7 @@ def main() -> None:
     reference, _ = reference_generate(params, first.prompt_token_ids, 32)
     print("engine == full recomputation without it:", list(first.outputs[0].token_ids) == reference)
     stats = llm.stats()
-    print(f"compilations after warm-up: {stats.num_compilations_after_warmup}; "
+    print(f"compilations after warm-up: {stats.steps.num_compilations_after_warmup}; "
           f"model identity {llm.checkpoint_identity[:16]}")
 
 

@@ -50,6 +50,22 @@ class SchedulerStats:
     def prefix_cache_device_hits(self) -> int:
         return self.prefix_cache_hits - self.prefix_cache_host_hits
 
+    @property
+    def kv_usage(self) -> float:
+        """Fraction of the device pool's blocks held by live requests (cached-evictable blocks
+        count as free)."""
+        total = self.num_kv_blocks_total
+        return 0.0 if not total else (total - self.num_kv_blocks_free - self.num_kv_blocks_cached) / total
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return 0.0 if not self.prefix_cache_queries else self.prefix_cache_hits / self.prefix_cache_queries
+
+    @property
+    def spec_mean_accepted(self) -> float:
+        """Guesses accepted per verification (each verification also samples one token itself)."""
+        return 0.0 if not self.spec_num_verifications else self.spec_num_accepted_tokens / self.spec_num_verifications
+
 
 def snapshot(sched) -> SchedulerStats:
     """The snapshot of a Scheduler (scheduler.py calls this from stats())."""

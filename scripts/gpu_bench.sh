@@ -23,7 +23,9 @@
 #   decode step and its parts against the device's wait, at 1/16/64/256 running requests, for a
 #   random model of the embedded model's shape in bfloat16 (GPU_BENCH_HOST_SHAPES, default
 #   smollm2-135m,tiny: the tiny one's device step is ~0, so its host figure is the host alone);
-#   results gpu-host-SHAPE.json in $RESULTS. About 2 minutes on a GPU.
+#   each shape as one launch per step, as the two-launch step and with XLA's command buffers off
+#   (GPU_BENCH_HOST_VARIANTS, default fused,two-launch,no-command-buffers); results
+#   gpu-host-SHAPE-VARIANT.json in $RESULTS. About 5 minutes on a GPU.
 #   --moe: instead of b-f, the mixture-of-experts benchmark (scripts/bench_moe.py): a random
 #   Qwen3-30B-A3B-shaped MoE (30.5 B parameters, 3.3 B active; 61 GB in bfloat16, drawn on the GPU,
 #   no checkpoint written) against a dense model of its active parameters and against itself
@@ -223,12 +225,26 @@ fi
 if [ "$HOST" = 1 ]; then
   # random models of small shapes, made by `bench host` itself; one process per shape
   IFS=, read -r -a HOST_SHAPES <<< "${GPU_BENCH_HOST_SHAPES:-smollm2-135m,tiny}"
+  # each shape three ways (issue 54): one launch per step (the default: the sampler fused into the
+  # step, XLA's command buffers as XLA enables them), the two-launch step (fuse_sampler=False),
+  # and one launch with command buffers off (--xla_gpu_enable_command_buffer= empty)
+  IFS=, read -r -a HOST_VARIANTS <<< "${GPU_BENCH_HOST_VARIANTS:-fused,two-launch,no-command-buffers}"
   for shape in "${HOST_SHAPES[@]}"; do
-    if step "gpu-host-$shape" 240 "${JX[@]}" bench host --shape "$shape" --dtype "$DTYPE" \
-        --batch-sizes "${GPU_BENCH_HOST_BATCHES:-1,16,64,256}" --rounds "${GPU_BENCH_HOST_ROUNDS:-2}" \
-        --cache-dir "$CACHE/host" --output-dir "$RESULTS" --name "gpu-host-$shape" --no-progress; then
-      WRITTEN+=("$RESULTS/gpu-host-$shape.json")
-    fi
+    for variant in "${HOST_VARIANTS[@]}"; do
+      extra=(); flags="${XLA_FLAGS:-}"
+      case "$variant" in
+        fused) ;;
+        two-launch) extra=(--engine-arg fuse_sampler=False) ;;
+        no-command-buffers) flags="$flags --xla_gpu_enable_command_buffer=" ;;
+        *) echo "gpu_bench: unknown host variant $variant"; FAILED+=("host-$variant"); continue ;;
+      esac
+      name="gpu-host-$shape-$variant"
+      if XLA_FLAGS="$flags" step "$name" 240 "${JX[@]}" bench host --shape "$shape" --dtype "$DTYPE" \
+          --batch-sizes "${GPU_BENCH_HOST_BATCHES:-1,16,64,256}" --rounds "${GPU_BENCH_HOST_ROUNDS:-2}" \
+          --cache-dir "$CACHE/host" --output-dir "$RESULTS" --name "$name" --no-progress "${extra[@]}"; then
+        WRITTEN+=("$RESULTS/$name.json")
+      fi
+    done
   done
   echo "gpu_bench: finished in $(( SECONDS - START )) s; results: ${WRITTEN[*]:-none}"
   [ ${#FAILED[@]} -gt 0 ] && { echo "gpu_bench: FAILED steps: ${FAILED[*]} (logs in $LOGS)"; exit 1; }

@@ -223,7 +223,7 @@ def run_engine(model_dir: str, impl: str, prompts: list[list[int]], new_tokens: 
     total = steps["mixed"] + steps["prefill-only"] + steps["decode-only"]
     say(f"engine impl={impl}: attention {'/'.join(sorted(kernels))}; {total} steps ({steps['prefill-only']} "
         f"prefill-only, {steps['mixed']} mixed, {steps['decode-only']} decode-only), {steps['partial']} partial "
-        f"prefill chunks, {s.num_preemptions} preemptions, {s.num_compilations_after_warmup} compiles after "
+        f"prefill chunks, {s.scheduler.num_preemptions} preemptions, {s.steps.num_compilations_after_warmup} compiles after "
         f"warm-up; start-up {t_start:.1f} s, generate {t_gen:.1f} s")
     problems = []
     if steps["mixed"] == 0 or steps["partial"] == 0:

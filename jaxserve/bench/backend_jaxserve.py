@@ -50,8 +50,7 @@ def request_params(req: BenchRequest, index: int) -> Any:
 
 
 def _stats_dict(llm: Any) -> dict[str, Any]:
-    stats = llm.stats()
-    return dict(stats.as_dict()) if hasattr(stats, "as_dict") else dict(vars(stats))
+    return llm.stats().as_dict()
 
 
 class JaxServeBackend:
@@ -184,9 +183,8 @@ class JaxServeBackend:
         )
 
     def _kv_sample(self, live: dict[str, int], by_id: dict[str, BenchRequest], block_size: int) -> KVSample:
-        s = _stats_dict(self.llm)
-        used = int(s.get("num_kv_blocks_total", 0)) - int(s.get("num_kv_blocks_free", 0)) \
-            - int(s.get("num_kv_blocks_cached", 0) or 0)
+        s = self.llm.stats().scheduler
+        used = s.num_kv_blocks_total - s.num_kv_blocks_free - s.num_kv_blocks_cached
         reserve = sum(math.ceil((len(by_id[r].prompt_token_ids) + by_id[r].output_len) / block_size) for r in live)
         return KVSample(time.perf_counter(), max(used, 0), sum(live.values()), len(live), reserve)
 

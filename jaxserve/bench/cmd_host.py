@@ -21,7 +21,7 @@ once. The engine is stepped by hand; every step's wall time is split into
 Beside them, `admit_schedule_ms`: Scheduler.schedule in the round's first step, which admits the
 whole burst of B waiting requests (as many as the step's token budget takes).
 
-and `host` = the step's wall time less `wait` (what `stats().host_ms_per_step` counts). Only
+and `host` = the step's wall time less `wait` (what `stats().steps.host_ms_per_step` counts). Only
 steps where every running request decodes are kept (the prefill steps at the start and the short
 steps at the end are not), and medians over them are reported, per `--rounds` round and over
 rounds. `--profile DIR` also writes a cProfile of each batch size's steady decode steps
@@ -75,6 +75,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--cache-dir", default=None,
                    help="keep the random model and the compiled executables here between runs")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="an engine argument over this command's own (repeatable; Python literals, e.g. "
+                        "fuse_sampler=False for the two-launch step)")
     p.add_argument("--without-model", action="store_true",
                    help="time schedule, pack and update alone, no model (host_without_model.py): the host "
                         "path's growth with --input-len, apart from the device's")
@@ -184,8 +187,8 @@ def _one_round(llm, prompts, params, batch: int, profiler=None) -> dict[str, Any
     host = [wall - p["wait"] for wall, p in rows]
     out = {"steps": len(rows), "host_ms": 1000 * statistics.median(host),
            "wall_ms": 1000 * statistics.median(w for w, _ in rows),
-           "stats_host_ms_per_step": llm.stats().host_ms_per_step,
-           "compilations_after_warmup": llm.stats().num_compilations_after_warmup}
+           "stats_host_ms_per_step": llm.stats().steps.host_ms_per_step,
+           "compilations_after_warmup": llm.stats().steps.num_compilations_after_warmup}
     for part in PARTS + ("wait",):
         out[f"{part}_ms"] = 1000 * statistics.median(p[part] for _, p in rows)
     # collections run in some steps only (a median would read 0): the mean per step, and the
@@ -229,15 +232,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             make_random_hf_model(model, args.shape, dtype=args.dtype, seed=args.seed)
     max_len = args.input_len + args.output_len
     log(f"building the engine ({args.shape if args.model is None else model}, max_num_seqs {batches[-1]})")
-    base = LLM(model, max_num_seqs=batches[-1], max_model_len=max(max_len, 64), dtype=args.dtype,
-               async_scheduling=not args.no_async_scheduling, progress=not args.no_progress,
-               # no start-up measurements this command does not use (decode steps only): a fixed
-               # prefill chunk instead of a calibrated one, and no swap space to time
-               long_prefill_token_threshold=max(max_len, 64), swap_space=0,
-               # and only the step shapes it runs: the measured batch sizes decode-only, one mixed
-               # shape for the prompts (the default ~50 shapes took over 146 s to compile on an H200)
-               **_buckets(batches),
-               **({"cache_dir": args.cache_dir} if args.cache_dir is not None else {}))
+    engine = dict(max_num_seqs=batches[-1], max_model_len=max(max_len, 64), dtype=args.dtype,
+                  async_scheduling=not args.no_async_scheduling, progress=not args.no_progress,
+                  # no start-up measurements this command does not use (decode steps only): a fixed
+                  # prefill chunk instead of a calibrated one, and no swap space to time
+                  long_prefill_token_threshold=max(max_len, 64), swap_space=0,
+                  # and only the step shapes it runs: the measured batch sizes decode-only, one mixed
+                  # shape for the prompts (the default ~50 shapes took over 146 s to compile on an H200)
+                  **_buckets(batches),
+                  **({"cache_dir": args.cache_dir} if args.cache_dir is not None else {}))
+    base = LLM(model, **{**engine, **_engine_args(args)})
     vocab = base.engine.vocab_size
     rng = np.random.default_rng(args.seed)
     prompts = [{"prompt_token_ids": rng.integers(3, vocab, args.input_len).tolist()} for _ in range(batches[-1])]
@@ -295,6 +299,15 @@ def _run_without_model(args: argparse.Namespace, batches: list[int]) -> dict[str
     print(host_without_model.table(per_batch))
     print(f"result: {path}")
     return result
+
+
+def _engine_args(args) -> dict:
+    """--engine-arg KEY=VALUE pairs (bench/args.py's spelling), without its dtype default."""
+    from jaxserve.bench.args import engine_kwargs
+
+    kw = engine_kwargs(argparse.Namespace(dtype=args.dtype, engine_arg=getattr(args, "engine_arg", [])))
+    kw.pop("dtype")
+    return kw
 
 
 def _buckets(batches: list[int]) -> dict[str, tuple[int, ...]]:

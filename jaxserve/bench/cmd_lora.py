@@ -163,8 +163,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
           f"(medians of {args.repeats})")
     result = {"subcommand": "lora", "args": {k: v for k, v in vars(args).items() if not callable(v)},
               "throughput": tput, "ratios": ratios, "load": loads,
-              "compilations_after_warmup": {"base": base.stats().num_compilations_after_warmup,
-                                            "lora": llm.stats().num_compilations_after_warmup}}
+              "compilations_after_warmup": {"base": base.stats().steps.num_compilations_after_warmup,
+                                            "lora": llm.stats().steps.num_compilations_after_warmup}}
     os.makedirs(args.output_dir, exist_ok=True)
     stem = args.name or f"lora-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
     path = os.path.join(args.output_dir, stem + ".json")

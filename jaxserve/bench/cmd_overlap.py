@@ -60,8 +60,8 @@ def _one_round(llm, prompts, params) -> dict[str, Any]:
     s = llm.stats()
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     return {"duration_s": duration, "output_tokens": tokens, "output_tok_s": tokens / duration,
-            "host_ms_per_step": s.host_ms_per_step, "device_idle_fraction": s.device_idle_fraction,
-            "num_compilations_after_warmup": s.num_compilations_after_warmup,
+            "host_ms_per_step": s.steps.host_ms_per_step, "device_idle_fraction": s.steps.device_idle_fraction,
+            "num_compilations_after_warmup": s.steps.num_compilations_after_warmup,
             "token_ids": [o.outputs[0].token_ids for o in outs]}
 
 

@@ -48,22 +48,22 @@ def peak_blocks(llm: Any, prompt: list[int], params: list[Any]) -> int:
     while eng.has_unfinished_requests():
         eng.step()
         s = _stats_dict(llm)
-        peak = max(peak, int(s["num_kv_blocks_total"]) - int(s["num_kv_blocks_free"])
-                   - int(s.get("num_kv_blocks_cached", 0) or 0))
+        blocks = s["scheduler"]
+        peak = max(peak, blocks["num_kv_blocks_total"] - blocks["num_kv_blocks_free"] - blocks["num_kv_blocks_cached"])
     return peak
 
 
 def tier_stats(llm: Any) -> dict[str, Any]:
     """Where the engine's prefix hits came from (device, host tier) and what the tier moved."""
     s = llm.stats()
-    out = {"device_hit_tokens": s.prefix_cache_device_hits, "host_hit_tokens": s.prefix_cache_host_hits,
-           "host_bytes_loaded": s.kv_offload_bytes_loaded, "host_bytes_saved": s.kv_offload_bytes_saved,
-           "preemptions": s.num_preemptions}
+    out = {"device_hit_tokens": s.scheduler.prefix_cache_device_hits, "host_hit_tokens": s.scheduler.prefix_cache_host_hits,
+           "host_bytes_loaded": s.kv.offload_bytes_loaded, "host_bytes_saved": s.kv.offload_bytes_saved,
+           "preemptions": s.scheduler.num_preemptions}
     # the host pool's copy rate, as the engine measured it at start-up (runner/host_swap.py)
     calibration = getattr(llm.engine, "calibration", None)      # another engine's LLM has none
     cost = calibration.swap_cost if calibration is not None else None
     if cost is not None and cost.per_block_s > 0:
-        out["host_copy_gb_s"] = s.kv_cache_bytes_per_block / cost.per_block_s / 1e9
+        out["host_copy_gb_s"] = s.kv.bytes_per_block / cost.per_block_s / 1e9
         out["host_copy_fixed_ms"] = cost.fixed_s * 1e3
     return out
 

@@ -137,7 +137,7 @@ def invariance(llm, engine_kwargs: dict, prompts: list[list[int]], n: int, outpu
             "throughput_ratio_invariant_over_default": tok_s / default_tok_s,
             "default_replay_gap": default_gap,
             "batch_invariant_replay_gap": replay_gap(invariant, prompts, n, output_len),
-            "batch_invariant_compilations_after_warmup": invariant.stats().num_compilations_after_warmup}
+            "batch_invariant_compilations_after_warmup": invariant.stats().steps.num_compilations_after_warmup}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -175,7 +175,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               f"{inv['batch_invariant_replay_gap']:.3g} (default engine: {inv['default_replay_gap']:.3g})")
     result = {"subcommand": "rollout", "args": {k: v for k, v in vars(args).items() if not callable(v)},
               "weight_update": updates, "rollout": rollout, "compilations_after_warmup":
-              llm.stats().num_compilations_after_warmup, **extra}
+              llm.stats().steps.num_compilations_after_warmup, **extra}
     os.makedirs(args.output_dir, exist_ok=True)
     stem = args.name or f"rollout-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
     path = os.path.join(args.output_dir, stem + ".json")

@@ -55,8 +55,9 @@ def format_run(run: dict[str, Any]) -> str:
                   _row("Reserve prompt+max_tokens (blocks)", kv["reserve_request_max_blocks"]),
                   _row("Reserve max_model_len (blocks)", kv["reserve_max_model_len_blocks"])]
     stats = run.get("engine_stats") or {}
-    if "num_compilations_after_warmup" in stats:
-        lines.append(_row("Compilations after warmup", stats["num_compilations_after_warmup"]))
+    steps = stats.get("steps", stats)    # nested since the stats' parts; a result written before is flat
+    if "num_compilations_after_warmup" in steps:
+        lines.append(_row("Compilations after warmup", steps["num_compilations_after_warmup"]))
     agree = run.get("agreement")
     if agree:
         lines.append(_row(f"Identical greedy outputs vs {agree['reference']}",

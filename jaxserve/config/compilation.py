@@ -31,10 +31,11 @@ class CompilationConfig:
               "1, 2, 4, 6, 8, 12, 16, 24, 32, 48, ... max_num_seqs)")
     prefill_buckets: tuple[int, ...] | None = option(None, "compiled prefill tile counts (default: 0, 1, 2, 4, ... "
                                                            "max)")
-    fuse_sampler: bool = option(
-        True, "each compiled step samples its logits rows itself: one launch per step instead of a step and a "
-              "sampler (a draft model's speculation keeps them apart); --no-fuse-sampler is the two-launch "
-              "baseline benchmarks compare against")
+    fuse_sampler: bool | None = option(
+        None, "each compiled step samples its logits rows itself: one launch per step instead of a step and a "
+              "sampler (a draft model's speculation keeps them apart). Default: fused on an accelerator, where "
+              "the host's launches set the pace; apart on a CPU, where fusing saves ~0.2 ms a step and costs "
+              "1.6x or more the compile time of every bucket (a sampler in each: docs/benchmarks.md)")
     warm_up: str = option(
         "all", "first runs before requests: all (every step is loaded and run once before the engine takes a "
                "request, so none pays a step's slow first run), background (the engine is ready once the steps "

@@ -33,6 +33,11 @@ class TransferMetrics:
             i = next((i for i, b in enumerate(TRANSFER_SECONDS_BUCKETS) if seconds <= b), len(TRANSFER_SECONDS_BUCKETS))
             self.seconds_buckets[i] += 1
 
+    def seconds_histogram(self) -> tuple[list[int], float]:
+        """(count per bucket, sum of seconds), read together under the lock."""
+        with self._lock:
+            return list(self.seconds_buckets), self.seconds_sum
+
 
 class DisaggConnector:
     def __init__(self, sender: KVSender | None, receiver: KVReceiver | None, metrics: TransferMetrics):

@@ -25,8 +25,7 @@ class DisaggCollector:
         yield CounterMetricFamily("jaxserve_kv_transfers", "KV loads received and written into blocks",
                                   value=m.transfers)
         yield CounterMetricFamily("jaxserve_kv_transfer_bytes", "KV bytes received", value=m.bytes)
-        with m._lock:
-            counts, total = list(m.seconds_buckets), m.seconds_sum
+        counts, total = m.seconds_histogram()
         cumulative, buckets = 0, []
         for bound, c in zip(list(TRANSFER_SECONDS_BUCKETS) + [float("inf")], counts):
             cumulative += c

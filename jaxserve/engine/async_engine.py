@@ -98,7 +98,7 @@ class EngineSnapshot:
 
     stats: EngineStats
     finished_by_reason: dict[str, int]
-    taken_at: float = field(default_factory=time.monotonic)   # stats.uptime_s ages from here
+    taken_at: float = field(default_factory=time.monotonic)   # stats.lifecycle.uptime_s ages from here
 
 
 def longest_token_chars(tokenizer) -> int | None:

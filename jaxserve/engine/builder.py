@@ -120,6 +120,12 @@ def runner_shapes(config: EngineConfig, max_model_len: int) -> RunnerShapes:
     )
 
 
+def fused_sampler(config: EngineConfig) -> bool:
+    """Whether the steps sample too (compilation.fuse_sampler; default: on an accelerator only)."""
+    fuse = config.compilation.fuse_sampler
+    return jax.default_backend() != "cpu" if fuse is None else fuse
+
+
 def build_engine(config: EngineConfig, *, checkpoint: Checkpoint | None = None, progress: bool = True,
                  share_runner_of: Engine | None = None, mesh: Mesh | None = None) -> Engine:
     """Load, compile and wire an Engine. `share_runner_of` reuses another engine's compiled runner
@@ -333,7 +339,7 @@ def _serve(config: EngineConfig, model_config: ModelConfig, params, *, dtype: st
                              coupled_with_draft=config.uses_draft_model, model=model,
                              features=step_features(config, model_config),
                              expert_dispatch=config.parallel.expert_dispatch, batch_invariant=config.rl.batch_invariant,
-                             fuse_sampler=config.compilation.fuse_sampler)
+                             fuse_sampler=fused_sampler(config))
         jax.block_until_ready(runner.kv_caches)
     with clock.phase("executables"):
         runner.warm_helpers()

@@ -12,7 +12,8 @@ polling while idle; a synchronous caller calls it itself) once:
   nothing running only the cache can hold (a KV hand-off's held blocks: later).
 Then the measured chunk policy and swap crossover replace the provisional ones
 (`Scheduler.retune`; the engine keeps the new StartupCalibration) and the timings go to the
-cache for the next start. A request that arrives meanwhile waits for it: seconds, once per cold start (13.7 s on our CPU, docs/benchmarks.md).
+cache for the next start. A request that arrives meanwhile waits for it: seconds, once per
+cold start (13.7 s on our CPU, docs/benchmarks.md).
 A failure while measuring propagates, as it would have at start-up.
 """
 

@@ -34,7 +34,8 @@ from jaxserve.engine.output_processor import OutputProcessor
 from jaxserve.engine.pooled_embedding import PooledEmbedding
 from jaxserve.engine.request_state import RequestState, SampleState
 from jaxserve.engine.sampling_options import sampling_options
-from jaxserve.engine.stats import EngineStats, mesh_fields, scheduler_fields
+from jaxserve.engine.stats import (ONE_DEVICE, EngineStats, ExpertLoadStats, KVArenaStats, Lifecycle,
+                                   RequestTotals, StepStats, WeightStats)
 from jaxserve.engine.chunk_policy import NO_CHUNK_CAP
 from jaxserve.engine.startup_calibration import StartupCalibration
 from jaxserve.engine.startup_timings import StartupTimings
@@ -371,33 +372,23 @@ class Engine(EngineControl, EngineLoRAMethods):
 
     def stats(self) -> EngineStats:
         s = self.scheduler.stats()
-        config = self.scheduler.config
-        c = self.outputs.counters
-        arena = self.runner.arena_spec
-        bytes_per_block = arena.bytes_per_block if arena is not None else 0
-        timing = self._timer.stats()
+        config, c, timing = self.scheduler.config, self.outputs.counters, self._timer.stats()
         return EngineStats(
-            **scheduler_fields(s, config, bytes_per_block),
-            num_compilations_after_warmup=self._compilations.count,
-            prompt_tokens_total=c.prompt_tokens,
-            generation_tokens_total=c.generation_tokens,
-            num_requests_finished=c.finished,
-            uptime_s=time.monotonic() - self._start,
-            prefill_policy=self.chunk_policy.describe(),
-            host_ms_per_step=timing.host_ms_per_step,
-            device_idle_fraction=timing.device_idle_fraction,
-            num_steps=timing.steps,
-            kv_cache_dtype=str(arena.dtype) if arena is not None else "",
-            kv_cache_bytes_per_block=bytes_per_block,
-            weights_version="" if self.weights_version is None else str(self.weights_version),
-            num_weight_updates=self.num_weight_updates,
-            paused=self.paused,
-            num_requests_held=len(self._held),
-            asleep=self.asleep,
-            sleep_level=self.runner.sleep_state.level if self.asleep else -1,
-            expert_tokens_window=self.expert_load.window_per_expert,
-            expert_tokens_total=self.expert_load.total_per_expert,
-            expert_load_imbalance=self.expert_load.imbalance,
-            **mesh_fields(self.runner.mesh_info),
+            scheduler=s,
+            kv=KVArenaStats.of(self.runner.arena_spec, s),
+            steps=StepStats(num_steps=timing.steps, host_ms_per_step=timing.host_ms_per_step,
+                            device_idle_fraction=timing.device_idle_fraction,
+                            num_compilations_after_warmup=self._compilations.count,
+                            prefill_policy=self.chunk_policy.describe(),
+                            prefill_chunk_tokens=config.long_prefill_token_threshold or config.decode_step_prefill_cap),
+            requests=RequestTotals(prompt_tokens_total=c.prompt_tokens, generation_tokens_total=c.generation_tokens,
+                                   num_finished=c.finished, num_held=len(self._held)),
+            weights=WeightStats(version="" if self.weights_version is None else str(self.weights_version),
+                                num_updates=self.num_weight_updates),
+            lifecycle=Lifecycle(uptime_s=time.monotonic() - self._start, paused=self.paused, asleep=self.asleep,
+                                sleep_level=self.runner.sleep_state.level if self.asleep else -1),
+            experts=ExpertLoadStats(tokens_window=self.expert_load.window_per_expert,
+                                    tokens_total=self.expert_load.total_per_expert,
+                                    imbalance=self.expert_load.imbalance),
+            mesh=self.runner.mesh_info or ONE_DEVICE,
         )
-

@@ -4,7 +4,7 @@
 as a monitoring event in the thread that triggered it, so an engine counts the compilations of
 its own calls by marking its thread while it works (`attributed_to`); a second engine built in the
 same process compiles in calls that carry no mark (or its own), and never shows up in the first
-engine's `stats().num_compilations_after_warmup`.
+engine's `stats().steps.num_compilations_after_warmup`.
 """
 
 from __future__ import annotations

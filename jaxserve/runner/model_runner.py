@@ -57,7 +57,7 @@ class ModelRunner(RunnerSleep):
                  num_host_blocks: int = 0, executable_cache: ExecutableCache | None = None,
                  sampler_probs: bool = False, coupled_with_draft: bool = False, mesh=None, model=None,
                  logprobs_mode: str = "raw", features: Sequence[StepFeature] = (),
-                 expert_dispatch: str = "auto", batch_invariant: bool = False, fuse_sampler: bool = True):
+                 expert_dispatch: str = "auto", batch_invariant: bool = False, fuse_sampler: bool = False):
         """sampler_probs: the sampler also returns each row's distribution (a draft model's runner).
         coupled_with_draft: sampled rows are coupled with a draft model's rows of the same step
         (runner/sampler.py), which dispatch(draft_sample=...) hands over. model: what has the

@@ -82,7 +82,10 @@ class Programs:
 
         cache = self.executable_cache
         if cache is None:
-            return lower().compile(compiler_options=self.compiler_options or None)
+            # nothing is kept, and nothing goes to XLA's persistent cache either (compile_to_keep
+            # does not write it): a process that set its folder (the setting is process-wide)
+            # would otherwise fill it with programs jaxserve never reads back from there
+            return compile_to_keep(lower(), self.compiler_options)[0]
         key = cache.key({**what, **self.identity})
         if not reuse:
             cache.forget(key)

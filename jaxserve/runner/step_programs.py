@@ -8,9 +8,10 @@ KV-head axis and everything else leaves replicated, for the sampler and the feat
 
 With `sampler` (SamplerPrograms) each step is lowered with its logits rows' sampler fused in: one
 launch per step instead of two, and the logits never leave the program; it then returns the
-sampler's outputs where the logits were (flat_step.FusedStep). The runner fuses unless a draft
-model's outputs must reach the sampler between the two (speculation with a draft model) or
-`fuse_sampler` is off (a benchmark's baseline).
+sampler's outputs where the logits were (flat_step.FusedStep). The engine fuses on an
+accelerator (`fuse_sampler`'s default; on a CPU the sampler compiled into every bucket costs
+more start-up than its launch saves), never where a draft model's outputs must reach the
+sampler between the two (speculation with a draft model).
 """
 
 from __future__ import annotations

@@ -127,15 +127,16 @@ def prompt_logprobs_to_proto(out: RequestOutput, k: int) -> list[pb.PromptLogpro
 
 
 def server_info(stats, *, active_streams: int, state: str) -> pb.ServerInfo:
+    """The gRPC ServerInfo of an EngineStats (engine/stats.py): its wire fields stay flat."""
+    sched, steps, requests, mesh = stats.scheduler, stats.steps, stats.requests, stats.mesh
     return pb.ServerInfo(
-        num_kv_blocks_total=stats.num_kv_blocks_total, num_kv_blocks_free=stats.num_kv_blocks_free,
-        num_kv_blocks_cached=stats.num_kv_blocks_cached, num_requests_running=stats.num_requests_running,
-        num_requests_waiting=stats.num_requests_waiting, num_preemptions=stats.num_preemptions,
-        num_compilations_after_warmup=max(0, stats.num_compilations_after_warmup), uptime_s=stats.uptime_s,
-        prompt_tokens_total=stats.prompt_tokens_total, generation_tokens_total=stats.generation_tokens_total,
-        num_requests_finished=stats.num_requests_finished, kv_usage=stats.kv_usage,
-        prefix_hit_rate=stats.prefix_hit_rate, active_streams=active_streams, state=state,
-        mesh=pb.MeshInfo(num_devices=getattr(stats, "mesh_num_devices", 1), num_hosts=getattr(stats, "mesh_num_hosts", 1),
-                         axis_sizes=dict(getattr(stats, "mesh_axis_sizes", ()))),
-        weights_version=getattr(stats, "weights_version", ""), num_weight_updates=getattr(stats, "num_weight_updates", 0),
-        paused=getattr(stats, "paused", False), num_requests_held=getattr(stats, "num_requests_held", 0))
+        num_kv_blocks_total=sched.num_kv_blocks_total, num_kv_blocks_free=sched.num_kv_blocks_free,
+        num_kv_blocks_cached=sched.num_kv_blocks_cached, num_requests_running=sched.num_running,
+        num_requests_waiting=sched.num_waiting, num_preemptions=sched.num_preemptions,
+        num_compilations_after_warmup=max(0, steps.num_compilations_after_warmup), uptime_s=stats.lifecycle.uptime_s,
+        prompt_tokens_total=requests.prompt_tokens_total, generation_tokens_total=requests.generation_tokens_total,
+        num_requests_finished=requests.num_finished, kv_usage=sched.kv_usage,
+        prefix_hit_rate=sched.prefix_hit_rate, active_streams=active_streams, state=state,
+        mesh=pb.MeshInfo(num_devices=mesh.num_devices, num_hosts=mesh.num_hosts, axis_sizes=dict(mesh.axis_sizes)),
+        weights_version=stats.weights.version, num_weight_updates=stats.weights.num_updates,
+        paused=stats.lifecycle.paused, num_requests_held=requests.num_held)

@@ -33,41 +33,44 @@ class _EngineCollector:
         if snap is None:
             return
         s = snap.stats
+        sched, steps = s.scheduler, s.steps
         for name, doc, value in (
-            ("jaxserve_num_requests_running", "requests holding KV blocks and running", s.num_requests_running),
-            ("jaxserve_num_requests_waiting", "requests waiting to be scheduled", s.num_requests_waiting),
-            ("jaxserve_kv_cache_usage", "fraction of KV blocks held by live requests", s.kv_usage),
-            ("jaxserve_kv_blocks_free", "free KV blocks", s.num_kv_blocks_free),
-            ("jaxserve_kv_blocks_cached", "evictable KV blocks holding cached prefixes", s.num_kv_blocks_cached),
-            ("jaxserve_kv_blocks_total", "KV blocks the scheduler may use", s.num_kv_blocks_total),
-            ("jaxserve_prefix_cache_hit_rate", "prefix-cache hits / queries since start", s.prefix_hit_rate),
-            ("jaxserve_host_blocks_cached", "KV blocks the prefix cache's host tier holds", s.num_host_blocks_cached),
-            ("jaxserve_host_blocks_in_use", "host KV blocks swapped-out requests hold", s.num_host_blocks_in_use),
-            ("jaxserve_host_blocks_total", "KV blocks of the host pool", s.num_host_blocks_total),
+            ("jaxserve_num_requests_running", "requests holding KV blocks and running", sched.num_running),
+            ("jaxserve_num_requests_waiting", "requests waiting to be scheduled", sched.num_waiting),
+            ("jaxserve_kv_cache_usage", "fraction of KV blocks held by live requests", sched.kv_usage),
+            ("jaxserve_kv_blocks_free", "free KV blocks", sched.num_kv_blocks_free),
+            ("jaxserve_kv_blocks_cached", "evictable KV blocks holding cached prefixes", sched.num_kv_blocks_cached),
+            ("jaxserve_kv_blocks_total", "KV blocks the scheduler may use", sched.num_kv_blocks_total),
+            ("jaxserve_prefix_cache_hit_rate", "prefix-cache hits / queries since start", sched.prefix_hit_rate),
+            ("jaxserve_host_blocks_cached", "KV blocks the prefix cache's host tier holds",
+             sched.num_host_blocks_cached),
+            ("jaxserve_host_blocks_in_use", "host KV blocks swapped-out requests hold", sched.num_host_blocks_in_use),
+            ("jaxserve_host_blocks_total", "KV blocks of the host pool", sched.num_host_blocks_total),
             ("jaxserve_compilations_after_warmup", "XLA compilations since warmup (should stay 0)",
-             s.num_compilations_after_warmup),
+             steps.num_compilations_after_warmup),
             ("jaxserve_uptime_seconds", "seconds since the engine was built",
-             s.uptime_s + time.monotonic() - snap.taken_at),
+             s.lifecycle.uptime_s + time.monotonic() - snap.taken_at),
             ("jaxserve_device_idle_fraction", "share of the engine's busy time with no step in flight "
-             "(a lower bound; high: the host sets the pace)", s.device_idle_fraction),
+             "(a lower bound; high: the host sets the pace)", steps.device_idle_fraction),
         ):
             yield GaugeMetricFamily(name, doc, value=value)
         for name, doc, value in (
-            ("jaxserve_prompt_tokens", "prompt tokens accepted", s.prompt_tokens_total),
-            ("jaxserve_generation_tokens", "tokens generated", s.generation_tokens_total),
-            ("jaxserve_preemptions", "requests preempted", s.num_preemptions),
+            ("jaxserve_prompt_tokens", "prompt tokens accepted", s.requests.prompt_tokens_total),
+            ("jaxserve_generation_tokens", "tokens generated", s.requests.generation_tokens_total),
+            ("jaxserve_preemptions", "requests preempted", sched.num_preemptions),
             ("jaxserve_prefix_cache_device_hit_tokens", "prompt tokens found in the device prefix cache",
-             s.prefix_cache_device_hits),
+             sched.prefix_cache_device_hits),
             ("jaxserve_prefix_cache_host_hit_tokens", "prompt tokens loaded from the prefix cache's host tier",
-             s.prefix_cache_host_hits),
-            ("jaxserve_kv_offload_saved_bytes", "KV bytes the host tier took from the device", s.kv_offload_bytes_saved),
-            ("jaxserve_kv_offload_loaded_bytes", "KV bytes loaded back from the host tier", s.kv_offload_bytes_loaded),
-            ("jaxserve_spec_draft_tokens", "speculative guesses verified", s.spec_num_draft_tokens),
-            ("jaxserve_spec_accepted_tokens", "speculative guesses accepted", s.spec_num_accepted_tokens),
+             sched.prefix_cache_host_hits),
+            ("jaxserve_kv_offload_saved_bytes", "KV bytes the host tier took from the device",
+             s.kv.offload_bytes_saved),
+            ("jaxserve_kv_offload_loaded_bytes", "KV bytes loaded back from the host tier", s.kv.offload_bytes_loaded),
+            ("jaxserve_spec_draft_tokens", "speculative guesses verified", sched.spec_num_draft_tokens),
+            ("jaxserve_spec_accepted_tokens", "speculative guesses accepted", sched.spec_num_accepted_tokens),
             # rate(host_seconds) / rate(steps): the host's milliseconds per step now, under this load
-            ("jaxserve_engine_steps", "engine steps run", s.num_steps),
+            ("jaxserve_engine_steps", "engine steps run", steps.num_steps),
             ("jaxserve_engine_host_seconds", "host time inside engine steps, outside waiting for the device",
-             s.host_ms_per_step * s.num_steps / 1000.0),
+             steps.host_ms_per_step * steps.num_steps / 1000.0),
         ):
             yield CounterMetricFamily(name, doc, value=value)
         finished = CounterMetricFamily("jaxserve_request_success", "finished requests by finish reason",
@@ -75,14 +78,14 @@ class _EngineCollector:
         for reason, count in sorted(snap.finished_by_reason.items()):
             finished.add_metric([reason], count)
         yield finished
-        if s.expert_tokens_total:   # a mixture-of-experts model: one series per expert (layers summed)
+        if s.experts.tokens_total:   # a mixture-of-experts model: one series per expert (layers summed)
             routed = CounterMetricFamily("jaxserve_expert_routed_tokens", "tokens routed to each expert, summed "
                                          "over the MoE layers", labels=["expert"])
-            for e, count in enumerate(s.expert_tokens_total):
+            for e, count in enumerate(s.experts.tokens_total):
                 routed.add_metric([str(e)], count)
             yield routed
             yield GaugeMetricFamily("jaxserve_expert_load_imbalance", "over the last steps, the worst MoE layer's "
-                                    "busiest expert over its mean (1 = even)", value=s.expert_load_imbalance)
+                                    "busiest expert over its mean (1 = even)", value=s.experts.imbalance)
 
 
 class ServerMetrics:

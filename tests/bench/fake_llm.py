@@ -11,7 +11,11 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
+
+from jaxserve.engine.stats import EngineStats
+from tests.engine.idle_stats import idle_scheduler_stats
 
 
 @dataclass(frozen=True)
@@ -51,18 +55,13 @@ class FakeOutput:
     metrics: FakeMetrics
 
 
-class FakeStats:
-    def __init__(self, **kw: Any) -> None:
-        self.__dict__.update(kw)
-
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
 class FakeEngine:
     def __init__(self, max_num_seqs: int, block_size: int, num_blocks: int, sec_per_token: float,
-                 prefix_caching: bool) -> None:
+                 prefix_caching: bool, max_model_len: int = 2048) -> None:
         self.max_num_seqs, self.block_size, self.num_blocks = max_num_seqs, block_size, num_blocks
+        # what the bench reads of a real engine: its scheduler's block size and the context length
+        self.scheduler = SimpleNamespace(config=SimpleNamespace(block_size=block_size))
+        self.max_model_len = max_model_len
         self.sec_per_token = sec_per_token
         self.prefix_caching = prefix_caching
         self.waiting: list[tuple[str, list[int], FakeParams]] = []
@@ -141,7 +140,8 @@ class FakeLLM:
         self.kwargs = kwargs
         self.block_size = block_size
         self.max_model_len = max_model_len
-        self.engine = FakeEngine(max_num_seqs, block_size, num_kv_blocks, sec_per_token, enable_prefix_caching)
+        self.engine = FakeEngine(max_num_seqs, block_size, num_kv_blocks, sec_per_token, enable_prefix_caching,
+                                 max_model_len=max_model_len)
         self.checkpoint_identity = "sha256:fake"
 
     def generate(self, prompts: list[dict], params: list[FakeParams], use_tqdm: bool = False) -> list[FakeOutput]:
@@ -154,8 +154,8 @@ class FakeLLM:
                     done[out.request_id] = out
         return [done[f"gen-{id(p)}-{i}"] for i, p in enumerate(prompts)]
 
-    def stats(self) -> FakeStats:
+    def stats(self) -> EngineStats:
         used = self.engine.used_blocks()
-        return FakeStats(num_kv_blocks_total=self.engine.num_blocks, num_kv_blocks_free=self.engine.num_blocks - used,
-                         num_kv_blocks_cached=0, num_requests_running=len(self.engine.running),
-                         num_compilations_after_warmup=0, block_size=self.block_size)
+        return EngineStats(idle_scheduler_stats(num_kv_blocks_total=self.engine.num_blocks,
+                                                num_kv_blocks_free=self.engine.num_blocks - used,
+                                                num_running=len(self.engine.running)))

@@ -140,12 +140,12 @@ def test_real_engine_variants_on_the_tiny_model(tiny_model_dir, tmp_path):
     assert set(runs) == {"default", "t0", "itl"}
     for r in runs.values():
         assert r["metrics"]["completed"] == 4
-        assert r["engine_stats"]["num_compilations_after_warmup"] == 0
+        assert r["engine_stats"]["steps"]["num_compilations_after_warmup"] == 0
         assert r["config"]["shares_runner_of"] == "jaxserve[base]"
     assert runs["t0"]["config"]["engine_kwargs"]["long_prefill_token_threshold"] == 0
     assert runs["default"]["config"]["engine_kwargs"]["long_prefill_token_threshold"] is None
-    assert runs["default"]["engine_stats"]["prefill_policy"].startswith("slo")
-    assert runs["itl"]["engine_stats"]["prefill_policy"].startswith("itl")
+    assert runs["default"]["engine_stats"]["steps"]["prefill_policy"].startswith("slo")
+    assert runs["itl"]["engine_stats"]["steps"]["prefill_policy"].startswith("itl")
     for t in data["extra"]["goodput"]["targets"].values():
         assert t["points"][0]["attainment"] == 1.0 and t["goodput_rate"] == 50.0
 

@@ -74,7 +74,7 @@ def test_http_target_beside_a_grpc_one_gets_the_same_requests_and_counts_the_ser
     assert point["sent"] == NUM_PROMPTS and point["met"] == NUM_PROMPTS and point["failed"] == 0
     assert point["aborted"] == 0
     stats = http_server.stats()   # the server ends clean: nothing holds a KV block
-    assert stats.num_kv_blocks_free + stats.num_kv_blocks_cached == stats.num_kv_blocks_total
+    assert stats.scheduler.num_kv_blocks_free + stats.scheduler.num_kv_blocks_cached == stats.scheduler.num_kv_blocks_total
 
 
 def test_an_unreachable_http_target_stops_the_command_before_any_load(tiny_llama_dir, tmp_path):

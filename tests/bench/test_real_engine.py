@@ -20,8 +20,9 @@ def test_jaxserve_and_hf_give_identical_greedy_tokens_and_the_engine_stays_clean
     assert hf["agreement"]["compared"] == 5 and hf["agreement"]["identical"] == 5
     assert jx["checkpoint_identity"] and jx["checkpoint_identity"] != "unknown"
     stats = jx["engine_stats"]
-    assert stats["num_compilations_after_warmup"] == 0
-    assert stats["num_kv_blocks_free"] + stats["num_kv_blocks_cached"] == stats["num_kv_blocks_total"]
+    assert stats["steps"]["num_compilations_after_warmup"] == 0
+    blocks = stats["scheduler"]
+    assert blocks["num_kv_blocks_free"] + blocks["num_kv_blocks_cached"] == blocks["num_kv_blocks_total"]
     kv = jx["kv_usage"]
     assert 0 < kv["utilization_mean"] <= 1 and kv["peak_used_blocks"] <= kv["reserve_max_model_len_blocks"]
     assert all(len(r["token_times"]) == r["output_len"] for r in jx["requests"])
@@ -44,7 +45,8 @@ def test_speculative_config_runs_jaxserve_with_and_without_it_on_one_runner(tiny
     assert [s["backend"].split("[")[0] for s in data["extra"]["skipped"]] == ["hf"]
     # seeded sampling: the same tokens with and without speculation
     assert spec["agreement"]["compared"] == 3 and spec["agreement"]["identical"] == 3
-    assert spec["engine_stats"]["spec_num_verifications"] > 0 and plain["engine_stats"]["spec_num_verifications"] == 0
+    assert spec["engine_stats"]["scheduler"]["spec_num_verifications"] > 0
+    assert plain["engine_stats"]["scheduler"]["spec_num_verifications"] == 0
     for run in data["runs"]:
         stats = run["engine_stats"]
         assert stats["num_compilations_after_warmup"] == 0

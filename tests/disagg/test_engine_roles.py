@@ -39,7 +39,7 @@ def test_an_offline_prefill_engine_holds_a_finished_prompt_under_a_lease(prefill
     assert conn.sender.leases.num_blocks_held == cdiv(len(ids), engine.scheduler.config.block_size)
     assert conn.sender.release("r1", lease.generation)        # acknowledged: every block back
     s = prefill_llm.stats()
-    assert s.num_kv_blocks_free + s.num_kv_blocks_cached == s.num_kv_blocks_total
+    assert s.scheduler.num_kv_blocks_free + s.scheduler.num_kv_blocks_cached == s.scheduler.num_kv_blocks_total
 
 
 def test_a_decode_engine_gets_a_receiver_with_the_configured_deadline_and_policy(prefill_llm):

@@ -67,8 +67,8 @@ def summary(outs):
 
 def assert_drained(llm):
     s = llm.stats()
-    assert s.num_requests_running == 0 and s.num_requests_waiting == 0
-    assert s.num_kv_blocks_free + s.num_kv_blocks_cached == s.num_kv_blocks_total
+    assert s.scheduler.num_running == 0 and s.scheduler.num_waiting == 0
+    assert s.scheduler.num_kv_blocks_free + s.scheduler.num_kv_blocks_cached == s.scheduler.num_kv_blocks_total
     assert not llm.engine.has_unfinished_requests()
 
 
@@ -83,7 +83,7 @@ def test_many_mixed_requests_give_the_same_outputs_with_the_loop_on_and_off(on):
     for (completions, _), p in zip(got, params):
         for c in completions:
             assert len(c[1]) <= p.max_tokens  # max_tokens is never exceeded
-    assert on.stats().num_compilations_after_warmup == 0
+    assert on.stats().steps.num_compilations_after_warmup == 0
 
 
 def drive_with_aborts(llm, ps, params, abort_at: dict[int, str]):
@@ -132,7 +132,7 @@ def test_preemption_with_the_loop_on_gives_the_outputs_of_the_loop_off(on, mode)
     cramped = LLM.sharing_runner(on, **kw)
     got = summary(cramped.generate(ps, params, use_tqdm=False))
     s = cramped.stats()
-    assert s.num_preemptions > 0 and (s.num_preemptions_swap > 0) == (mode == "swap")
+    assert s.scheduler.num_preemptions > 0 and (s.scheduler.num_preemptions_swap > 0) == (mode == "swap")
     assert_drained(cramped)
     want = summary(off(on, **kw).generate(ps, params, use_tqdm=False))
     assert got == want
@@ -150,7 +150,7 @@ def test_beam_search_and_prefix_hits_are_the_same_with_the_loop_on_and_off(on):
     greedy = SamplingParams(max_tokens=8, temperature=0.0)
     on.engine.reset_prefix_cache()
     got = summary(on.generate(ps, greedy, use_tqdm=False))
-    assert on.stats().prefix_cache_hits > 0
+    assert on.stats().scheduler.prefix_cache_hits > 0
     sync = off(on)
     assert summary(sync.generate(ps, greedy, use_tqdm=False)) == got
     assert_drained(on)
@@ -159,8 +159,8 @@ def test_beam_search_and_prefix_hits_are_the_same_with_the_loop_on_and_off(on):
 def test_stats_show_host_time_and_device_idle_share_and_count_this_engines_compilations(on, tiny_llama_dir):
     on.generate(prompts(4), SamplingParams(max_tokens=8, temperature=0.0), use_tqdm=False)
     s = on.stats()
-    assert s.host_ms_per_step > 0 and 0.0 <= s.device_idle_fraction <= 1.0
-    before = s.num_compilations_after_warmup
+    assert s.steps.host_ms_per_step > 0 and 0.0 <= s.steps.device_idle_fraction <= 1.0
+    before = s.steps.num_compilations_after_warmup
     other = LLM(tiny_llama_dir, **{**TINY_ENGINE, "max_num_seqs": 2})  # compiles its own buckets
-    assert other.stats().num_compilations_after_warmup == 0
-    assert on.stats().num_compilations_after_warmup == before == 0
+    assert other.stats().steps.num_compilations_after_warmup == 0
+    assert on.stats().steps.num_compilations_after_warmup == before == 0

@@ -103,7 +103,7 @@ def test_a_held_warm_up_serves_on_ready_buckets_then_lifts_the_cap(tiny_llama_di
     assert runner.executables_loaded_on_demand() == []
     # the thread compiled the buckets it warmed (no executable cache here); the serving path nothing
     assert warming.compilations.count > 0
-    assert llm.stats().num_compilations_after_warmup == 0
+    assert llm.stats().steps.num_compilations_after_warmup == 0
 
 
 def test_background_falls_back_to_warming_everything_where_a_cap_cannot_bound_the_steps(tiny_llama_dir):
@@ -155,7 +155,7 @@ def test_prompt_logprobs_and_embeddings_are_served_while_their_programs_warm(tin
     for out in outs:
         test_prompt_logprobs.assert_matches_hf(tiny_llama_dir, out)
     assert runner.executables_loaded_on_demand() == []
-    assert llm.stats().num_compilations_after_warmup == 0
+    assert llm.stats().steps.num_compilations_after_warmup == 0
     check_invariants(engine.scheduler)
 
 
@@ -212,5 +212,5 @@ def test_lora_adapters_load_while_the_buckets_warm(tiny_llama_dir, held, dispatc
     after = [o.outputs[0].token_ids for o in llm.generate(prompts, params, lora_request=loras, use_tqdm=False)]
     base = [o.outputs[0].token_ids for o in llm.generate(prompts[:1], params, use_tqdm=False)]
     assert after == during and base[0] != during[0]
-    assert llm.stats().num_compilations_after_warmup == 0
+    assert llm.stats().steps.num_compilations_after_warmup == 0
     check_invariants(llm.engine.scheduler)

@@ -38,19 +38,19 @@ def test_a_request_is_bit_identical_whatever_else_runs_and_equals_the_replay(llm
                    SamplingParams(temperature=1.0, seed=7, logprobs=0, max_tokens=20, ignore_eos=True)):
         llm.engine.reset_prefix_cache()
         alone = _tokens_and_logprobs(llm, [target], params)
-        hits = stats().prefix_cache_hits
+        hits = stats().scheduler.prefix_cache_hits
         cached = _tokens_and_logprobs(llm, [target], params)             # the prompt's blocks from the cache
-        assert stats().prefix_cache_hits > hits
+        assert stats().scheduler.prefix_cache_hits > hits
         crowded = _tokens_and_logprobs(llm, [target] + others, params)
         for tokens, logprobs in (cached, crowded):
             assert tokens == alone[0]
             assert np.array_equal(logprobs, alone[1]), np.abs(logprobs - alone[1]).max()
     # long neighbours crowd the arena: a request is preempted and recomputed
     long_ones = [rng.integers(3, 300, 60).tolist() for _ in range(3)]
-    before = stats().num_preemptions
+    before = stats().scheduler.num_preemptions
     crowded = _tokens_and_logprobs(llm, [target] + long_ones,
                                    SamplingParams(temperature=0, logprobs=0, max_tokens=50, ignore_eos=True))
-    assert stats().num_preemptions > before, "the arena was expected to preempt a request"
+    assert stats().scheduler.num_preemptions > before, "the arena was expected to preempt a request"
     greedy = _tokens_and_logprobs(llm, [target], SamplingParams(temperature=0, logprobs=0, max_tokens=50,
                                                                 ignore_eos=True))
     assert crowded[0] == greedy[0] and np.array_equal(crowded[1], greedy[1])

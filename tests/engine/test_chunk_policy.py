@@ -126,12 +126,12 @@ def test_a_real_engine_measures_its_step_cost_model_at_start_up(tiny_llama_dir):
     # model's mixed step can time as fast as its decode-only one, so only its range is certain
     assert [p for p, _ in policy.step_cost.prefill_s] == [p for p in llm.engine.runner.shapes.prefill_buckets if p]
     assert all(0 <= s < float("inf") for _, s in policy.step_cost.prefill_s)
-    assert "slo" in llm.stats().prefill_policy
-    assert llm.stats().num_kv_blocks_free == llm.stats().num_kv_blocks_total
+    assert "slo" in llm.stats().steps.prefill_policy
+    assert llm.stats().scheduler.num_kv_blocks_free == llm.stats().scheduler.num_kv_blocks_total
     prompts = [{"prompt_token_ids": list(range(3, 3 + n))} for n in (40, 7, 90)]
     out = llm.generate(prompts, SamplingParams(max_tokens=16, ignore_eos=True), use_tqdm=False)
     assert [len(o.outputs[0].token_ids) for o in out] == [16, 16, 16]
-    assert llm.stats().num_compilations_after_warmup == 0
+    assert llm.stats().steps.num_compilations_after_warmup == 0
 
 
 def test_a_real_engine_derives_its_chunk_at_start_up(tiny_llama_dir):
@@ -142,13 +142,13 @@ def test_a_real_engine_derives_its_chunk_at_start_up(tiny_llama_dir):
     tile = config["prefill_tile"]
     expected = max(tile, int(policy.itl_budget_s * policy.prefill_tokens_per_s) // tile * tile)
     assert policy.chunk_tokens == expected
-    assert llm.stats().prefill_chunk_tokens == expected
+    assert llm.stats().steps.prefill_chunk_tokens == expected
     # the measurements wrote only scratch blocks: the pool is whole and serving works
-    assert llm.stats().num_kv_blocks_free == llm.stats().num_kv_blocks_total
+    assert llm.stats().scheduler.num_kv_blocks_free == llm.stats().scheduler.num_kv_blocks_total
     out = llm.generate([{"prompt_token_ids": list(range(3, 40))}], SamplingParams(max_tokens=16, ignore_eos=True),
                        use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 16
-    assert llm.stats().num_compilations_after_warmup == 0
+    assert llm.stats().steps.num_compilations_after_warmup == 0
 
 
 def test_the_chunk_rate_is_measured_at_the_deepest_chunk(tiny_llama_dir):
@@ -233,4 +233,4 @@ def test_a_real_engine_with_a_context_shorter_than_its_step_budget_starts_and_se
                        SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
     assert [len(o.outputs[0].token_ids) for o in out] == [8, 8]
     check_invariants(llm.engine.scheduler)
-    assert llm.stats().num_compilations_after_warmup == 0
+    assert llm.stats().steps.num_compilations_after_warmup == 0

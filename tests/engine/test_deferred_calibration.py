@@ -46,7 +46,7 @@ def test_a_cold_start_defers_calibration_until_idle_and_then_serves_the_measured
     # calibration overwrote would serve other K/V)
     assert llm.generate([PROMPT], GREEDY, use_tqdm=False)[0].outputs[0].token_ids == before
     assert scheduler.kv.pool.num_in_use == 0
-    assert llm.stats().num_compilations_after_warmup == 0   # it ran warm buckets and helpers only
+    assert llm.stats().steps.num_compilations_after_warmup == 0   # it ran warm buckets and helpers only
     assert os.listdir(tmp_path / "calibration")
 
     again = LLM(tiny_llama_dir, **{**ENGINE, "cache_dir": str(tmp_path)})   # a warm start: all cached

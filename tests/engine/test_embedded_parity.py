@@ -55,8 +55,8 @@ def test_greedy_generations_match_hf_transformers_on_the_embedded_model(llm, hf_
         assert out.outputs[0].token_ids == want, q
     assert any("Paris" in o.outputs[0].text for o in outs)   # the model really answers
     s = llm.stats()
-    assert s.num_compilations_after_warmup == 0
-    assert s.num_requests_running == 0 and s.num_kv_blocks_free + s.num_kv_blocks_cached == s.num_kv_blocks_total
+    assert s.steps.num_compilations_after_warmup == 0
+    assert s.scheduler.num_running == 0 and s.scheduler.num_kv_blocks_free + s.scheduler.num_kv_blocks_cached == s.scheduler.num_kv_blocks_total
 
 
 REPETITIVE = [
@@ -86,6 +86,6 @@ def test_speculative_decoding_keeps_greedy_generations_identical_to_hf(llm, hf_m
                                         min_new_tokens=48, do_sample=False, pad_token_id=tok.pad_token_id or 0)
             assert out.outputs[0].token_ids == ref[0, ids.shape[1]:].tolist(), q
     s = spec.stats()
-    assert s.spec_num_accepted_tokens > 0 and s.spec_mean_accepted > 0.5   # the copying answers were guessed
-    assert s.num_compilations_after_warmup == 0
-    assert s.num_requests_running == 0 and s.num_kv_blocks_free + s.num_kv_blocks_cached == s.num_kv_blocks_total
+    assert s.scheduler.spec_num_accepted_tokens > 0 and s.scheduler.spec_mean_accepted > 0.5   # the copying answers were guessed
+    assert s.steps.num_compilations_after_warmup == 0
+    assert s.scheduler.num_running == 0 and s.scheduler.num_kv_blocks_free + s.scheduler.num_kv_blocks_cached == s.scheduler.num_kv_blocks_total

@@ -68,7 +68,7 @@ def test_embeddings_of_a_batch_match_hf(embedding_llm, tiny_llama_dir, pooling, 
     for out in outs:
         assert len(out.outputs.embedding) == embedding_llm.engine.runner.model_config.hidden_size
         assert_matches_hf(tiny_llama_dir, out, pooling, normalize)
-    assert embedding_llm.stats().num_compilations_after_warmup == 0
+    assert embedding_llm.stats().steps.num_compilations_after_warmup == 0
 
 
 def test_chunked_prefill_gives_the_same_embeddings(embedding_llm, tiny_llama_dir):
@@ -81,7 +81,7 @@ def test_chunked_prefill_gives_the_same_embeddings(embedding_llm, tiny_llama_dir
     # a one-token prompt: its only row is a decode row of the step
     one = chunky.embed({"prompt_token_ids": [11]}, pooling="mean", use_tqdm=False)[0]
     assert_matches_hf(tiny_llama_dir, one, "mean", True)
-    assert chunky.stats().num_compilations_after_warmup == 0
+    assert chunky.stats().steps.num_compilations_after_warmup == 0
 
 
 def test_embeddings_run_in_the_same_steps_as_a_generation(embedding_llm, tiny_llama_dir):
@@ -113,8 +113,8 @@ def test_embeddings_run_in_the_same_steps_as_a_generation(embedding_llm, tiny_ll
     assert done["gen"].outputs[0].token_ids == alone  # the embeddings changed no token
     assert_matches_hf(tiny_llama_dir, done["last"], "last", True)
     assert_matches_hf(tiny_llama_dir, done["mean"], "mean", False)
-    assert engine.stats().generation_tokens_total == 12   # an embedding's one token is not counted
-    assert engine.stats().num_compilations_after_warmup == 0
+    assert engine.stats().requests.generation_tokens_total == 12   # an embedding's one token is not counted
+    assert engine.stats().steps.num_compilations_after_warmup == 0
 
 
 def test_an_embedding_does_not_read_the_prefix_cache(embedding_llm, tiny_llama_dir):
@@ -122,9 +122,9 @@ def test_an_embedding_does_not_read_the_prefix_cache(embedding_llm, tiny_llama_d
     greedy = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
     llm.generate(PROMPTS[2], greedy, use_tqdm=False)
     assert llm.generate(PROMPTS[2], greedy, use_tqdm=False)[0].num_cached_tokens > 0   # the prefix is cached
-    hits = llm.stats().prefix_cache_hits
+    hits = llm.stats().scheduler.prefix_cache_hits
     out = llm.embed(PROMPTS[2], pooling="mean", use_tqdm=False)[0]
-    assert llm.stats().prefix_cache_hits == hits                                       # ...but not read
+    assert llm.stats().scheduler.prefix_cache_hits == hits                                       # ...but not read
     assert_matches_hf(tiny_llama_dir, out, "mean", True)
 
 
@@ -148,7 +148,7 @@ def test_an_embedding_preempted_midway_is_still_hf_s(embedding_llm, tiny_llama_d
         evicted |= bg is not None and bg.status.is_waiting and bg.num_preemptions > 0
     assert evicted and sorted(done) == ["background", "urgent"]
     assert_matches_hf(tiny_llama_dir, done["background"], "mean", False)
-    assert engine.stats().num_compilations_after_warmup == 0
+    assert engine.stats().steps.num_compilations_after_warmup == 0
 
 
 def test_embeddings_are_refused_where_the_engine_does_not_pool(prompt_logprobs_llm):

@@ -93,8 +93,8 @@ def test_every_request_gets_exactly_the_tokens_of_its_own_context(async_scheduli
         assert done[f"r{i}"].outputs[0].token_ids == expected(p, 10 + i)
         assert done[f"r{i}"].outputs[0].finish_reason == "length"
     s = engine.stats()
-    assert s.num_kv_blocks_free + s.num_kv_blocks_cached == s.num_kv_blocks_total
-    assert s.generation_tokens_total == sum(10 + i for i in range(len(PROMPTS)))
+    assert s.scheduler.num_kv_blocks_free + s.scheduler.num_kv_blocks_cached == s.scheduler.num_kv_blocks_total
+    assert s.requests.generation_tokens_total == sum(10 + i for i in range(len(PROMPTS)))
 
 
 @loop_modes
@@ -103,11 +103,11 @@ def test_a_cramped_pool_preempts_without_changing_any_output(async_scheduling):
     for i, p in enumerate(PROMPTS):
         engine.add_request(f"r{i}", {"prompt_token_ids": p}, SamplingParams(max_tokens=24, temperature=0))
     done = run(engine)
-    assert engine.stats().num_preemptions > 0
+    assert engine.stats().scheduler.num_preemptions > 0
     for i, p in enumerate(PROMPTS):
         assert done[f"r{i}"].outputs[0].token_ids == expected(p, 24)
     s = engine.stats()
-    assert s.num_kv_blocks_free + s.num_kv_blocks_cached == s.num_kv_blocks_total
+    assert s.scheduler.num_kv_blocks_free + s.scheduler.num_kv_blocks_cached == s.scheduler.num_kv_blocks_total
 
 
 @loop_modes
@@ -122,7 +122,7 @@ def test_abort_frees_blocks_and_other_requests_continue(async_scheduling):
     assert "drop" not in done
     assert done["keep"].outputs[0].token_ids == expected(PROMPTS[1], 12)
     s = engine.stats()
-    assert s.num_requests_running == 0 and s.num_kv_blocks_free + s.num_kv_blocks_cached == s.num_kv_blocks_total
+    assert s.scheduler.num_running == 0 and s.scheduler.num_kv_blocks_free + s.scheduler.num_kv_blocks_cached == s.scheduler.num_kv_blocks_total
 
 
 def test_the_one_step_ahead_loop_feeds_placeholders_and_drops_the_token_after_a_stop():
@@ -138,10 +138,10 @@ def test_the_one_step_ahead_loop_feeds_placeholders_and_drops_the_token_after_a_
     assert done["stops"].outputs[0].finish_reason == "stop" and done["stops"].outputs[0].stop_reason == stop_at
     assert done["runs"].outputs[0].token_ids == expected(PROMPTS[1], 8)
     # the step after the stop computed a fourth token for "stops": never counted, never streamed
-    assert engine.stats().generation_tokens_total == 3 + 8
+    assert engine.stats().requests.generation_tokens_total == 3 + 8
     assert len(engine.runner.contexts["stops"]) == len(PROMPTS[0]) + 3
     s = engine.stats()
-    assert s.num_kv_blocks_free + s.num_kv_blocks_cached == s.num_kv_blocks_total
+    assert s.scheduler.num_kv_blocks_free + s.scheduler.num_kv_blocks_cached == s.scheduler.num_kv_blocks_total
 
 
 def test_without_the_loop_no_placeholder_is_ever_scheduled():

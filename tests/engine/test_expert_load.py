@@ -7,7 +7,8 @@ import numpy as np
 from prometheus_client import generate_latest
 
 from jaxserve.engine.expert_load import ExpertLoad
-from jaxserve.engine.stats import EngineStats
+from jaxserve.engine.stats import EngineStats, ExpertLoadStats
+from tests.engine.idle_stats import idle_scheduler_stats
 
 
 def test_the_window_forgets_old_steps_and_the_totals_do_not():
@@ -25,10 +26,8 @@ def test_the_window_forgets_old_steps_and_the_totals_do_not():
 def test_prometheus_reports_each_experts_tokens_and_the_imbalance():
     from jaxserve.server.metrics import ServerMetrics
 
-    fields = {f: 0 for f in EngineStats.__dataclass_fields__}
-    stats = EngineStats(**{**fields, "prefill_policy": "", "kv_cache_dtype": "", "weights_version": "",
-                           "mesh_axis_sizes": (("data", 1),), "expert_tokens_window": (3, 1),
-                           "expert_tokens_total": (7, 2), "expert_load_imbalance": 1.5})
+    stats = EngineStats(idle_scheduler_stats(),
+                        experts=ExpertLoadStats(tokens_window=(3, 1), tokens_total=(7, 2), imbalance=1.5))
     snap = types.SimpleNamespace(stats=stats, taken_at=0.0, finished_by_reason={})
     text = generate_latest(ServerMetrics(lambda: snap).registry).decode()
     assert 'jaxserve_expert_routed_tokens_total{expert="0"} 7.0' in text

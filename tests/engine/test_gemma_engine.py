@@ -44,16 +44,16 @@ def test_greedy_tokens_equal_hf_with_prefix_hits_chunking_and_preemption(gemma):
     got = tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False))
     assert got == want
     # again: the shared prefix and the earlier prompts' blocks now come from the prefix cache
-    hits = llm.stats().prefix_cache_hits
+    hits = llm.stats().scheduler.prefix_cache_hits
     assert tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == want
-    assert llm.stats().prefix_cache_hits > hits
+    assert llm.stats().scheduler.prefix_cache_hits > hits
     # a pool too small for all of them at once: requests are preempted and recomputed
     cramped = LLM.sharing_runner(llm, usable_kv_blocks=30, enable_prefix_caching=False,
                                  preemption_mode="recompute", kv_watermark=0.0)
     assert tokens(cramped.generate(PROMPTS, GREEDY, use_tqdm=False)) == want
-    assert cramped.stats().num_preemptions > 0
+    assert cramped.stats().scheduler.num_preemptions > 0
     check_invariants(cramped.engine.scheduler)
-    assert llm.stats().num_compilations_after_warmup == 0
+    assert llm.stats().steps.num_compilations_after_warmup == 0
 
 
 def test_ngram_speculation_keeps_the_greedy_tokens(gemma):
@@ -62,7 +62,7 @@ def test_ngram_speculation_keeps_the_greedy_tokens(gemma):
                                                        "adaptive": False})
     plain = tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False))
     assert tokens(spec.generate(PROMPTS, GREEDY, use_tqdm=False)) == plain
-    assert spec.stats().spec_num_draft_tokens > 0                       # guesses were verified
+    assert spec.stats().scheduler.spec_num_draft_tokens > 0                       # guesses were verified
     check_invariants(spec.engine.scheduler)
 
 
@@ -74,4 +74,4 @@ def test_int8_weights_give_the_quantized_models_own_greedy_tokens(gemma):
     got = tokens(quantized.generate([{"prompt_token_ids": p} for p in prompts], GREEDY, use_tqdm=False))
     want = _direct_greedy(path, QuantRequest("int8"), prompts)     # its first tokens, run without the engine
     assert [g[:len(w)] for g, w in zip(got, want)] == want
-    assert quantized.stats().num_compilations_after_warmup == 0
+    assert quantized.stats().steps.num_compilations_after_warmup == 0

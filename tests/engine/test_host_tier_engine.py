@@ -44,14 +44,14 @@ def test_host_hits_give_the_outputs_of_a_cold_cache(llm, params):
         warm += generate(llm, [p], params)
     after = llm.stats()
     assert warm == cold
-    host_hits = after.prefix_cache_host_hits - before.prefix_cache_host_hits
+    host_hits = after.scheduler.prefix_cache_host_hits - before.scheduler.prefix_cache_host_hits
     assert host_hits >= 6 * 40            # the second round found (most of) its system prompts on the host
-    assert after.kv_offload_bytes_loaded > before.kv_offload_bytes_loaded
-    assert after.kv_offload_bytes_saved > before.kv_offload_bytes_saved
-    assert after.num_compilations_after_warmup == 0
-    assert after.num_requests_running == after.num_requests_waiting == 0
-    assert after.num_kv_blocks_free + after.num_kv_blocks_cached == after.num_kv_blocks_total
-    assert after.num_host_blocks_in_use == 0 and 0 < after.num_host_blocks_cached <= after.num_host_blocks_total
+    assert after.kv.offload_bytes_loaded > before.kv.offload_bytes_loaded
+    assert after.kv.offload_bytes_saved > before.kv.offload_bytes_saved
+    assert after.steps.num_compilations_after_warmup == 0
+    assert after.scheduler.num_running == after.scheduler.num_waiting == 0
+    assert after.scheduler.num_kv_blocks_free + after.scheduler.num_kv_blocks_cached == after.scheduler.num_kv_blocks_total
+    assert after.scheduler.num_host_blocks_in_use == 0 and 0 < after.scheduler.num_host_blocks_cached <= after.scheduler.num_host_blocks_total
 
 
 def test_batched_host_hits_match_one_at_a_time(llm):
@@ -78,10 +78,10 @@ def test_preemption_beside_the_host_tier_keeps_the_outputs(tiny_llama_dir, mode)
     together = generate(llm, ids, params)
     after = llm.stats()
     assert together == alone
-    assert after.num_preemptions > before.num_preemptions
+    assert after.scheduler.num_preemptions > before.scheduler.num_preemptions
     if mode == "swap":
-        assert after.num_preemptions_swap > before.num_preemptions_swap
-    assert after.prefix_cache_host_hits > before.prefix_cache_host_hits
-    assert after.num_compilations_after_warmup == 0
-    assert after.num_host_blocks_in_use == 0
-    assert after.num_kv_blocks_free + after.num_kv_blocks_cached == after.num_kv_blocks_total
+        assert after.scheduler.num_preemptions_swap > before.scheduler.num_preemptions_swap
+    assert after.scheduler.prefix_cache_host_hits > before.scheduler.prefix_cache_host_hits
+    assert after.steps.num_compilations_after_warmup == 0
+    assert after.scheduler.num_host_blocks_in_use == 0
+    assert after.scheduler.num_kv_blocks_free + after.scheduler.num_kv_blocks_cached == after.scheduler.num_kv_blocks_total

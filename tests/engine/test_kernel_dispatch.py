@@ -31,4 +31,4 @@ def test_forced_kernel_matches_the_reference_path(tiny_llama_dir, impl):
     assert choose(impl, q, k)[0] == impl
     got = [o.outputs[0].token_ids for o in kernel.generate(PROMPTS, GREEDY, use_tqdm=False)]
     assert got == want
-    assert kernel.stats().num_compilations_after_warmup == 0
+    assert kernel.stats().steps.num_compilations_after_warmup == 0

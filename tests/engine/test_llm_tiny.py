@@ -30,8 +30,8 @@ def token_ids(outs):
 
 def assert_no_leaks(llm):
     s = llm.stats()
-    assert s.num_requests_running == 0 and s.num_requests_waiting == 0
-    assert s.num_kv_blocks_free + s.num_kv_blocks_cached == s.num_kv_blocks_total
+    assert s.scheduler.num_running == 0 and s.scheduler.num_waiting == 0
+    assert s.scheduler.num_kv_blocks_free + s.scheduler.num_kv_blocks_cached == s.scheduler.num_kv_blocks_total
 
 
 def test_greedy_outputs_match_hf_transformers_token_for_token(llm, tiny_llama_dir):
@@ -41,7 +41,7 @@ def test_greedy_outputs_match_hf_transformers_token_for_token(llm, tiny_llama_di
         assert out.outputs[0].token_ids == hf_greedy(tiny_llama_dir, tok.encode(prompt), 24), prompt
         assert out.outputs[0].finish_reason == "length"
     assert_no_leaks(llm)
-    assert llm.stats().num_compilations_after_warmup == 0
+    assert llm.stats().steps.num_compilations_after_warmup == 0
 
 
 def test_outputs_do_not_depend_on_the_batch(llm):
@@ -76,12 +76,12 @@ def test_preemption_does_not_change_greedy_or_seeded_tokens(llm, mode):
     got = token_ids(cramped.generate(PROMPTS[:4], params, use_tqdm=False))
     assert got == want
     s = cramped.stats()
-    assert s.num_preemptions > 0          # the test really exercised preemption
+    assert s.scheduler.num_preemptions > 0          # the test really exercised preemption
     if mode == "recompute":
-        assert s.num_preemptions_swap == 0
+        assert s.scheduler.num_preemptions_swap == 0
     if mode == "swap":
-        assert s.num_preemptions_swap > 0 and s.num_swapped_blocks > 0 and s.num_preemptions_recompute == 0
-    assert s.num_preemptions_recompute + s.num_preemptions_swap == s.num_preemptions
+        assert s.scheduler.num_preemptions_swap > 0 and s.scheduler.num_swapped_blocks > 0 and s.scheduler.num_preemptions_recompute == 0
+    assert s.scheduler.num_preemptions_recompute + s.scheduler.num_preemptions_swap == s.scheduler.num_preemptions
     assert_no_leaks(cramped)
 
 

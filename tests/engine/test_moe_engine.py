@@ -41,15 +41,15 @@ def test_greedy_tokens_equal_hf_with_prefix_hits_chunking_and_preemption(moe_llm
     want = [hf_greedy(path, i, N) for i in ids]
     got = tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False))
     assert got == want
-    hits = llm.stats().prefix_cache_hits
+    hits = llm.stats().scheduler.prefix_cache_hits
     assert tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == want
-    assert llm.stats().prefix_cache_hits > hits
+    assert llm.stats().scheduler.prefix_cache_hits > hits
     cramped = LLM.sharing_runner(llm, usable_kv_blocks=30, enable_prefix_caching=False,
                                  preemption_mode="recompute", kv_watermark=0.0)
     assert tokens(cramped.generate(PROMPTS, GREEDY, use_tqdm=False)) == want
-    assert cramped.stats().num_preemptions > 0
+    assert cramped.stats().scheduler.num_preemptions > 0
     check_invariants(cramped.engine.scheduler)
-    assert llm.stats().num_compilations_after_warmup == 0
+    assert llm.stats().steps.num_compilations_after_warmup == 0
 
 
 def test_ngram_speculation_and_the_synchronous_loop_keep_the_greedy_tokens(moe_llm):
@@ -59,11 +59,11 @@ def test_ngram_speculation_and_the_synchronous_loop_keep_the_greedy_tokens(moe_l
     spec = LLM.sharing_runner(llm, speculative_config={"method": "ngram", "num_speculative_tokens": 2,
                                                        "adaptive": False})
     assert tokens(spec.generate(prompts, GREEDY, use_tqdm=False)) == plain
-    assert spec.stats().spec_num_draft_tokens > 0
+    assert spec.stats().scheduler.spec_num_draft_tokens > 0
     check_invariants(spec.engine.scheduler)
     sync = LLM.sharing_runner(llm, async_scheduling=False)
     assert tokens(sync.generate(prompts, GREEDY, use_tqdm=False)) == plain
-    assert llm.stats().num_compilations_after_warmup == 0
+    assert llm.stats().steps.num_compilations_after_warmup == 0
 
 
 def test_tokens_per_expert_are_the_routers_choices_on_the_real_rows(moe_llm):
@@ -75,11 +75,11 @@ def test_tokens_per_expert_are_the_routers_choices_on_the_real_rows(moe_llm):
 
     path, llm = moe_llm
     llm.engine.reset_prefix_cache()             # a cached prefix would not run through the steps
-    before = np.array(llm.engine.stats().expert_tokens_total or (0,) * 1)
+    before = np.array(llm.engine.stats().experts.tokens_total or (0,) * 1)
     prompt = "the experts of a tiny model route every token"
     ids = llm.generate([prompt], SamplingParams(max_tokens=1, temperature=0), use_tqdm=False)[0].prompt_token_ids
     stats = llm.engine.stats()
-    got = np.array(stats.expert_tokens_total) - (before if before.size == len(stats.expert_tokens_total) else 0)
+    got = np.array(stats.experts.tokens_total) - (before if before.size == len(stats.experts.tokens_total) else 0)
     hf = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
     with torch.no_grad():
         router = hf(torch.tensor([list(ids)]), output_router_logits=True).router_logits
@@ -89,5 +89,5 @@ def test_tokens_per_expert_are_the_routers_choices_on_the_real_rows(moe_llm):
     for layer in router:            # [T, E] per MoE layer
         np.add.at(want, torch.topk(layer.reshape(len(ids), -1), k, dim=-1).indices.reshape(-1).numpy(), 1)
     assert got.tolist() == want.tolist()
-    assert stats.expert_load_imbalance >= 1.0
-    assert len(stats.expert_tokens_window) == len(want)
+    assert stats.experts.imbalance >= 1.0
+    assert len(stats.experts.tokens_window) == len(want)

@@ -65,7 +65,7 @@ def test_logit_bias_forces_a_token_and_a_request_without_adjustments_is_undistur
     both = engines.generate([PROMPT, PROMPT], [plain, forced], use_tqdm=False)
     assert both[0].outputs[0].token_ids == alone
     assert both[1].outputs[0].token_ids == [42] * 12
-    assert engines.stats().num_compilations_after_warmup == 0
+    assert engines.stats().steps.num_compilations_after_warmup == 0
 
 
 PROMPTS = [PROMPT, "def add(a, b):", "A paged KV cache stores keys", "Unicode: café", "Numbers: 0 1 2 3 4 5",
@@ -95,8 +95,8 @@ def test_preemption_and_seat_reuse_do_not_change_penalised_tokens(engines, mode)
     got = cramped.generate(PROMPTS, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in roomy]
     s = cramped.stats()
-    assert s.num_preemptions > 0                     # the test really exercised preemption
-    assert (s.num_preemptions_swap > 0) == (mode == "swap")
+    assert s.scheduler.num_preemptions > 0                     # the test really exercised preemption
+    assert (s.scheduler.num_preemptions_swap > 0) == (mode == "swap")
     for out in (got[0], got[4], roomy[0]):
         check_against_the_logprobs(out.outputs[0], 0.7, 0.4)
 

@@ -61,7 +61,7 @@ def test_prompt_logprobs_match_hf_in_a_batch_with_requests_that_do_not_ask(promp
         assert_matches_hf(tiny_llama_dir, out)
     assert [o.outputs[0].token_ids for o in outs] == alone    # asking changes no token
     assert outs[2].outputs[0].logprobs is not None and len(outs[2].outputs[0].logprobs) == 4
-    assert llm.stats().num_compilations_after_warmup == 0
+    assert llm.stats().steps.num_compilations_after_warmup == 0
 
 
 def test_chunked_prefill_gives_the_same_prompt_logprobs(prompt_logprobs_llm, tiny_llama_dir):
@@ -72,7 +72,7 @@ def test_chunked_prefill_gives_the_same_prompt_logprobs(prompt_logprobs_llm, tin
     # k = 0: the prompt token alone, with its rank
     zero = chunky.generate(PROMPTS[:1], SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)[0]
     assert all(len(e) == 1 for e in zero.prompt_logprobs[1:])
-    assert chunky.stats().num_compilations_after_warmup == 0
+    assert chunky.stats().steps.num_compilations_after_warmup == 0
 
 
 def test_a_cached_prefix_is_computed_again_for_a_request_that_asks(prompt_logprobs_llm, tiny_llama_dir):
@@ -115,7 +115,7 @@ def test_a_prompt_preempted_midway_still_has_all_its_prompt_logprobs(prompt_logp
     assert evicted_before_its_first_token and sorted(done) == ["background", "urgent"]
     for out in done.values():
         assert_matches_hf(tiny_llama_dir, out)
-    assert engine.stats().num_compilations_after_warmup == 0
+    assert engine.stats().steps.num_compilations_after_warmup == 0
 
 
 def test_a_one_token_prompt_has_just_none():

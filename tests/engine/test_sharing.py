@@ -23,8 +23,8 @@ def ids(outs):
 
 def assert_no_leaks(llm):
     s = llm.stats()
-    assert s.num_requests_running == 0 and s.num_requests_waiting == 0
-    assert s.num_kv_blocks_free + s.num_kv_blocks_cached == s.num_kv_blocks_total
+    assert s.scheduler.num_running == 0 and s.scheduler.num_waiting == 0
+    assert s.scheduler.num_kv_blocks_free + s.scheduler.num_kv_blocks_cached == s.scheduler.num_kv_blocks_total
 
 
 def test_prefix_cache_hits_do_not_change_greedy_outputs(llm):
@@ -38,7 +38,7 @@ def test_prefix_cache_hits_do_not_change_greedy_outputs(llm):
     assert ids(rest) == want
     assert all(o.num_cached_tokens > 0 for o in rest)
     s = on.stats()
-    assert s.prefix_cache_hits > 0 and s.num_kv_blocks_cached > 0
+    assert s.scheduler.prefix_cache_hits > 0 and s.scheduler.num_kv_blocks_cached > 0
     assert_no_leaks(on)
 
 
@@ -55,9 +55,9 @@ def test_chunked_prefill_of_a_partly_cached_prompt_matches(llm):
 def test_cache_salts_never_share_blocks(llm):
     on = LLM.sharing_runner(llm, enable_prefix_caching=True)
     on.generate([{"prompt": SYSTEM, "cache_salt": "tenant-a"}], GREEDY, use_tqdm=False)
-    before = on.stats().prefix_cache_hits
+    before = on.stats().scheduler.prefix_cache_hits
     out = on.generate([{"prompt": SYSTEM, "cache_salt": "tenant-b"}], GREEDY, use_tqdm=False)[0]
-    assert out.num_cached_tokens == 0 and on.stats().prefix_cache_hits == before
+    assert out.num_cached_tokens == 0 and on.stats().scheduler.prefix_cache_hits == before
     again = on.generate([{"prompt": SYSTEM, "cache_salt": "tenant-a"}], GREEDY, use_tqdm=False)[0]
     assert again.num_cached_tokens > 0
     assert_no_leaks(on)
@@ -101,7 +101,7 @@ def _peak_blocks(engine):
     while engine.has_unfinished_requests():
         engine.step()
         s = engine.stats()
-        peak = max(peak, s.num_kv_blocks_total - s.num_kv_blocks_free - s.num_kv_blocks_cached)
+        peak = max(peak, s.scheduler.num_kv_blocks_total - s.scheduler.num_kv_blocks_free - s.scheduler.num_kv_blocks_cached)
     return peak
 
 

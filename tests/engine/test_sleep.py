@@ -66,7 +66,7 @@ def test_level_1_releases_the_arena_and_the_weights_and_wakes_up_serving_the_sam
     spec = runner.arena_spec
     assert greedy_ids(llm) == expected
     assert greedy_ids(llm) == expected            # the second from the prefix cache
-    assert llm.stats().prefix_cache_nodes > 0
+    assert llm.stats().scheduler.prefix_cache_nodes > 0
     arena, weights = device_bytes(runner.kv_caches), device_bytes(runner.params)
     scratch = device_bytes(runner.scratch_arrays())       # the sampler's neutral arrays, made again when needed
     assert arena == spec.num_blocks * spec.bytes_per_block > 0 and scratch > 0
@@ -83,8 +83,8 @@ def test_level_1_releases_the_arena_and_the_weights_and_wakes_up_serving_the_sam
     assert all(r() is None or r().is_deleted() for r in buffers)
     assert live_before - live_bytes() == report.total_bytes
     s = llm.stats()
-    assert s.asleep and s.sleep_level == 1 and llm.is_sleeping
-    assert s.prefix_cache_nodes == 0 and s.num_kv_blocks_cached == 0           # flushed
+    assert s.lifecycle.asleep and s.lifecycle.sleep_level == 1 and llm.is_sleeping
+    assert s.scheduler.prefix_cache_nodes == 0 and s.scheduler.num_kv_blocks_cached == 0           # flushed
     with pytest.raises(RuntimeError, match="asleep"):
         greedy_ids(llm)
     with pytest.raises(RuntimeError, match="asleep already"):
@@ -93,13 +93,13 @@ def test_level_1_releases_the_arena_and_the_weights_and_wakes_up_serving_the_sam
     woke = llm.wake_up()
     assert (woke.kv_cache_bytes, woke.weight_bytes) == (arena, weights)
     assert live_before - live_bytes() == scratch  # the neutral arrays come back with the first step
-    hits = llm.stats().prefix_cache_hits
+    hits = llm.stats().scheduler.prefix_cache_hits
     assert greedy_ids(llm) == expected
     assert live_bytes() == live_before
     s = llm.stats()
-    assert s.prefix_cache_hits == hits            # nothing cached before the sleep was served
-    assert not s.asleep and s.sleep_level == -1
-    assert s.num_compilations_after_warmup == 0
+    assert s.scheduler.prefix_cache_hits == hits            # nothing cached before the sleep was served
+    assert not s.lifecycle.asleep and s.lifecycle.sleep_level == -1
+    assert s.steps.num_compilations_after_warmup == 0
     assert llm.wake_up().kv_cache_bytes == 0      # awake already: nothing to do
 
 
@@ -114,7 +114,7 @@ def test_level_0_frees_only_the_arena(llm, expected, awake):
     assert runner.params is params                # the weights never moved
     llm.wake_up()
     assert greedy_ids(llm) == expected
-    assert llm.stats().num_compilations_after_warmup == 0
+    assert llm.stats().steps.num_compilations_after_warmup == 0
 
 
 def test_level_2_drops_the_weights_until_update_weights_brings_them(llm, tiny_llama_dir, expected, awake):
@@ -138,7 +138,7 @@ def test_level_2_drops_the_weights_until_update_weights_brings_them(llm, tiny_ll
     del tree
     llm.wake_up()
     assert greedy_ids(llm) == expected
-    assert llm.stats().num_compilations_after_warmup == 0
+    assert llm.stats().steps.num_compilations_after_warmup == 0
 
 
 def test_sleep_is_refused_while_requests_run_and_a_kept_request_recomputes_after_it(llm, expected, awake):
@@ -154,7 +154,7 @@ def test_sleep_is_refused_while_requests_run_and_a_kept_request_recomputes_after
     assert not llm.is_sleeping
     engine.pause("keep")
     llm.sleep(1)                                  # paused: its KV is dropped, it will recompute
-    assert llm.stats().num_kv_blocks_free == llm.stats().num_kv_blocks_total
+    assert llm.stats().scheduler.num_kv_blocks_free == llm.stats().scheduler.num_kv_blocks_total
     engine.resume()
     assert not engine.has_unfinished_requests()   # resumed but asleep: nothing steps
     llm.wake_up()
@@ -164,7 +164,7 @@ def test_sleep_is_refused_while_requests_run_and_a_kept_request_recomputes_after
             if o.request_id == rid and o.finished:
                 final = o
     assert final.outputs[0].token_ids == expected
-    assert llm.stats().num_compilations_after_warmup == 0
+    assert llm.stats().steps.num_compilations_after_warmup == 0
 
 
 def test_async_engine_sleeps_between_steps_and_a_request_added_while_asleep_waits(llm, expected, awake):
@@ -177,9 +177,9 @@ def test_async_engine_sleeps_between_steps_and_a_request_added_while_asleep_wait
             async for out in aengine.generate(PROMPT, GREEDY, request_id="while-asleep"):
                 outputs.append(out)
         task = asyncio.create_task(consume())
-        while (await aengine.stats()).num_requests_waiting == 0:   # added, and not stepped: asleep
+        while (await aengine.stats()).scheduler.num_waiting == 0:   # added, and not stepped: asleep
             await asyncio.sleep(0.01)
-        assert outputs == [] and (await aengine.stats()).asleep
+        assert outputs == [] and (await aengine.stats()).lifecycle.asleep
         await aengine.wake_up()
         await task
         return outputs[-1]
@@ -192,7 +192,7 @@ def test_async_engine_sleeps_between_steps_and_a_request_added_while_asleep_wait
             await aengine.shutdown()
     final = asyncio.run(main())
     assert final.finished and final.outputs[0].token_ids == expected
-    assert llm.stats().num_compilations_after_warmup == 0
+    assert llm.stats().steps.num_compilations_after_warmup == 0
 
 
 def test_a_mesh_is_refused_clearly(tiny_llama_dir):

@@ -68,14 +68,14 @@ def ids(outs):
 
 def spec_counts(llm):
     s = llm.stats()
-    return s.spec_num_verifications, s.spec_num_draft_tokens, s.spec_num_accepted_tokens
+    return s.scheduler.spec_num_verifications, s.scheduler.spec_num_draft_tokens, s.scheduler.spec_num_accepted_tokens
 
 
 def assert_no_leaks(llm):
     s = llm.stats()
-    assert s.num_requests_running == 0 and s.num_requests_waiting == 0
-    assert s.num_kv_blocks_free + s.num_kv_blocks_cached == s.num_kv_blocks_total
-    assert s.num_compilations_after_warmup == 0
+    assert s.scheduler.num_running == 0 and s.scheduler.num_waiting == 0
+    assert s.scheduler.num_kv_blocks_free + s.scheduler.num_kv_blocks_cached == s.scheduler.num_kv_blocks_total
+    assert s.steps.num_compilations_after_warmup == 0
 
 
 def test_greedy_outputs_equal_decoding_without_speculation_and_hf(speculating, plain_llm, model_dir):
@@ -229,7 +229,7 @@ def test_preemption_mid_speculation_changes_no_token(speculating, plain_llm, mod
                                  kv_watermark=0.0)
     assert ids(cramped.generate(prompts, greedy, use_tqdm=False)) == want
     s = cramped.stats()
-    assert s.num_preemptions > 0 and s.spec_num_verifications > 0
+    assert s.scheduler.num_preemptions > 0 and s.scheduler.spec_num_verifications > 0
     assert_no_leaks(cramped)
 
 

@@ -46,7 +46,7 @@ def test_every_output_validates_against_its_json_schema(llm, temperature):
         for c in out.outputs:
             assert c.finish_reason == "stop", c.text
             jsonschema.validate(json.loads(c.text), SCHEMA)
-    assert llm.stats().num_compilations_after_warmup == 0
+    assert llm.stats().steps.num_compilations_after_warmup == 0
 
 
 def test_json_object_regex_and_choice(llm):

@@ -67,26 +67,26 @@ def test_pytree_update_gives_the_second_models_outputs_and_no_stale_prefix(llm, 
     assert greedy_ids(llm) == first
     assert greedy_ids(llm) == first        # now served from the prefix cache
     before = llm.stats()
-    assert before.prefix_cache_hits > 0 and before.num_kv_blocks_cached > 0
+    assert before.scheduler.prefix_cache_hits > 0 and before.scheduler.num_kv_blocks_cached > 0
 
     llm.update_weights(pytree_of(llm, second_dir), version=7)
     s = llm.stats()
-    assert s.num_kv_blocks_cached == 0 and s.prefix_cache_nodes == 0   # flushed
-    assert llm.weights_version == 7 and s.weights_version == "7" and s.num_weight_updates == before.num_weight_updates + 1
+    assert s.scheduler.num_kv_blocks_cached == 0 and s.scheduler.prefix_cache_nodes == 0   # flushed
+    assert llm.weights_version == 7 and s.weights.version == "7" and s.weights.num_updates == before.weights.num_updates + 1
 
     assert greedy_ids(llm) == second
     after = llm.stats()
-    assert after.prefix_cache_hits == s.prefix_cache_hits        # nothing cached under the old weights served
+    assert after.scheduler.prefix_cache_hits == s.scheduler.prefix_cache_hits        # nothing cached under the old weights served
     assert greedy_ids(llm) == second                             # the cache works again, under the new weights
-    assert llm.stats().prefix_cache_hits > after.prefix_cache_hits
-    assert llm.stats().num_compilations_after_warmup == 0
+    assert llm.stats().scheduler.prefix_cache_hits > after.scheduler.prefix_cache_hits
+    assert llm.stats().steps.num_compilations_after_warmup == 0
 
 
 def test_pytree_leaves_already_placed_are_used_without_a_copy(llm, second_dir, first_weights):
     new = pytree_of(llm, second_dir)             # jax arrays on the default device, the engine's dtype
     llm.update_weights(new)
     assert llm.engine.runner.params["layers_0"]["mlp"]["down_proj"]["kernel"] is new["layers_0"]["mlp"]["down_proj"]["kernel"]
-    assert llm.weights_version is None and llm.stats().num_compilations_after_warmup == 0
+    assert llm.weights_version is None and llm.stats().steps.num_compilations_after_warmup == 0
 
 
 def test_named_partial_update_replaces_only_the_tensors_named(llm, tiny_llama_dir, second_dir, tmp_path,
@@ -109,7 +109,7 @@ def test_named_partial_update_replaces_only_the_tensors_named(llm, tiny_llama_di
     want = hf_greedy(str(tmp_path), ids, N)
     assert want != hf_greedy(tiny_llama_dir, ids, N)
     assert greedy_ids(llm) == want
-    assert llm.stats().num_compilations_after_warmup == 0
+    assert llm.stats().steps.num_compilations_after_warmup == 0
 
 
 def test_bad_updates_name_the_leaf_and_change_nothing(llm, tiny_llama_dir, second_dir):
@@ -164,7 +164,7 @@ def run_gated(llm, body):
                 engine.__dict__.pop(name, None)
     result = asyncio.run(main())
     s = engine.stats()   # every request ended (aborted, finished): no block is held
-    assert s.num_kv_blocks_free + s.num_kv_blocks_cached == s.num_kv_blocks_total
+    assert s.scheduler.num_kv_blocks_free + s.scheduler.num_kv_blocks_cached == s.scheduler.num_kv_blocks_total
     return result
 
 
@@ -203,7 +203,7 @@ def test_pause_abort_ends_the_requests_in_flight(llm):
     outs, stats, c = run_gated(llm, body)
     for o in outs:
         assert o[-1].finished and o[-1].outputs[0].finish_reason == "abort"
-    assert stats.paused and stats.num_requests_running == 0 and stats.num_requests_waiting == 0
+    assert stats.lifecycle.paused and stats.scheduler.num_running == 0 and stats.scheduler.num_waiting == 0
     assert c.outputs[-1].outputs[0].finish_reason == "length" and len(c.token_ids) == 4
 
 
@@ -225,12 +225,12 @@ def test_pause_keep_then_update_continues_the_requests_under_the_new_weights(llm
 
     a, held, stats = run_gated(llm, body)
     k = len(held)
-    assert 1 <= k < N and stats.paused and stats.weights_version == "2"
+    assert 1 <= k < N and stats.lifecycle.paused and stats.weights.version == "2"
     assert a.outputs[-1].outputs[0].finish_reason == "length" and len(a.token_ids) == N
     assert a.token_ids[:k] == held == hf_greedy(tiny_llama_dir, ids, k)
     # the rest continues from prompt + held tokens, recomputed under the second model's weights
     assert a.token_ids[k:] == hf_greedy(second_dir, ids + held, N - k)
-    assert llm.stats().num_compilations_after_warmup == 0
+    assert llm.stats().steps.num_compilations_after_warmup == 0
 
 
 def test_pause_wait_lets_requests_finish_and_holds_new_ones_until_resume(llm, second_dir, first_weights):
@@ -258,7 +258,7 @@ def test_pause_wait_lets_requests_finish_and_holds_new_ones_until_resume(llm, se
 
     a, a_done, b, b_before, stats = run_gated(llm, body)
     assert a_done and a.outputs[-1].outputs[0].finish_reason == "length" and len(a.token_ids) == N
-    assert stats.paused and stats.num_requests_running == 0 and stats.num_requests_waiting == 0
+    assert stats.lifecycle.paused and stats.scheduler.num_running == 0 and stats.scheduler.num_waiting == 0
     assert b_before == []
     assert b.token_ids == hf_greedy(second_dir, ids, N)
 
@@ -270,7 +270,7 @@ def test_offline_generate_refuses_while_paused(llm):
             llm.generate([PROMPT], GREEDY, use_tqdm=False)
     finally:
         llm.resume()
-    assert not llm.stats().paused
+    assert not llm.stats().lifecycle.paused
     assert len(greedy_ids(llm)) == N
 
 
@@ -300,7 +300,7 @@ def test_a_quantized_engine_quantizes_a_complete_named_update_as_a_fresh_start_w
     assert jax.tree.structure(got) == jax.tree.structure(fresh)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(fresh)):
         assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b))
-    assert llm.stats().weights_version == "q2" and llm.stats().num_compilations_after_warmup == 0
+    assert llm.stats().weights.version == "q2" and llm.stats().steps.num_compilations_after_warmup == 0
     assert len(greedy_ids(llm)) == N
 
 

@@ -27,7 +27,7 @@ def test_reward_rises_and_rollout_logprobs_are_the_replays(tiny_llama_dir):
     assert np.mean(rewards[-3:]) > np.mean(rewards[:3]) + 0.15, rewards
     assert max(h["gap"] for h in history) < GAP_TOLERANCE, [h["gap"] for h in history]
     assert llm.weights_version == STEPS
-    assert llm.stats().num_compilations_after_warmup == 0
+    assert llm.stats().steps.num_compilations_after_warmup == 0
 
     # processed logprobs at temperature 0.5 are the replay's at 0.5, not the model's own (raw)
     outs = llm.generate([{"prompt_token_ids": p} for p in ex.PROMPTS],

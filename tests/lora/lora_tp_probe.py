@@ -47,7 +47,7 @@ def main(workdir: str, sizes: str) -> dict:
             "bytes_per_device": {k: sorted(bytes_on_each_device(v).values()) + [int(v.nbytes)] for k, v in
                                  (("qkv_b", qkv["lora_b"]), ("qkv_a", qkv["lora_a"]), ("down_a", down["lora_a"]),
                                   ("down_b", down["lora_b"]))},
-            "compilations_after_warmup": llm.stats().num_compilations_after_warmup,
+            "compilations_after_warmup": llm.stats().steps.num_compilations_after_warmup,
         }
         del llm
     return report

@@ -51,7 +51,7 @@ def test_one_mixed_batch_equals_hf_peft_per_adapter(llm, adapter_dirs, hf_tokens
     for name, got in zip(names, tokens):
         assert got == hf_tokens[name], name
     assert {r.lora_name for r in llm.list_loras()} == {"qv4", "all8", "mlp2"}   # registered at the door
-    assert llm.stats().num_compilations_after_warmup == 0
+    assert llm.stats().steps.num_compilations_after_warmup == 0
     check_invariants(llm.engine.scheduler)
 
 
@@ -86,7 +86,7 @@ def test_lru_eviction_and_reload_from_the_host_registry(llm, adapter_dirs, hf_to
     tokens, _ = _generate(llm, [LoRARequest("kq3", 4), None])
     assert tokens == [hf_tokens["kq3"], hf_tokens[None]]
     assert slots.num_loads == loads + 4 and not os.path.exists(moved)
-    assert llm.stats().num_compilations_after_warmup == 0
+    assert llm.stats().steps.num_compilations_after_warmup == 0
     check_invariants(llm.engine.scheduler)
     assert llm.remove_lora("kq3") is True and llm.remove_lora(4) is False
     assert "kq3" not in {r.lora_name for r in llm.list_loras()}
@@ -129,7 +129,7 @@ def test_a_request_waits_for_a_slot_and_runs_when_one_frees(llm, adapter_dirs, h
     assert waited > 10 and "hold-qv4" in admitted_after, (waited, admitted_after)
     assert list(outputs["waiter"].outputs[0].token_ids) == hf_tokens["kq3"]
     assert outputs["waiter"].outputs[0].finish_reason == "length"
-    assert llm.stats().num_compilations_after_warmup == 0
+    assert llm.stats().steps.num_compilations_after_warmup == 0
     check_invariants(engine.scheduler)
 
 
@@ -162,7 +162,7 @@ def test_the_async_engine_serves_adapters_and_their_registry(llm, adapter_dirs, 
     assert "mlp2" in names
     for name, out in final.items():
         assert list(out.outputs[0].token_ids) == hf_tokens[name], name
-    assert llm.stats().num_compilations_after_warmup == 0
+    assert llm.stats().steps.num_compilations_after_warmup == 0
 
 
 def test_ngram_speculation_verifies_with_the_adapter(tiny_llama_dir, adapter_dirs):
@@ -179,7 +179,7 @@ def test_ngram_speculation_verifies_with_the_adapter(tiny_llama_dir, adapter_dir
         expected = hf_peft_greedy(tiny_llama_dir, req and req.lora_path, prompt, 12)
         assert list(out.outputs[0].token_ids) == expected, name
     stats = llm.stats()
-    assert stats.spec_num_draft_tokens > 0 and stats.num_compilations_after_warmup == 0
+    assert stats.scheduler.spec_num_draft_tokens > 0 and stats.steps.num_compilations_after_warmup == 0
     check_invariants(llm.engine.scheduler)
 
 
@@ -198,7 +198,7 @@ def test_a_weight_update_keeps_the_resident_adapters(llm, adapter_dirs, hf_token
     names = [None, "qv4", "all8"]
     tokens, _ = _generate(llm, [None if n is None else lora(adapter_dirs, n, i + 1) for i, n in enumerate(names)])
     assert tokens == [hf_tokens[n] for n in names]
-    assert llm.stats().num_compilations_after_warmup == 0
+    assert llm.stats().steps.num_compilations_after_warmup == 0
 
 
 def test_the_async_engine_reads_adapter_files_off_the_step_thread(llm, adapter_dirs, hf_tokens, monkeypatch):

@@ -89,7 +89,7 @@ def check_outputs(outputs, prompts, reference):
 def test_greedy_tokens_equal_full_recomputation_with_prefix_hits_and_chunking(llm, reference, tokenizer):
     assert len(LONG) > TINY_ENGINE["max_num_batched_tokens"] and len(LONG) > ex.SLIDING_WINDOW
     check_outputs(llm.generate(ids_prompts([FIRST]), GREEDY, use_tqdm=False), [FIRST], reference)
-    before = llm.stats().prefix_cache_hits
+    before = llm.stats().scheduler.prefix_cache_hits
     outs = llm.generate(ids_prompts(BATCH) + [TEXT], GREEDY, use_tqdm=False)
     check_outputs(outs[:-1], BATCH, reference)
     # a text prompt goes through the tokenizer handed over; its text comes back decoded by it
@@ -100,10 +100,10 @@ def test_greedy_tokens_equal_full_recomputation_with_prefix_hits_and_chunking(ll
     assert text.outputs[0].text and tokenizer.decode(text.outputs[0].token_ids, skip_special_tokens=True).startswith(
         text.outputs[0].text)
     stats = llm.stats()
-    assert stats.prefix_cache_hits - before >= 2 * (len(SHARED) // TINY_ENGINE["block_size"])
-    assert stats.num_compilations_after_warmup == 0
+    assert stats.scheduler.prefix_cache_hits - before >= 2 * (len(SHARED) // TINY_ENGINE["block_size"])
+    assert stats.steps.num_compilations_after_warmup == 0
     check_invariants(llm.engine.scheduler)
-    assert stats.num_requests_running == 0
+    assert stats.scheduler.num_running == 0
 
 
 @pytest.mark.parametrize("overrides", [
@@ -118,12 +118,12 @@ def test_outputs_are_unchanged_under(llm, reference, overrides):
     check_outputs(other.generate(ids_prompts(BATCH), GREEDY, use_tqdm=False), BATCH, reference)
     stats = other.stats()
     if overrides.get("preemption_mode") == "recompute":
-        assert stats.num_preemptions_recompute > 0
+        assert stats.scheduler.num_preemptions_recompute > 0
     if overrides.get("preemption_mode") == "swap":
-        assert stats.num_preemptions_swap > 0
+        assert stats.scheduler.num_preemptions_swap > 0
     if "speculative_config" in overrides:
-        assert stats.spec_num_verifications > 0 and stats.spec_num_draft_tokens > 0
-    assert stats.num_compilations_after_warmup == 0
+        assert stats.scheduler.spec_num_verifications > 0 and stats.scheduler.spec_num_draft_tokens > 0
+    assert stats.steps.num_compilations_after_warmup == 0
     check_invariants(other.engine.scheduler)
 
 
@@ -342,8 +342,8 @@ report["wq_shard_shape"] = list(wq.addressable_shards[0].data.shape)
 outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                     SamplingParams(max_tokens=%d, temperature=0.0, ignore_eos=True), use_tqdm=False)
 report["tokens"] = [list(o.outputs[0].token_ids) for o in outs]
-report["compilations"] = llm.stats().num_compilations_after_warmup
-report["mesh"] = [list(x) for x in llm.stats().mesh_axis_sizes]
+report["compilations"] = llm.stats().steps.num_compilations_after_warmup
+report["mesh"] = [list(x) for x in llm.stats().mesh.axis_sizes]
 check_invariants(llm.engine.scheduler)
 print(json.dumps(report))
 """ % NEW_TOKENS

@@ -99,8 +99,8 @@ def engine(model_dir: str, *settings: str) -> dict:
                                   collectives(runner.steps[bucket].as_text())]
         report[setting] = {"outputs": outputs, "collectives": steps,
                            "mesh": {k: int(v) for k, v in runner.mesh.shape.items()} if runner.mesh else None,
-                           "compilations_after_warmup": llm.engine.stats().num_compilations_after_warmup,
-                           "prefix_cache_hits": llm.engine.stats().prefix_cache_hits}
+                           "compilations_after_warmup": llm.engine.stats().steps.num_compilations_after_warmup,
+                           "prefix_cache_hits": llm.engine.stats().scheduler.prefix_cache_hits}
         del llm, runner
     return {"devices": jax.device_count(), "engines": report}
 

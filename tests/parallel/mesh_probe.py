@@ -101,14 +101,14 @@ def main(model_dir: str) -> dict:
     report["sub"]["woke"] = {"kv_cache_bytes": woke.kv_cache_bytes, "weight_bytes": woke.weight_bytes,
                              "tokens": tokens(llm), "params_devices": devices_of(runner.params),
                              "arena_devices": devices_of(runner.kv_caches)}
-    report["sub"]["compilations_after_warmup"] = llm.stats().num_compilations_after_warmup
+    report["sub"]["compilations_after_warmup"] = llm.stats().steps.num_compilations_after_warmup
     del llm, runner
 
     llm = LLM(model_dir, mesh=Mesh(np.array(d[1:2]), ("tp",)), **TINY_SHAPES)
     runner = llm.engine.runner
     report["one"] = {"tokens": tokens(llm), "params_devices": devices_of(runner.params),
                      "arena_devices": devices_of(runner.kv_caches), "mesh": runner.mesh_info.as_dict(),
-                     "compilations_after_warmup": llm.stats().num_compilations_after_warmup}
+                     "compilations_after_warmup": llm.stats().steps.num_compilations_after_warmup}
     del llm, runner
 
     from jaxserve.testing.tiny_models import hf_greedy

@@ -36,8 +36,8 @@ outs = llm.generate(TINY_PROMPTS, SamplingParams(max_tokens=12, min_tokens=12, t
 s = llm.stats()
 with open(report + ".tmp", "w") as f:
     json.dump({"tokens": [o.outputs[0].token_ids for o in outs], "prompts": [o.prompt_token_ids for o in outs],
-               "mesh": {"devices": s.mesh_num_devices, "hosts": s.mesh_num_hosts,
-                        "axis_sizes": dict(s.mesh_axis_sizes)}}, f)
+               "mesh": {"devices": s.mesh.num_devices, "hosts": s.mesh.num_hosts,
+                        "axis_sizes": dict(s.mesh.axis_sizes)}}, f)
 os.replace(report + ".tmp", report)
 print("generated", flush=True)
 time.sleep(float(os.environ.get("IDLE_S", "600")))   # idle, as a server between requests

@@ -89,7 +89,7 @@ def tiny_model(cache_dir: str, model_dir: str, sizes: str, attention_impl: str =
             "kv_total": int(sum(k.nbytes + v.nbytes for k, v in runner.kv_caches)),
             "kv_heads": runner.arena_spec.num_kv_heads,
             "collectives": {f"{d},{p}": step_collectives(runner, (d, p)) for d, p in [(4, 0), (4, 4)]},
-            "compilations_after_warmup": llm.stats().num_compilations_after_warmup,
+            "compilations_after_warmup": llm.stats().steps.num_compilations_after_warmup,
             "mesh": runner.mesh_info.as_dict(),
             "executables_kept": sorted(os.listdir(os.path.join(cache_dir, "executables"))),
         }
@@ -157,8 +157,8 @@ def embedded(size: int) -> dict:
         report[tp] = {"tokens": [[c.token_ids for c in o.outputs] for o in outs],
                       "text": [o.outputs[0].text for o in outs],
                       "prompt_lens": [len(o.prompt_token_ids) for o in outs],
-                      "preemptions": s.num_preemptions, "prefix_hits": s.prefix_cache_hits,
-                      "compilations_after_warmup": s.num_compilations_after_warmup,
+                      "preemptions": s.scheduler.num_preemptions, "prefix_hits": s.scheduler.prefix_cache_hits,
+                      "compilations_after_warmup": s.steps.num_compilations_after_warmup,
                       "mesh": llm.engine.runner.mesh_info.as_dict()}
         del llm
     return report
@@ -182,7 +182,7 @@ def start(model_dir: str, cache_dir: str, size: str) -> dict:
     outs = llm.generate(TINY_PROMPTS, greedy, use_tqdm=False)
     return {"compiled": len(compiled), "tokens": [o.outputs[0].token_ids for o in outs],
             "mesh_devices": [d.id for d in llm.engine.runner.execution_devices],
-            "compilations_after_warmup": llm.stats().num_compilations_after_warmup}
+            "compilations_after_warmup": llm.stats().steps.num_compilations_after_warmup}
 
 
 def update(first_dir: str, second_dir: str, size: str) -> dict:
@@ -215,7 +215,7 @@ def update(first_dir: str, second_dir: str, size: str) -> dict:
     return {"first": first, "second": second, "back": back, "shardings_kept": bool(kept),
             "hf_first": [hf_greedy(first_dir, i, 12) for i in ids],
             "hf_second": [hf_greedy(second_dir, i, 12) for i in ids],
-            "compilations_after_warmup": llm.stats().num_compilations_after_warmup}
+            "compilations_after_warmup": llm.stats().steps.num_compilations_after_warmup}
 
 
 if __name__ == "__main__":

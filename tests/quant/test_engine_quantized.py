@@ -59,22 +59,22 @@ def test_engine_tokens_equal_the_quantized_model_run_directly(quantized_llm, tin
     got = _tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False))
     request = QuantRequest(mode.removesuffix("_lm_head"), lm_head=mode.endswith("_lm_head"))
     assert got == _direct_greedy(tiny_llama_dir, request, [tok.encode(p) for p in PROMPTS])
-    assert llm.stats().num_compilations_after_warmup == 0
+    assert llm.stats().steps.num_compilations_after_warmup == 0
 
 
 def test_prefix_cache_and_swap_keep_the_tokens(quantized_llm):
     _, llm = quantized_llm
     first = _tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False))
-    hits = llm.stats().prefix_cache_hits
+    hits = llm.stats().scheduler.prefix_cache_hits
     assert _tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == first
-    assert llm.stats().prefix_cache_hits > hits
+    assert llm.stats().scheduler.prefix_cache_hits > hits
     long = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     want = _tokens(llm.generate(PROMPTS, long, use_tqdm=False))
     cramped = LLM.sharing_runner(llm, usable_kv_blocks=30, enable_prefix_caching=False, preemption_mode="swap",
                                  kv_watermark=0.0)
     assert _tokens(cramped.generate(PROMPTS, long, use_tqdm=False)) == want
     s = cramped.stats()
-    assert s.num_preemptions_swap > 0 and s.num_compilations_after_warmup == 0
+    assert s.scheduler.num_preemptions_swap > 0 and s.steps.num_compilations_after_warmup == 0
 
 
 KV_MEMORY_ENGINE = {**TINY_ENGINE, "num_kv_blocks": None, "kv_cache_memory": 1 << 20}
@@ -90,15 +90,15 @@ def test_quantized_kv_cache_has_four_times_the_float32_blocks_and_the_dense_toke
     f32 = f32_kv_llm
     q = LLM(tiny_llama_dir, **KV_MEMORY_ENGINE, kv_cache_dtype=kv)
     # blocks include the null block: (bytes // block bytes) in both
-    assert q.stats().num_kv_blocks_total + 1 == 4 * (f32.stats().num_kv_blocks_total + 1)
+    assert q.stats().scheduler.num_kv_blocks_total + 1 == 4 * (f32.stats().scheduler.num_kv_blocks_total + 1)
     tok = q.get_tokenizer()
     got = _tokens(q.generate(PROMPTS, GREEDY, use_tqdm=False))
     assert got == _direct_greedy(tiny_llama_dir, QuantRequest(kv_cache_dtype=kv), [tok.encode(p) for p in PROMPTS])
-    assert q.stats().num_compilations_after_warmup == 0
+    assert q.stats().steps.num_compilations_after_warmup == 0
     assert q.engine.runner.arena_spec.dtype == {"fp8_e4m3": "float8_e4m3fn", "int8": "int8"}[kv]
     # stats() names the arena's element type and what a block costs
-    assert q.stats().kv_cache_dtype == q.engine.runner.arena_spec.dtype and f32.stats().kv_cache_dtype == "float32"
-    assert 4 * q.stats().kv_cache_bytes_per_block == f32.stats().kv_cache_bytes_per_block
+    assert q.stats().kv.dtype == q.engine.runner.arena_spec.dtype and f32.stats().kv.dtype == "float32"
+    assert 4 * q.stats().kv.bytes_per_block == f32.stats().kv.bytes_per_block
 
 
 def test_beam_search_runs_on_quantized_weights(quantized_llm):
@@ -113,7 +113,7 @@ def test_beam_search_runs_on_quantized_weights(quantized_llm):
     assert len(got.sequences) == 3 and all(len(s.tokens) == 8 for s in got.sequences)
     # the best beam is at least as likely as the greedy path (beam search's one promise)
     assert got.sequences[0].cum_logprob >= greedy.cumulative_logprob - 1e-4
-    assert llm.stats().num_compilations_after_warmup == 0
+    assert llm.stats().steps.num_compilations_after_warmup == 0
 
 
 def test_w8a8_decode_steps_call_the_native_int8_dot(quantized_llm):

@@ -1,5 +1,6 @@
-"""One launch per step: each compiled step samples its logits rows itself (runner/step_programs.py).
-The fused engine's outputs are the two-launch engine's (--no-fuse-sampler): greedy and seeded
+"""One launch per step: each compiled step samples its logits rows itself (runner/step_programs.py;
+an accelerator's default, --fuse-sampler on a CPU). The fused engine's outputs are the
+two-launch engine's (--no-fuse-sampler): greedy and seeded
 sampling, top-k/top-p, penalties, logit bias, grammar masks, logprobs, placeholders across steps
 that sample nothing (a long prompt's chunks), and it loads no sampler program of its own."""
 
@@ -34,7 +35,7 @@ def _run(llm):
 
 @pytest.fixture(scope="module")
 def engines(tiny_llama_dir):
-    fused = LLM(tiny_llama_dir, **TINY_ENGINE)
+    fused = LLM(tiny_llama_dir, **TINY_ENGINE, fuse_sampler=True)
     apart = LLM(tiny_llama_dir, **TINY_ENGINE, fuse_sampler=False)
     return fused, apart
 
@@ -49,7 +50,7 @@ def test_a_fused_step_samples_as_the_step_and_sampler_apart_do(engines):
         for step, want_step in zip(logprobs, want_logprobs):
             assert [lp for _, lp in step] == pytest.approx([lp for _, lp in want_step], rel=1e-5, abs=1e-5)
     for llm in engines:
-        assert llm.stats().num_compilations_after_warmup == 0
+        assert llm.stats().steps.num_compilations_after_warmup == 0
         assert llm.engine.scheduler.kv.pool.num_in_use == 0
 
 

@@ -51,7 +51,7 @@ def test_every_bucket_runs_once_before_the_engine_takes_a_request(tiny_llama_dir
     served = {b for p, b in log if p == "serve"}
     assert served and served <= set(warmed)
     assert runner.executables_loaded_on_demand() == []
-    assert llm.stats().num_compilations_after_warmup == 0
+    assert llm.stats().steps.num_compilations_after_warmup == 0
 
 
 def test_a_step_loaded_by_calibration_is_still_warmed_for_requests(tiny_llama_dir, bucket_log):
@@ -70,7 +70,7 @@ def test_warm_up_writes_only_the_null_block(tiny_llama_dir):
     for k, v in llm.engine.runner.kv_caches:
         assert not np.asarray(k)[1:].any() and not np.asarray(v)[1:].any()
     stats = llm.stats()
-    assert stats.num_kv_blocks_free == stats.num_kv_blocks_total
+    assert stats.scheduler.num_kv_blocks_free == stats.scheduler.num_kv_blocks_total
 
 
 def test_warming_for_known_requests_covers_every_step_they_take(tiny_llama_dir, bucket_log):

@@ -125,7 +125,7 @@ class HTTPServer:
 
 def blocks_all_free(stats) -> bool:
     """Nothing holds a KV block: every block is free or an evictable cached prefix."""
-    return stats.num_kv_blocks_free + stats.num_kv_blocks_cached == stats.num_kv_blocks_total
+    return stats.scheduler.num_kv_blocks_free + stats.scheduler.num_kv_blocks_cached == stats.scheduler.num_kv_blocks_total
 
 
 def serving(llm: str = "tiny_llm", **engine_kwargs):

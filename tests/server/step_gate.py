@@ -60,7 +60,7 @@ class StepGate:
 
     def _a_new_request_needs_a_step(self) -> bool:
         s = self._engine.stats()
-        waiting, running = s.num_requests_waiting, s.num_requests_running
+        waiting, running = s.scheduler.num_waiting, s.scheduler.num_running
         admitted_but_silent = len(self._silent) > waiting   # every waiting request is still silent
         # seats: max_num_seqs, or fewer while buckets still warm in the background (sched/step_cap.py)
         cap = getattr(self._engine.scheduler, "step_cap", None)

@@ -35,8 +35,8 @@ async def collect(aengine, prompt, params, **kw):
 
 
 def assert_no_leaks(stats):
-    assert stats.num_requests_running == 0 and stats.num_requests_waiting == 0
-    assert stats.num_kv_blocks_free + stats.num_kv_blocks_cached == stats.num_kv_blocks_total
+    assert stats.scheduler.num_running == 0 and stats.scheduler.num_waiting == 0
+    assert stats.scheduler.num_kv_blocks_free + stats.scheduler.num_kv_blocks_cached == stats.scheduler.num_kv_blocks_total
 
 
 def test_concurrent_delta_streams_concatenate_to_llm_generate_tokens(tiny_llm):
@@ -172,4 +172,4 @@ def test_a_crashing_step_fails_every_request_and_marks_the_engine_unhealthy(tiny
     assert all(isinstance(r, EngineDeadError) for r in results), results
     assert "injected device failure" in str(results[0])
     assert not healthy and len(deaths) == 1
-    assert stats.num_kv_blocks_total > 0
+    assert stats.scheduler.num_kv_blocks_total > 0

@@ -36,7 +36,7 @@ def test_embed_over_grpc(embedding_llm, tiny_llama_dir):
         assert np.linalg.norm(np.asarray(got) - want) <= RTOL * np.linalg.norm(want)
     assert [e.code() for e in errors] == [grpc.StatusCode.INVALID_ARGUMENT] * 3
     assert "pooling" in errors[2].details() and active == 0
-    assert engine.stats().num_compilations_after_warmup == 0
+    assert engine.stats().steps.num_compilations_after_warmup == 0
 
 
 def test_embed_past_the_input_token_cap_is_invalid_argument(embedding_llm):
@@ -50,4 +50,4 @@ def test_embed_past_the_input_token_cap_is_invalid_argument(embedding_llm):
 
     err, stats = asyncio.run(serve(engine, body))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "--max-input-tokens" in err.details()
-    assert stats.num_requests_running == stats.num_requests_waiting == 0
+    assert stats.scheduler.num_running == stats.scheduler.num_waiting == 0

@@ -61,13 +61,13 @@ def test_a_request_sent_while_paused_is_held_until_resume(server, client):
     sender = threading.Thread(target=lambda: got.update(r=client.completions.create(
         model=server.model, prompt=PROMPT, max_tokens=3, temperature=0)))
     sender.start()
-    wait_until(lambda: server.stats().num_requests_held == 1, "the request to be held", HANG_GUARD_S)
-    assert not got and server.stats().paused
+    wait_until(lambda: server.stats().requests.num_held == 1, "the request to be held", HANG_GUARD_S)
+    assert not got and server.stats().lifecycle.paused
     assert httpx.get(server.base_url.removesuffix("/v1") + "/is_paused", headers={"Authorization": f"Bearer {API_KEY}"},
                      timeout=HANG_GUARD_S).json() == {"is_paused": True}
     assert post(server, "/resume").json() == {"paused": False}
     sender.join(HANG_GUARD_S)
-    assert got["r"].choices[0].finish_reason == "length" and not server.stats().paused
+    assert got["r"].choices[0].finish_reason == "length" and not server.stats().lifecycle.paused
 
 
 def test_update_from_disk_serves_the_new_weights_and_bad_ones_change_nothing(server, client, tiny_llama_dir,
@@ -81,7 +81,7 @@ def test_update_from_disk_serves_the_new_weights_and_bad_ones_change_nothing(ser
         body = r.json()
         assert body["version"] == 3 and body["num_requests_recomputed"] == 0 and body["seconds"] >= 0
         s = server.stats()
-        assert s.weights_version == "3" and s.num_compilations_after_warmup == 0
+        assert s.weights.version == "3" and s.steps.num_compilations_after_warmup == 0
         assert greedy_text(client, server) == served_by_the_runner(server, second_dir, ids)
 
         before = runner.params
@@ -90,7 +90,7 @@ def test_update_from_disk_serves_the_new_weights_and_bad_ones_change_nothing(ser
         wider = make_tiny_model(tmp_path / "wider", "llama", seed=0, hidden_size=96)
         refused = post(server, "/update_weights_from_disk", {"model_path": str(wider)})
         assert refused.status_code == 400 and "shape" in refused.json()["error"]["message"]
-        assert runner.params is before and server.stats().weights_version == "3"
+        assert runner.params is before and server.stats().weights.version == "3"
     finally:
         server.run(server.state.aengine.update_weights(own))
     assert greedy_text(client, server) == served_by_the_runner(server, tiny_llama_dir, ids)

@@ -51,7 +51,7 @@ def test_the_openai_client_gets_hf_s_embeddings(server, tiny_llama_dir, encoding
     assert got.usage.prompt_tokens == got.usage.total_tokens == sum(map(len, ids))
     for d, prompt_ids in zip(got.data, ids):
         assert_hf(tiny_llama_dir, prompt_ids, d.embedding)
-    assert server.stats().num_compilations_after_warmup == 0
+    assert server.stats().steps.num_compilations_after_warmup == 0
 
 
 def test_base64_is_the_float32_bytes_of_the_floats(server):
@@ -101,7 +101,7 @@ def test_too_many_inputs_are_refused_naming_the_cap_before_any_is_queued(server)
     code, j = post(server, {"input": ["hello there"] * 10_000})
     assert code == 400 and "--max-embedding-inputs" in j["error"]["message"] and "4096" in j["error"]["message"]
     stats = server.stats()
-    assert stats.num_requests_running == stats.num_requests_waiting == 0
+    assert stats.scheduler.num_running == stats.scheduler.num_waiting == 0
 
 
 def test_inputs_past_the_input_token_cap_are_refused_naming_it(server):
@@ -113,7 +113,7 @@ def test_inputs_past_the_input_token_cap_are_refused_naming_it(server):
     assert code == 400 and j["error"]["param"] == "input", j
     assert "--max-input-tokens" in j["error"]["message"] and f"limit is {cap}" in j["error"]["message"]
     stats = server.stats()
-    assert stats.num_requests_running == stats.num_requests_waiting == 0
+    assert stats.scheduler.num_running == stats.scheduler.num_waiting == 0
     code, j = post(server, {"input": [[7] * 100] * (cap // 100)})    # at the cap: served
     assert code == 200 and j["usage"]["prompt_tokens"] == 100 * (cap // 100)
 
@@ -122,7 +122,7 @@ def test_a_refused_input_leaves_nothing_queued(server):
     code, _ = post(server, {"input": [[1, 2, 3], [1] * 128]})
     assert code == 400
     stats = server.stats()
-    assert stats.num_requests_running == stats.num_requests_waiting == 0
+    assert stats.scheduler.num_running == stats.scheduler.num_waiting == 0
 
 
 def test_mean_pooling_over_http(server, tiny_llama_dir):
@@ -148,7 +148,7 @@ def test_an_aborted_embedding_raises_embedding_aborted(server):
         await aengine.pause("keep")              # requests added now are held: nothing races the abort
         try:
             task = asyncio.ensure_future(aengine.embed(PROMPTS[0], request_id="held"))
-            while (await aengine.stats()).num_requests_held == 0:
+            while (await aengine.stats()).requests.num_held == 0:
                 await asyncio.sleep(0.01)
             await aengine.abort("held")
             with pytest.raises(EmbeddingAborted):
@@ -158,7 +158,7 @@ def test_an_aborted_embedding_raises_embedding_aborted(server):
         return await aengine.stats()
 
     stats = server.run(go())
-    assert stats.num_requests_held == stats.num_requests_running == stats.num_requests_waiting == 0
+    assert stats.requests.num_held == stats.scheduler.num_running == stats.scheduler.num_waiting == 0
 
 
 def test_a_server_without_embeddings_refuses_them(tiny_llm):

@@ -124,7 +124,7 @@ def test_a_full_waiting_queue_is_a_429_and_the_others_are_undisturbed(server, cl
     try:
         for _ in range(seats + 1):   # every seat taken, one more waiting: the queue's limit
             socks.append(raw_post(server, "/completions", body))
-        wait_until(lambda: (lambda s: s.num_requests_running == seats and s.num_requests_waiting == 1)(server.stats()),
+        wait_until(lambda: (lambda s: s.scheduler.num_running == seats and s.scheduler.num_waiting == 1)(server.stats()),
                    "every seat taken and one request waiting")
         with pytest.raises(openai.RateLimitError) as e:
             client.completions.create(model=server.model, prompt=PROMPT, max_tokens=8)
@@ -151,9 +151,9 @@ def test_a_client_leaving_mid_stream_aborts_its_request_and_frees_its_blocks(ser
                           headers={"Authorization": f"Bearer {server.api_key}"}, timeout=120) as r:
             lines = r.iter_lines()   # kept: a line iterator dropped early closes the connection
             first = next(lines)
-            assert first.startswith("data: {") and server.stats().num_requests_running == 1
+            assert first.startswith("data: {") and server.stats().scheduler.num_running == 1
         # the stream is closed, the request held mid-generation: only the disconnect can end it
-        wait_until(lambda: server.stats().num_requests_running == 0, "the request to be aborted")
+        wait_until(lambda: server.stats().scheduler.num_running == 0, "the request to be aborted")
         assert blocks_all_free(server.stats())
         assert server.engine.finished_by_reason.get("abort", 0) >= 1
     finally:
@@ -166,9 +166,9 @@ def test_a_client_leaving_before_a_whole_answer_aborts_its_request(server):
     try:
         s = raw_post(server, "/chat/completions", {"model": server.model, "max_tokens": 64, "ignore_eos": True,
                                                    "messages": [{"role": "user", "content": PROMPT}]})
-        wait_until(lambda: server.stats().num_requests_running == 1, "the request to run")
+        wait_until(lambda: server.stats().scheduler.num_running == 1, "the request to run")
         s.close()
-        wait_until(lambda: server.stats().num_requests_running == 0, "the request to be aborted")
+        wait_until(lambda: server.stats().scheduler.num_running == 0, "the request to be aborted")
         assert blocks_all_free(server.stats())
         assert server.engine.finished_by_reason.get("abort", 0) == aborted + 1
     finally:
@@ -195,18 +195,18 @@ def test_a_client_leaving_while_its_request_waits_aborts_it_before_any_output(se
     try:
         for _ in range(seats):
             holders.append(raw_post(server, "/completions", hold))
-        wait_until(lambda: server.stats().num_requests_running == seats, "every seat taken")
+        wait_until(lambda: server.stats().scheduler.num_running == seats, "every seat taken")
         leaver = raw_post(server, path, body)
-        wait_until(lambda: server.stats().num_requests_waiting == 1, "the request to wait for a seat")
+        wait_until(lambda: server.stats().scheduler.num_waiting == 1, "the request to wait for a seat")
         leaver.close()
-        wait_until(lambda: server.stats().num_requests_waiting == 0, "the waiting request to be aborted")
+        wait_until(lambda: server.stats().scheduler.num_waiting == 0, "the waiting request to be aborted")
         assert server.engine.finished_by_reason.get("abort", 0) == aborted + 1
-        assert server.stats().num_requests_running == seats     # the others are untouched
+        assert server.stats().scheduler.num_running == seats     # the others are untouched
     finally:
         server.gate.open()
         for s in holders:
             s.close()
-    wait_until(lambda: server.stats().num_requests_running == 0, "the held requests to end")
+    wait_until(lambda: server.stats().scheduler.num_running == 0, "the held requests to end")
     assert blocks_all_free(server.stats())
 
 
@@ -230,7 +230,7 @@ def test_a_live_request_id_again_and_a_missing_body_name_their_param(server):
     try:
         body = {"model": server.model, "prompt": PROMPT, "max_tokens": 8, "ignore_eos": True, "request_id": "dup-1"}
         s = raw_post(server, "/completions", body)
-        wait_until(lambda: server.stats().num_requests_running == 1, "the first request to run")
+        wait_until(lambda: server.stats().scheduler.num_running == 1, "the first request to run")
         r = httpx.post(server.base_url + "/completions", json=body, headers=headers, timeout=60)
         assert r.status_code == 400 and r.json()["error"]["param"] == "request_id", r.text
         s.close()

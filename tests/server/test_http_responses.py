@@ -225,9 +225,9 @@ def test_a_client_leaving_mid_stream_aborts_the_response_and_it_is_not_stored(se
             lines = r.iter_lines()   # kept: a line iterator dropped early closes the connection
             assert next(lines) == "event: response.created"
             created = json.loads(next(lines).removeprefix("data: "))
-            assert created["sequence_number"] == 0 and server.stats().num_requests_running == 1
+            assert created["sequence_number"] == 0 and server.stats().scheduler.num_running == 1
         # held mid-generation by the gate: only the disconnect can end it
-        wait_until(lambda: server.stats().num_requests_running == 0, "the request to be aborted")
+        wait_until(lambda: server.stats().scheduler.num_running == 0, "the request to be aborted")
         assert blocks_all_free(server.stats())
         wait_until(lambda: server.state.active_streams == 0, "the stream slot to be released")
     finally:

@@ -84,7 +84,7 @@ def test_grpc_loads_lists_serves_and_unloads_adapters(lora_llm, expected, adapte
     assert adapted.token_ids == expected["qv4"][0]
     assert base.token_ids == expected[None][0]
     assert after == []
-    assert engine.stats().num_compilations_after_warmup == 0
+    assert engine.stats().steps.num_compilations_after_warmup == 0
     check_invariants(engine.scheduler)
 
 
@@ -143,7 +143,7 @@ def test_http_load_list_serve_and_unload(server, expected, adapter_dirs, tmp_pat
     with server.client() as client:
         assert {m.id for m in client.models.list().data} == {server.model, "all8"}
     server.wait_idle()
-    assert server.stats().num_compilations_after_warmup == 0
+    assert server.stats().steps.num_compilations_after_warmup == 0
     check_invariants(server.engine.scheduler)
 
 

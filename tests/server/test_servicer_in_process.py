@@ -141,7 +141,7 @@ def test_a_passed_deadline_aborts_the_request_and_returns_every_block(tiny_llm):
         gate.wait(HANG_GUARD_S)
         outputs = real_step()
         s = engine.stats()
-        blocks_held.append(s.num_kv_blocks_total - s.num_kv_blocks_free - s.num_kv_blocks_cached)
+        blocks_held.append(s.scheduler.num_kv_blocks_total - s.scheduler.num_kv_blocks_free - s.scheduler.num_kv_blocks_cached)
         return outputs
 
     engine.step = step

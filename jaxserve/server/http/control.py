@@ -45,7 +45,7 @@ def add_control_routes(app: FastAPI, front: OpenAIFront, authorized) -> None:
 
     @app.get("/is_paused", dependencies=[Depends(authorized)])
     async def is_paused():
-        return {"is_paused": (await _run(front.engine().stats())).paused}
+        return {"is_paused": (await _run(front.engine().stats())).lifecycle.paused}
 
     @app.post("/update_weights_from_disk", dependencies=[Depends(authorized)])
     async def update_weights_from_disk(req: UpdateWeightsRequest):
