@@ -50,11 +50,13 @@ class VLLMValues:
 
 
 def vllm_values(stats) -> VLLMValues:
-    """The numbers vLLM's names report, read off an EngineStats (the only reader of its shape)."""
-    return VLLMValues(running=stats.num_requests_running, waiting=stats.num_requests_waiting,
-                      kv_usage=stats.kv_usage, prefix_queries=stats.prefix_cache_queries,
-                      prefix_hits=stats.prefix_cache_hits, preemptions=stats.num_preemptions,
-                      prompt_tokens=stats.prompt_tokens_total, generation_tokens=stats.generation_tokens_total)
+    """The numbers vLLM's names report, read off an EngineStats (the only reader of its shape here:
+    the scheduler's part and the request totals)."""
+    sched, totals = stats.scheduler, stats.requests
+    return VLLMValues(running=sched.num_running, waiting=sched.num_waiting, kv_usage=sched.kv_usage,
+                      prefix_queries=sched.prefix_cache_queries, prefix_hits=sched.prefix_cache_hits,
+                      preemptions=sched.num_preemptions, prompt_tokens=totals.prompt_tokens_total,
+                      generation_tokens=totals.generation_tokens_total)
 
 
 @dataclass(frozen=True, slots=True)

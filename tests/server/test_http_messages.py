@@ -237,11 +237,11 @@ def test_a_client_leaving_mid_stream_aborts_the_message(server):
             lines = r.iter_lines()   # kept: a line iterator dropped early closes the connection
             assert next(lines) == "event: message_start"
             start = json.loads(next(lines).removeprefix("data: "))
-            assert start["message"]["content"] == [] and server.stats().num_requests_running == 1
+            assert start["message"]["content"] == [] and server.stats().scheduler.num_running == 1
             usage = start["message"]["usage"]     # the prompt is known when the stream starts
             assert usage["input_tokens"] + usage["cache_read_input_tokens"] > 0 and usage["output_tokens"] == 0
         # held mid-generation by the gate: only the disconnect can end it
-        wait_until(lambda: server.stats().num_requests_running == 0, "the request to be aborted")
+        wait_until(lambda: server.stats().scheduler.num_running == 0, "the request to be aborted")
         wait_until(lambda: server.state.active_streams == 0, "the stream slot to be released")
     finally:
         server.gate.open()

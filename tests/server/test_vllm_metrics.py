@@ -11,7 +11,8 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from jaxserve.engine.stats import EngineStats
+from jaxserve.engine.stats import EngineStats, RequestTotals
+from tests.engine.idle_stats import idle_scheduler_stats
 from tests.server.http_harness import serving, wait_until
 
 server, client = serving()
@@ -52,14 +53,14 @@ def test_the_vllm_names_report_the_engines_counts(server, client):
     # the second and third found the first's full blocks
     assert grew("vllm:prefix_cache_hits_total") == sum(a.usage.prompt_tokens_details.cached_tokens
                                                        for a in answers) > 0
-    assert vllm(after, "vllm:prompt_tokens_total", m) == stats.prompt_tokens_total
-    assert vllm(after, "vllm:prefix_cache_hits_total", m) == stats.prefix_cache_hits
-    assert vllm(after, "vllm:num_preemptions_total", m) == stats.num_preemptions
+    assert vllm(after, "vllm:prompt_tokens_total", m) == stats.requests.prompt_tokens_total
+    assert vllm(after, "vllm:prefix_cache_hits_total", m) == stats.scheduler.prefix_cache_hits
+    assert vllm(after, "vllm:num_preemptions_total", m) == stats.scheduler.num_preemptions
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
                  "vllm:gpu_cache_usage_perc"):
         assert vllm(after, name, m) == 0, name
     # jaxserve's own names beside them (--metrics-names both, the default)
-    assert after["jaxserve_prompt_tokens_total"][()] == stats.prompt_tokens_total
+    assert after["jaxserve_prompt_tokens_total"][()] == stats.requests.prompt_tokens_total
 
 
 def test_a_request_in_flight_is_running_and_holds_kv(server, client):
@@ -68,15 +69,15 @@ def test_a_request_in_flight_is_running_and_holds_kv(server, client):
         stream = client.completions.create(model=server.model, prompt=PROMPT, max_tokens=32, stream=True,
                                            extra_body={"ignore_eos": True})
         next(iter(stream))     # its first token: held there by the gate
-        samples, stats = scrape(server), server.stats()
-        assert vllm(samples, "vllm:num_requests_running", server.model) == stats.num_requests_running == 1
+        samples, stats = scrape(server), server.stats().scheduler
+        assert vllm(samples, "vllm:num_requests_running", server.model) == stats.num_running == 1
         usage = vllm(samples, "vllm:kv_cache_usage_perc", server.model)
         assert usage == vllm(samples, "vllm:gpu_cache_usage_perc", server.model) == stats.kv_usage
         assert 0 < usage < 1
     finally:
         server.gate.open()
     stream.close()
-    wait_until(lambda: server.stats().num_requests_running == 0, "the request to end")
+    wait_until(lambda: server.stats().scheduler.num_running == 0, "the request to end")
 
 
 class _Request:
@@ -85,11 +86,9 @@ class _Request:
 
 
 def _fake_engine(*, lora: bool):
-    fields = {f: 0 for f in EngineStats.__dataclass_fields__}
-    stats = EngineStats(**{**fields, "prefill_policy": "", "kv_cache_dtype": "", "weights_version": "",
-                           "mesh_axis_sizes": (("data", 1),), "num_kv_blocks_total": 10, "num_kv_blocks_free": 6,
-                           "num_kv_blocks_cached": 1, "num_requests_running": 2, "num_requests_waiting": 3,
-                           "prompt_tokens_total": 41})
+    stats = EngineStats(idle_scheduler_stats(num_kv_blocks_total=10, num_kv_blocks_free=6, num_kv_blocks_cached=1,
+                                             num_kv_blocks_in_use=3, num_running=2, num_waiting=3),
+                        requests=RequestTotals(prompt_tokens_total=41))
     scheduler = types.SimpleNamespace(running=[_Request("b"), _Request(None), _Request("a")],
                                       waiting=[_Request("c"), _Request("a")])
     engine = types.SimpleNamespace(model_name="m-1", scheduler=scheduler,
