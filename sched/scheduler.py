@@ -94,18 +94,17 @@ class Scheduler:
         self.chunks = ChunkSizer(config, clock, self.running, self.waiting)
         # speculative decoding (None: off): the planner, the draft proposer, their counters
         self.speculation = Speculation(config, draft_proposer) if config.speculation is not None else None
-        # KV from elsewhere and KV held for a receiver (kv_connector.py); off until a connector is attached
         # LoRA adapters' device slots (lora_slots.py); None: the engine serves no adapters
         self.lora_slots = LoRASlots(config.max_loras) if config.max_loras else None
-        # requests seated after a KV load take a LoRA slot too
+        # KV from elsewhere and KV held for a receiver (kv_connector.py; off until a connector is
+        # attached): a request seated after its load takes a LoRA slot too
         self.kv_loads = KVLoading(config, self.kv, self.admission, lora_slots=self.lora_slots)
         # a bound below max_num_seqs and max_num_batched_tokens while buckets still warm up
         # (step_cap.py; set and raised by the engine's background warm-up: cap_steps); None: no bound
         self.step_cap: StepCap | None = None
 
     def cap_steps(self, cap: StepCap | None) -> None:
-        """Bound the steps scheduled from now on to `cap` (None: no bound). One attribute, replaced
-        whole: the step thread reads it once per schedule()."""
+        """Bound the steps scheduled from now on to `cap` (None: none); read once per schedule()."""
         self.step_cap = cap
 
     # ---- the door -----------------------------------------------------------------------------
