@@ -21,6 +21,11 @@ def _positive_int(name: str, value: object) -> None:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
+def _non_negative_int(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+
+
 def _option(default, help: str, **kw):
     # the help text is the flag's (jaxserve/engine_args.py builds the CLI from these fields);
     # per_engine: a second engine on the same compiled runner may set it anew (the runner's
@@ -58,9 +63,7 @@ class SchedulerOptions:
         if not isinstance(self.enable_chunked_prefill, bool):
             raise ValueError(f"enable_chunked_prefill must be a bool, got {self.enable_chunked_prefill!r}")
         for name in ("max_num_partial_prefills", "max_waiting_requests"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise ValueError(f"{name} must be an int >= 0, got {v!r}")
+            _non_negative_int(name, getattr(self, name))
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}")
         if self.preemption_mode not in ("recompute", "swap", "auto"):
@@ -139,18 +142,14 @@ class SchedulerConfig(SchedulerOptions):
         if not isinstance(self.enable_prefix_caching, bool):
             raise ValueError(f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
         for name in ("long_prefill_token_threshold", "decode_step_prefill_cap"):
-            t = getattr(self, name)
-            if not isinstance(t, int) or isinstance(t, bool) or t < 0:
-                raise ValueError(f"{name} must be an int >= 0, got {t!r}")
+            _non_negative_int(name, getattr(self, name))
         bounds = [b for b, _ in self.decode_step_prefill_caps]
         if (bounds != sorted(set(bounds)) or any(not isinstance(b, int) or not isinstance(c, int) or b < 1 or c < 1
                                                 for b, c in self.decode_step_prefill_caps)):
             raise ValueError(f"decode_step_prefill_caps must be (decodes, cap) pairs of positive ints with "
                              f"increasing decodes, got {self.decode_step_prefill_caps!r}")
         for name in ("num_host_blocks", "swap_crossover_tokens"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise ValueError(f"{name} must be an int >= 0, got {v!r}")
+            _non_negative_int(name, getattr(self, name))
         if self.preemption_mode == "swap" and self.num_host_blocks < 1:
             raise ValueError(
                 f"preemption_mode={self.preemption_mode!r} needs a host pool: num_host_blocks must be >= 1, "
