@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from jaxserve.sched.block_pool import BlockPool
+from jaxserve.sched.kv_events import KVEventLog
 from jaxserve.sched.prefix_cache import Node, PrefixCache
 from jaxserve.sched.request import Request
 
@@ -44,13 +45,15 @@ class SharedPrefix:
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 host_pool: BlockPool | None = None, host_tier: bool = False) -> None:
+                 host_pool: BlockPool | None = None, host_tier: bool = False, kv_events: bool = False) -> None:
         """host_pool: the engine's host-memory blocks, which swap preemption takes (`take_host`)
-        and, with host_tier, the prefix cache's second tier too (device evictions move there)."""
+        and, with host_tier, the prefix cache's second tier too (device evictions move there).
+        kv_events: the prefix cache records its changes (`cache.events`, kv_events.py)."""
         self.pool = BlockPool(num_blocks, block_size)
         self.block_size = block_size
         self.host_pool = host_pool
-        self.cache = (PrefixCache(self.pool, host_pool if host_tier else None)
+        self.cache = (PrefixCache(self.pool, host_pool if host_tier else None,
+                                  events=KVEventLog(block_size) if kv_events else None)
                       if enable_prefix_caching else None)
         self._nodes: dict[str, list[Node]] = {}  # request id -> nodes of its leading cached blocks
         self.prefix_cache_queries = 0  # prompt tokens looked up at first admission
@@ -186,6 +189,11 @@ class KVCacheManager:
         if self.cache is not None:
             self.cache.saves = saves
             self.cache.loads = loads
+
+    def take_events(self) -> list:
+        """The prefix cache's KV events since the last call (kv_events.py; [] when not recorded)."""
+        events = self.cache.events if self.cache is not None else None
+        return events.drain() if events is not None else []
 
     # ---- the host pool ------------------------------------------------------------------------
     @property

@@ -33,6 +33,11 @@ in use) until the step is scheduled, so no save overwrites it first, and a devic
 writes is pinned too, so no save reads it before the load wrote it. The host tier evicts its own
 least recently used leaves when a save (or a swap preemption) needs room; with nothing to evict
 a device eviction forgets the block, as without the tier.
+
+KV events (kv_events.py): with an event log every change of a node's tier is reported, a block
+that moves as its removal from one tier and then its storing in the other, so a consumer that
+applies them in order holds this tree. A node then carries its block hash, computed once when it
+is created.
 """
 
 from __future__ import annotations
@@ -41,11 +46,12 @@ import heapq
 from collections.abc import Hashable, Sequence
 
 from jaxserve.sched.block_pool import BlockPool
+from jaxserve.sched.kv_events import MEDIUM_DEVICE, MEDIUM_HOST, KVEventLog, block_hash
 
 
 class Node:
     __slots__ = ("block_id", "host_id", "key", "tokens", "parent", "children", "device_children",
-                 "last_access", "attached")
+                 "last_access", "attached", "hash")
 
     def __init__(self, block_id: int, key: Hashable, tokens: tuple[int, ...], parent: Node | None) -> None:
         self.block_id = block_id  # its device block; 0 while it lives in the host tier
@@ -57,6 +63,7 @@ class Node:
         self.device_children = 0  # children on the device: a node leaves the device only at 0
         self.last_access = 0
         self.attached = True  # False once evicted
+        self.hash = 0  # its block hash, with an event log (kv_events.py); the root's is ROOT_HASH
 
     @property
     def on_device(self) -> bool:
@@ -68,8 +75,10 @@ class Node:
 
 
 class PrefixCache:
-    def __init__(self, pool: BlockPool, host_pool: BlockPool | None = None) -> None:
+    def __init__(self, pool: BlockPool, host_pool: BlockPool | None = None,
+                 events: KVEventLog | None = None) -> None:
         self.pool = pool
+        self.events = events  # None: no KV events are recorded, no block hash is computed
         self.host_pool = host_pool  # the host tier (None: evicted blocks are forgotten)
         self.block_size = pool.block_size
         self._root = Node(-1, None, (), None)  # holds no block; the only node without a parent
@@ -140,10 +149,16 @@ class PrefixCache:
             p.device_children += 1
             self.pool.mark_cached(block_id)
             self._num_nodes += 1
+            if self.events is not None:
+                node.hash = block_hash(p.hash, salt, tokens, first=p is self._root)
+                self._stored(node, MEDIUM_DEVICE)
         elif not node.on_device:
             host = node.host_id
             self._to_device(node, block_id)
             self.host_pool.uncache(host)
+            if self.events is not None:
+                self.events.removed(node.hash, MEDIUM_HOST)
+                self._stored(node, MEDIUM_DEVICE)
         node.last_access = self._tick()
         return node
 
@@ -152,6 +167,12 @@ class PrefixCache:
         node.host_id = 0
         node.parent.device_children += 1
         self.pool.mark_cached(block_id)
+
+    def _stored(self, node: Node, medium: str) -> None:
+        """Report node's block as stored in `medium` (the caller checked that events are on)."""
+        first = node.parent is self._root
+        self.events.stored(node.hash, None if first else node.parent.hash, node.tokens, medium,
+                           node.key[0] if first else None)
 
     # ---- the host tier ------------------------------------------------------------------------
     def load(self, nodes: Sequence[Node], block_ids: Sequence[int]) -> None:
@@ -167,6 +188,11 @@ class PrefixCache:
             self._device_pins.append(b)
             self._to_device(node, b)
             self.num_loaded_blocks += 1
+        if self.events is not None:   # all removals, then the chain as one store
+            for node in nodes:
+                self.events.removed(node.hash, MEDIUM_HOST)
+            for node in nodes:
+                self._stored(node, MEDIUM_DEVICE)
 
     def pin_host(self, nodes: Sequence[Node]) -> None:
         """Hold host-tier nodes a request is about to load, so that making room for it (device
@@ -211,6 +237,8 @@ class PrefixCache:
             self.host_pool.uncache(node.host_id)
             node.host_id = 0
             self.num_host_evictions += 1
+            if self.events is not None:
+                self.events.removed(node.hash, MEDIUM_HOST)
             done += 1
             self._push_if_leaf(parent)
         return done
@@ -283,6 +311,9 @@ class PrefixCache:
                 node.host_id = host
                 parent.device_children -= 1
                 self._push_if_leaf(node)
+                if self.events is not None:
+                    self.events.removed(node.hash, MEDIUM_DEVICE)
+                    self._stored(node, MEDIUM_HOST)
             else:      # forgotten, with whatever hangs below it in the host tier
                 self._forget_subtree(node)
             self.pool.uncache(block)
@@ -306,6 +337,8 @@ class PrefixCache:
         host tier when it is evicted), freeing their host blocks."""
         stack = list(node.children.values())
         self._detach(node)
+        if self.events is not None:
+            self.events.removed(node.hash, MEDIUM_DEVICE)
         while stack:
             d = stack.pop()
             stack.extend(d.children.values())
@@ -313,6 +346,8 @@ class PrefixCache:
             self.host_pool.uncache(d.host_id)
             d.host_id = 0
             self.num_host_evictions += 1
+            if self.events is not None:
+                self.events.removed(d.hash, MEDIUM_HOST)
 
     def clear(self) -> bool:
         """Forget every cached block in both tiers (K/V of old weights, an arena written by someone
@@ -330,6 +365,8 @@ class PrefixCache:
         self._root.device_children = 0
         self._heap, self._host_heap = [], []
         self._num_nodes = 0
+        if self.events is not None:
+            self.events.cleared()
         return True
 
     def evictable_leaves(self) -> list[Node]:

@@ -20,7 +20,9 @@ import enum
 import time
 from dataclasses import KW_ONLY, dataclass, field
 
+from jaxserve.sched.kv_events import AdapterNamespace
 from jaxserve.sched.sampling import GREEDY, SamplingOptions
+
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"  # never ran, or a fork child waiting for its parent's prefill
@@ -118,7 +120,9 @@ class Request:
     def prefix_namespace(self) -> object:
         """What the prefix cache keys this request's blocks under: its cache salt (a tenant), and
         its adapter, whose K/V differ from the base model's for the same tokens."""
-        return self.cache_salt if self.lora_key is None else (self.cache_salt, self.lora_key)
+        if self.lora_key is None:
+            return self.cache_salt
+        return AdapterNamespace(self.cache_salt, self.lora_name, self.lora_key)
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str):

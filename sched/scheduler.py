@@ -79,7 +79,8 @@ class Scheduler:
         # no null block, so pool id h is host block h - 1 in SchedulerOutput.
         self.host_pool = BlockPool(config.num_host_blocks + 1, config.block_size) if config.num_host_blocks else None
         self.kv = KVCacheManager(config.num_blocks, config.block_size, config.enable_prefix_caching,
-                                 host_pool=self.host_pool, host_tier=config.enable_kv_offload)
+                                 host_pool=self.host_pool, host_tier=config.enable_kv_offload,
+                                 kv_events=config.kv_events)
         self.limits = RequestLimits(config.max_model_len, config.block_size, self.kv.pool.num_total)
         self._requests: dict[str, Request] = {}  # live: waiting or running; the only per-request map
         self._seq = itertools.count()

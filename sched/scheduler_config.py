@@ -108,6 +108,8 @@ class SchedulerConfig(SchedulerOptions):
     # findable (prefix_cache.py); needs prefix caching and a host pool
     enable_kv_offload: bool = False
     swap_crossover_tokens: int = 256  # auto: swap when recompute would redo at least this many tokens
+    # record the prefix cache's changes as KV events (kv_events.py), for the engine to publish
+    kv_events: bool = False
 
     # ---- speculative decoding (speculation.py) ----
     speculation: SpeculativeConfig | None = None

@@ -14,6 +14,7 @@ from jaxserve.config.cache import CacheConfig
 from jaxserve.config.chunking import ChunkingConfig
 from jaxserve.config.compilation import CompilationConfig
 from jaxserve.config.disagg import DisaggConfig
+from jaxserve.config.kv_events import KVEventsConfig
 from jaxserve.config.lora import LoRAConfig
 from jaxserve.config.model import ServedModelConfig
 from jaxserve.config.options import check_positive_int, option
@@ -44,6 +45,11 @@ class EngineConfig:
               "\"prompt_lookup_min\": 1, \"prompt_lookup_max\": 4}: guesses from the request's own tokens, verified "
               "in decode-only steps when the measured step times say they pay (default: off)",
         parse=SpeculativeConfig.parse, per_engine=True)
+    kv_events_config: KVEventsConfig | None = option(
+        None, "publish the prefix cache's block stored / removed / cleared events for a cluster router (llm-d, "
+              "Dynamo, `jaxserve router --policy kv_events`), as JSON with vLLM's keys: {\"enable_kv_cache_events\": "
+              "true, \"endpoint\": \"tcp://*:5557\", \"replay_endpoint\": \"tcp://*:5558\", \"topic\": \"\"} "
+              "(ZeroMQ, msgpack; default: off)", parse=KVEventsConfig.parse)
     async_scheduling: bool = option(
         True, "schedule and dispatch step N+1 while the device runs step N (sampled tokens feed the next step on "
               "the device); --no-async-scheduling waits for each step's tokens before scheduling the next",
@@ -56,6 +62,9 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "speculative_config", SpeculativeConfig.parse(self.speculative_config))
+        object.__setattr__(self, "kv_events_config", KVEventsConfig.parse(self.kv_events_config))
+        if self.kv_events_config is not None and not self.cache.enable_prefix_caching:
+            raise ValueError("kv_events_config reports the prefix cache's blocks: it needs enable_prefix_caching")
         check_positive_int(self, "python_gc_threshold", optional=True)
         if self.model.quantize_lm_head and self.parallel.tensor_parallel_size > 1:
             raise ValueError("quantize_lm_head=True is not supported with tensor_parallel_size > 1 (the int8 "

@@ -384,6 +384,7 @@ class AsyncEngine:
         if self._thread is not None:
             self._commands.put(_Stop(live))
             await asyncio.to_thread(self._thread.join)
+        self.engine.close()
 
     # -- the step thread ---------------------------------------------------------------------
     def _run(self) -> None:

@@ -381,6 +381,8 @@ def _serve(config: EngineConfig, model_config: ModelConfig, params, *, dtype: st
         lora=lora(runner, scheduler, warm_writer=warming is None) if lora is not None else None,
         background_warm_up=warming,
     )
+    if config.kv_events_config is not None:
+        engine.attach_kv_events(kv_event_publisher(config.kv_events_config))
     pace_collector(config.python_gc_threshold)
     log.info("%s", engine.startup_timings.describe())
     if warming is not None:
@@ -453,6 +455,14 @@ def _cache(kind, cache_dir: str | None, name: str):
     return kind(os.path.join(cache_dir, name)) if cache_dir else None
 
 
+def kv_event_publisher(config):
+    """The publisher of a KVEventsConfig (jaxserve/kv_events/publisher.py; ZeroMQ is imported
+    only by an engine that publishes)."""
+    from jaxserve.kv_events.publisher import KVEventPublisher, NullPublisher
+
+    return KVEventPublisher(config) if config.publisher == "zmq" else NullPublisher()
+
+
 def host_pool_blocks(config: EngineConfig, bytes_per_block: int) -> int:
     """Blocks of the engine's one host pool: swap space and the prefix cache's host tier share it
     (a swap preemption evicts host-tier blocks when it needs their room)."""
@@ -460,9 +470,10 @@ def host_pool_blocks(config: EngineConfig, bytes_per_block: int) -> int:
 
 
 def _scheduler(config: EngineConfig, runner: ModelRunner, max_model_len: int, calibration: StartupCalibration,
-               draft: ModelRunner | None = None) -> Scheduler:
+               draft: ModelRunner | None = None, *, kv_events: bool = True) -> Scheduler:
     """The scheduler of the config's options and what start-up derived for them: the KV pool of
-    the runner's arena, the calibration's knobs, the runner's shapes."""
+    the runner's arena, the calibration's knobs, the runner's shapes. kv_events: its prefix cache
+    records KV events when the config publishes them."""
     cache = config.cache
     arena_blocks = runner.arena_spec.num_blocks
     usable = arena_blocks if cache.usable_kv_blocks is None else min(arena_blocks, cache.usable_kv_blocks + 1)
@@ -482,6 +493,7 @@ def _scheduler(config: EngineConfig, runner: ModelRunner, max_model_len: int, ca
         preemption_mode=config.scheduler.preemption_mode if swap_blocks else "recompute",
         num_host_blocks=host_blocks,
         enable_kv_offload=bool(cache.kv_offload_gib) and host_blocks > 0,
+        kv_events=kv_events and config.kv_events_config is not None,
         speculation=config.speculative_config,
         max_decode_rows=(runner.shapes.decode_only_buckets or runner.shapes.decode_buckets)[-1],
         decode_step_seconds=calibration.decode_step_seconds,
@@ -527,7 +539,9 @@ def _engine_on_shared_runner(config: EngineConfig, other: Engine) -> Engine:
             raise ValueError("a draft model is loaded with the runner: share the runner of an engine built with "
                              "the same speculative_config")
     engine = Engine(
-        scheduler=_scheduler(config, other.runner, other.max_model_len, calibration, draft), runner=other.runner,
+        # the first engine publishes KV events (on the endpoint the config names), not this one
+        scheduler=_scheduler(config, other.runner, other.max_model_len, calibration, draft, kv_events=False),
+        runner=other.runner,
         draft_runner=draft,
         tokenizer=other.tokenizer, vocab_size=other.vocab_size, max_model_len=other.max_model_len,
         eos_token_ids=other.eos_token_ids, seed=config.model.seed, checkpoint_identity=other.checkpoint_identity,

@@ -107,6 +107,8 @@ class Engine(EngineControl, EngineLoRAMethods):
         # disaggregated prefill and decode (attach_kv_connector); None: colocated
         self.kv_connector = None
         self.role = "both"
+        # the prefix cache's KV events go out here after every step (attach_kv_events); None: off
+        self.kv_events = None
         self.startup_timings = startup_timings if startup_timings is not None else StartupTimings()
         self.requantize = requantize
         self.lora = lora
@@ -127,6 +129,23 @@ class Engine(EngineControl, EngineLoRAMethods):
         self.runner.attach_kv_connector(connector)
         self.kv_connector = connector
         self.role = role
+
+    def attach_kv_events(self, publisher) -> None:
+        """Publish the prefix cache's changes (jaxserve/kv_events/publisher.py); the scheduler was
+        built recording them (SchedulerConfig.kv_events)."""
+        if self.scheduler.kv.cache is None or self.scheduler.kv.cache.events is None:
+            raise ValueError("KV events need a scheduler built with kv_events=True and prefix caching")
+        self.kv_events = publisher
+
+    def _publish_kv_events(self) -> None:
+        if self.kv_events is not None:
+            self.kv_events.publish(self.scheduler.kv.take_events())
+
+    def close(self) -> None:
+        """Let go of what outlives a step: the KV events' sockets (what is queued is sent first)."""
+        if self.kv_events is not None:
+            self.kv_events.close()
+            self.kv_events = None
 
     def record_startup(self, **seconds: float) -> StartupTimings:
         """Add start-up phases done after building (builder.prepare_for_requests' warm-up)."""
@@ -257,6 +276,7 @@ class Engine(EngineControl, EngineLoRAMethods):
         if self.paused or self.asleep:
             return self.take_drained()
         outputs = self.take_drained() + self._step()
+        self._publish_kv_events()
         if self.pausing and not self.has_unfinished_requests():
             self.pausing, self.paused = False, True   # pause("wait"): the last request in flight ended
         return outputs
@@ -364,6 +384,7 @@ class Engine(EngineControl, EngineLoRAMethods):
         """Forget every cached prefix block (they return to the free pool)."""
         if self._in_flight is not None or not self.scheduler.reset_prefix_cache():
             raise RuntimeError("cannot reset the prefix cache while requests are running")
+        self._publish_kv_events()
 
     # -- introspection -----------------------------------------------------------------------
     @property
