@@ -65,10 +65,11 @@ def per_replica(values: list, n: int, flag: str) -> list:
 
 def start_children(n: int, serve_args: list[str], *, host: str = "127.0.0.1",
                    cpus: list[frozenset[int]] | None = None, devices: list[str] | None = None,
-                   log_dir: str | None = None) -> list[Child]:
+                   log_dir: str | None = None, per_child_args: list[list[str]] | None = None) -> list[Child]:
     """N `jaxserve serve` processes with `serve_args` (engine flags, --model), each on its port.
     `cpus`: one CPU set per child, or one for all, or None; `devices`: likewise, the accelerators
-    each child sees (CUDA_VISIBLE_DEVICES). Their output goes to log files."""
+    each child sees (CUDA_VISIBLE_DEVICES); per_child_args: flags for child i alone (its KV
+    events' endpoints). Their output goes to log files."""
     if n < 1:
         raise ValueError(f"--replicas {n} must be >= 1")
     cpu_sets = per_replica(cpus or [], n, "--replica-cpus")
@@ -81,7 +82,8 @@ def start_children(n: int, serve_args: list[str], *, host: str = "127.0.0.1",
         env = dict(os.environ)
         if device_sets[i] is not None:
             env["CUDA_VISIBLE_DEVICES"] = device_sets[i]
-        cmd = [sys.executable, "-c", SERVE, "serve", "--host", host, "--port", str(port), *serve_args]
+        own = per_child_args[i] if per_child_args else []
+        cmd = [sys.executable, "-c", SERVE, "serve", "--host", host, "--port", str(port), *serve_args, *own]
         path = os.path.join(log_dir, f"replica-{i}.log")
         out = open(path, "wb")
         proc = subprocess.Popen(cmd, cwd=tempfile.gettempdir(), stdout=out, stderr=subprocess.STDOUT,

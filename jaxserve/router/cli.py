@@ -65,6 +65,13 @@ def add_router_parser(subparsers) -> None:
                    help="cache_aware: a prefix match below this share of the prompt routes by load")
     g.add_argument("--request-cost-tokens", type=int, default=d.request_cost_tokens,
                    help="a running request's weight in a replica's load, in prompt tokens")
+    g.add_argument("--replica-kv-events", action="append", default=[], metavar="ENDPOINT[,REPLAY]",
+                   help="kv_events: where a --replica publishes its KV events (its --kv-events-config endpoint and "
+                        "replay endpoint as this host reaches them, e.g. tcp://10.0.0.5:5557,tcp://10.0.0.5:5558), "
+                        "once per --replica in their order; local --replicas get theirs on their own")
+    g.add_argument("--kv-events-routed-s", type=float, default=2.0, metavar="S",
+                   help="kv_events: a prefix routed to a replica counts as there this long (to twice as long) "
+                        "before its events tell")
     g.add_argument("--index-chunk-tokens", type=int, default=16, help="granularity of the prefix index")
     g.add_argument("--index-max-tokens", type=int, default=1 << 20, help="prefix index bound per replica")
     s = p.add_argument_group("server")
@@ -80,7 +87,9 @@ def add_router_parser(subparsers) -> None:
     p.set_defaults(func=cmd_router)
 
 
-def config_from_args(args: argparse.Namespace, extra_replicas=()):
+def config_from_args(args: argparse.Namespace, extra_replicas=(), extra_kv_events=()):
+    """extra_replicas, extra_kv_events: the local children's addresses and KV event endpoints."""
+    from jaxserve.router.event_index import KVEventsSource
     from jaxserve.router.replica import ReplicaAddress, ReplicaClientConfig
     from jaxserve.router.server import RouterConfig
 
@@ -99,6 +108,8 @@ def config_from_args(args: argparse.Namespace, extra_replicas=()):
         cache_aware=CacheAwareConfig(args.balance_abs_tokens, args.balance_rel, args.min_match_ratio,
                                      args.request_cost_tokens),
         index_chunk_tokens=args.index_chunk_tokens, index_max_tokens=args.index_max_tokens,
+        replica_kv_events=tuple(KVEventsSource.parse(t) for t in args.replica_kv_events) + tuple(extra_kv_events),
+        kv_events_routed_s=args.kv_events_routed_s,
         metrics_port=args.metrics_port, api_key=api_key, tls_cert=args.tls_cert, tls_key=args.tls_key,
         max_concurrent_streams=args.max_concurrent_streams, grace_period=args.grace_period,
         replica_client=ReplicaClientConfig(api_key=args.replica_api_key or api_key, tls_root_cert=root))
@@ -124,8 +135,9 @@ def cmd_router(args: argparse.Namespace) -> int:
     cpus = [parse_cpus(c) for c in args.replica_cpus]
     per_replica(cpus, max(1, args.replicas), "--replica-cpus")      # the counts, before anything loads
     per_replica(args.replica_devices, max(1, args.replicas), "--replica-devices")
+    events = local_kv_events(args.replicas) if args.policy == "kv_events" else []
     # every bad flag is reported before anything starts (stand-in addresses for the children)
-    config_from_args(args, [ReplicaAddress("127.0.0.1", 1 + i) for i in range(args.replicas)])
+    config_from_args(args, [ReplicaAddress("127.0.0.1", 1 + i) for i in range(args.replicas)], events)
     from jaxserve.server.cli import ensure_info_handler
 
     ensure_info_handler("jaxserve.router")
@@ -133,11 +145,29 @@ def cmd_router(args: argparse.Namespace) -> int:
     children = []
     if args.replicas:
         serve_args = (["--model", args.model] if args.model else []) + list(args.engine_arg)
-        children = start_children(args.replicas, serve_args, cpus=cpus, devices=args.replica_devices)
+        children = start_children(args.replicas, serve_args, cpus=cpus, devices=args.replica_devices,
+                                  per_child_args=[kv_events_flag(s) for s in events] or None)
     try:
-        config = config_from_args(args, [ReplicaAddress("127.0.0.1", c.port) for c in children])
+        config = config_from_args(args, [ReplicaAddress("127.0.0.1", c.port) for c in children], events)
         return asyncio.run(run_router(config, tokenizer))
     finally:
         stop_children(children, args.grace_period)
 
 
+def local_kv_events(n: int) -> list:
+    """KV event endpoints for n local replicas: sockets in a fresh directory (ipc://, bound by each
+    replica, reachable only on this host)."""
+    import tempfile
+
+    from jaxserve.router.event_index import KVEventsSource
+
+    d = tempfile.mkdtemp(prefix="jaxserve-router-kv-events-")
+    return [KVEventsSource(f"ipc://{d}/replica-{i}.pub", f"ipc://{d}/replica-{i}.replay") for i in range(n)]
+
+
+def kv_events_flag(source) -> list[str]:
+    """The `jaxserve serve` flag that makes a replica publish where `source` says."""
+    import json
+
+    return ["--kv-events-config", json.dumps({"enable_kv_cache_events": True, "endpoint": source.endpoint,
+                                              "replay_endpoint": source.replay_endpoint, "topic": source.topic})]

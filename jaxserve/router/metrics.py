@@ -35,8 +35,14 @@ class _ReplicaCollector:
                                          "uncached prompt tokens of its requests before their first token",
                                          labels=["replica"]),
             "indexed": GaugeMetricFamily("jaxserve_router_replica_indexed_tokens",
-                                         "prompt tokens in the router's prefix index of it", labels=["replica"]),
+                                         "prompt tokens in the router's prefix index of it (policy kv_events: "
+                                         "those its KV events say it caches)", labels=["replica"]),
         }
+        batches = CounterMetricFamily("jaxserve_router_replica_kv_event_batches",
+                                      "policy kv_events: its KV event batches applied", labels=["replica"])
+        missed = CounterMetricFamily("jaxserve_router_replica_kv_event_batches_missed",
+                                     "policy kv_events: its KV event batches neither received nor replayed",
+                                     labels=["replica"])
         routed = CounterMetricFamily("jaxserve_router_replica_routed_requests", "requests sent to it",
                                      labels=["replica"])
         for r in self._replicas():
@@ -45,8 +51,12 @@ class _ReplicaCollector:
             families["pending"].add_metric([r.target], r.pending_prefill_tokens)
             families["indexed"].add_metric([r.target], r.index.num_tokens)
             routed.add_metric([r.target], r.routed_requests)
+            sub = getattr(r.index, "subscriber", None)
+            if sub is not None:
+                batches.add_metric([r.target], sub.last_seq + 1)
+                missed.add_metric([r.target], sub.num_missed)
         yield from families.values()
-        yield routed
+        yield from (routed, batches, missed)
 
 
 class RouterMetrics:

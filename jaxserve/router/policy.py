@@ -13,6 +13,8 @@ decoding request occupies a seat and a share of every step).
   Imbalanced means max - min > `balance_abs_tokens` and max > `balance_rel` x min, as in SGLang's
   cache-aware router: pure affinity piles a popular group onto one replica. Among equal matches
   the least-loaded wins, then the replica with the smaller index (more room for new prefixes).
+- kv_events: cache_aware's choice, on what the replicas' own KV events say they hold
+  (router/event_index.py) instead of the router's record of what it sent them.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-POLICIES = ("cache_aware", "round_robin", "least_load")
+POLICIES = ("cache_aware", "round_robin", "least_load", "kv_events")
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +112,12 @@ class CacheAware:
                    key=lambda i: (views[i].load(cost), i))
 
 
+class KVEventsAware(CacheAware):
+    """cache_aware on the replicas' EventIndex (the router builds that index for this policy)."""
+
+    name = "kv_events"
+
+
 def make_policy(name: str, config: CacheAwareConfig = CacheAwareConfig()) -> Policy:
     if name == "round_robin":
         return RoundRobin()
@@ -117,4 +125,6 @@ def make_policy(name: str, config: CacheAwareConfig = CacheAwareConfig()) -> Pol
         return LeastLoad(config)
     if name == "cache_aware":
         return CacheAware(config)
+    if name == "kv_events":
+        return KVEventsAware(config)
     raise ValueError(f"policy={name!r} must be one of {', '.join(POLICIES)}")

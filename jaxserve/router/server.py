@@ -23,6 +23,7 @@ from grpc_health.v1.health import aio as health_aio
 from jaxserve.router.metrics import RouterMetrics
 from jaxserve.router.policy import POLICIES, CacheAwareConfig, make_policy
 from jaxserve.router.prefill_deadline import PrefillHopConfig
+from jaxserve.router.event_index import EventIndex, KVEventsSource
 from jaxserve.router.prefix_index import PrefixIndex
 from jaxserve.router.replica import Replica, ReplicaAddress, ReplicaClientConfig
 from jaxserve.router.servicer import RouterServicer, RouterState
@@ -56,6 +57,9 @@ class RouterConfig:
     prefill: tuple[ReplicaAddress, ...] = ()
     prefill_threshold_tokens: int = 0     # shorter prompts skip the prefill engines
     prefill_hop: PrefillHopConfig = PrefillHopConfig()   # the hop's deadline, suspicion, failure policy
+    # policy kv_events: where each replica (in `replicas`' order) publishes its KV events
+    replica_kv_events: tuple[KVEventsSource, ...] = ()
+    kv_events_routed_s: float = 2.0       # kv_events: what the router sent counts this long before events tell
 
     def __post_init__(self) -> None:
         if not self.replicas:
@@ -76,6 +80,13 @@ class RouterConfig:
             raise ValueError(f"max_concurrent_streams={self.max_concurrent_streams} must be >= 1")
         if self.api_key is not None and not self.api_key:
             raise ValueError("api_key is empty; leave it unset to disable auth")
+        if self.policy == "kv_events" and len(self.replica_kv_events) != len(self.replicas):
+            raise ValueError(f"--policy kv_events reads each replica's KV events: give --replica-kv-events once per "
+                             f"replica ({len(self.replicas)}), got {len(self.replica_kv_events)}")
+        if self.replica_kv_events and self.policy != "kv_events":
+            raise ValueError("--replica-kv-events is read by --policy kv_events only")
+        if not self.kv_events_routed_s > 0:
+            raise ValueError(f"--kv-events-routed-s {self.kv_events_routed_s} must be > 0")
 
 
 class Router:
@@ -84,10 +95,8 @@ class Router:
     def __init__(self, config: RouterConfig, tokenizer=None):
         self.config = config
         self.health = health_aio.HealthServicer()
-        self.replicas = [Replica(a, config.replica_client,
-                                 PrefixIndex(chunk_tokens=config.index_chunk_tokens, max_tokens=config.index_max_tokens),
-                                 on_health=self._replica_health_changed)
-                         for a in config.replicas]
+        self.replicas = [Replica(a, config.replica_client, self._index(i), on_health=self._replica_health_changed)
+                         for i, a in enumerate(config.replicas)]
         self.prefill = [Replica(a, config.replica_client,
                                 PrefixIndex(chunk_tokens=config.index_chunk_tokens, max_tokens=config.index_max_tokens))
                         for a in config.prefill]
@@ -101,6 +110,16 @@ class Router:
         self.server: aio.Server | None = None
         self.port = 0
         self._serving: bool | None = None
+
+    def _index(self, i: int):
+        """Replica i's index: its own KV events (policy kv_events), else the router's record."""
+        c = self.config
+        if c.policy != "kv_events":
+            return PrefixIndex(chunk_tokens=c.index_chunk_tokens, max_tokens=c.index_max_tokens)
+        source = c.replica_kv_events[i]
+        index = EventIndex(chunk_tokens=c.index_chunk_tokens, routed_s=c.kv_events_routed_s)
+        index.follow(source.endpoint, source.replay_endpoint, source.topic)
+        return index
 
     def _replica_health_changed(self, replica: Replica) -> None:
         serving = bool(self.state.serving()) and not self.state.draining
@@ -166,6 +185,8 @@ class Router:
             await self.server.stop(1.0)     # cancels what is left: their replica calls are cancelled
         for r in self.replicas + self.prefill:
             await r.close()
+            if isinstance(r.index, EventIndex):
+                r.index.close()
         if self.tokenizer is not None:
             self.tokenizer.close()
         log.info("stopped")

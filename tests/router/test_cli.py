@@ -20,6 +20,12 @@ from jaxserve.cli import main
      "--replica-devices was given 2 times for 3 replicas"),
     (["router", "--replicas", "-1"], "--replicas -1 must be >= 0"),
     (["router", "--replica", "a:1", "--prefill-timeout-s", "-1"], "--prefill-timeout-s -1.0 must be >= 0"),
+    (["router", "--replica", "a:1", "--policy", "kv_events"], "give --replica-kv-events once per replica (1), got 0"),
+    (["router", "--replica", "a:1", "--replica-kv-events", "tcp://a:1"], "read by --policy kv_events only"),
+    (["router", "--replica", "a:1", "--policy", "kv_events", "--replica-kv-events", "a:1"],
+     "--replica-kv-events 'a:1' must be ENDPOINT"),
+    (["router", "--replica", "a:1", "--policy", "kv_events", "--replica-kv-events", "tcp://a:1",
+      "--kv-events-routed-s", "0"], "--kv-events-routed-s 0.0 must be > 0"),
 ])
 def test_bad_flags_are_refused_with_their_names(argv, message, capsys):
     assert main(argv) == 2

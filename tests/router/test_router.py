@@ -14,6 +14,8 @@ import grpc
 import pytest
 
 from jaxserve.client import GenerationClient
+from jaxserve.router.cli import kv_events_flag
+from jaxserve.router.event_index import KVEventsSource
 from tests.router.router_process import RouterProcess, generate, server_info
 from tests.server import server_process
 from tests.server.server_process import ServerProcess, wait_until
@@ -24,12 +26,15 @@ GREEDY = dict(temperature=0.0, ignore_eos=True)
 @pytest.fixture(scope="module")
 def replicas(tiny_llama_dir, xla_cache_dir, tmp_path_factory):
     d = tmp_path_factory.mktemp("replicas")
-    first = ServerProcess(tiny_llama_dir, xla_cache_dir, d / "a.log", gated=True)
+    # each publishes its KV events (for --policy kv_events) on sockets of its own
+    events = {name: KVEventsSource(f"ipc://{d}/{name}.pub", f"ipc://{d}/{name}.replay") for name in "ab"}
+    first = ServerProcess(tiny_llama_dir, xla_cache_dir, d / "a.log", *kv_events_flag(events["a"]), gated=True)
     first.release_warm_up()
     first.wait_serving()          # fills the compilation cache the second start then loads
-    second = ServerProcess(tiny_llama_dir, xla_cache_dir, d / "b.log", gated=True)
+    second = ServerProcess(tiny_llama_dir, xla_cache_dir, d / "b.log", *kv_events_flag(events["b"]), gated=True)
     second.release_warm_up()
     second.wait_serving()
+    first.kv_events, second.kv_events = events["a"], events["b"]
     yield [first, second]
     for s in (first, second):
         s.kill()
@@ -46,6 +51,14 @@ def _router(replicas, tmp_path_factory, name, *flags):
 @pytest.fixture(scope="module")
 def cache_aware(replicas, tmp_path_factory):
     r = _router(replicas, tmp_path_factory, "router-ca", "--policy", "cache_aware")
+    yield r
+    assert r.stop() == 0, r.log()
+
+
+@pytest.fixture(scope="module")
+def kv_events(replicas, tmp_path_factory):
+    flags = [a for s in replicas for a in ("--replica-kv-events", f"{s.kv_events.endpoint},{s.kv_events.replay_endpoint}")]
+    r = _router(replicas, tmp_path_factory, "router-ev", "--policy", "kv_events", *flags)
     yield r
     assert r.stop() == 0, r.log()
 
@@ -145,6 +158,39 @@ def test_cache_aware_hits_the_prefix_cache_more_than_round_robin_within_a_bounde
     assert ca_rate > rr_rate, (ca_rate, rr_rate)
     assert sorted(rr_counts.values()) == [8, 8]
     assert len(ca_counts) == 2 and max(ca_counts.values()) <= 1.5 * 16 / 2, ca_counts
+
+
+def test_kv_events_routing_hits_the_cache_at_least_as_often_as_the_prefix_index(cache_aware, kv_events):
+    ev_rate, ev_counts = _run(kv_events, "hit-rate-ev")
+    ca_rate, _ = _run(cache_aware, "hit-rate-ca2")
+    assert ev_rate >= ca_rate, (ev_rate, ca_rate)
+    assert len(ev_counts) == 2 and max(ev_counts.values()) <= 1.5 * 16 / 2, ev_counts
+
+
+def _indexed_tokens(router, replica_target) -> float:
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{router.metrics_port}/metrics", timeout=10).read().decode()
+    for line in text.splitlines():
+        if line.startswith("jaxserve_router_replica_indexed_tokens{") and f'replica="{replica_target}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_kv_events_routing_finds_a_prefix_cached_without_the_router(kv_events, cache_aware, replicas):
+    prompt = [(11 * i) % 250 + 20 for i in range(40)]
+    with GenerationClient(replicas[1].target, timeout=120) as c:     # straight to the second replica
+        c.generate(prompt, max_tokens=2, cache_salt="direct", **GREEDY)
+    # its events reach the router (a bounded wait on the router's own gauge, not a timing)
+    wait_until(lambda: _indexed_tokens(kv_events, replicas[1].target) >= 40,
+               "the router's index of the second replica holds the prompt")
+    done, trailer = generate(kv_events.target, prompt, max_tokens=2, cache_salt="direct", **GREEDY)
+    assert trailer["jaxserve-replica"] == replicas[1].target
+    # the router knows all 10 blocks; the replica serves 9 of them (the last prompt token is computed)
+    assert int(trailer["jaxserve-prefix-match"]) == 40 and done.cached_tokens == 36
+    # the router's own record never saw it: cache_aware routes it by load, with no match
+    _, t2 = generate(cache_aware.target, prompt + [7], max_tokens=2, cache_salt="direct", **GREEDY)
+    assert int(t2["jaxserve-prefix-match"]) == 0
 
 
 def test_a_salt_never_routes_by_another_tenants_prefix(cache_aware):
