@@ -350,16 +350,16 @@ def _serve(config: EngineConfig, model_config: ModelConfig, params, *, dtype: st
                 runner.load_executables(progress=progress)   # compiled here while rank 0 compiles its own
             hosts.follow_then_exit(runner)    # until rank 0 ends (or the watchdog ends this process)
         lead(hosts, runner)                   # from here every step rank 0 runs, the followers run too
-    stages = warm_start.plan(config, runner) if config.compilation.warm_up == "background" else None
-    if config.compilation.warm_up == "all" or stages is not None:
-        # background: only the first stage's buckets now, the rest once the engine serves
-        report = warm_up(runner, stages[0].buckets if stages is not None else None, progress=progress)
+    plan = warm_start.plan(config, runner) if config.compilation.warm_up == "background" else None
+    if config.compilation.warm_up == "all" or plan is not None:
+        # background: only the first set's buckets now, the rest once the engine serves
+        report = warm_up(runner, plan.first if plan is not None else None, progress=progress)
         clock.add("executables", report.load_seconds)
         clock.add("warm_up", report.run_seconds)
 
     deferred = None
     with clock.phase("calibration"):
-        if stages is None:
+        if plan is None:
             calibration = _calibrate(config, runner, identity, cache_dir)
         else:
             # a server warming in the background turns ready without measuring: what the cache
@@ -370,7 +370,7 @@ def _serve(config: EngineConfig, model_config: ModelConfig, params, *, dtype: st
         with clock.phase("draft_model"):
             draft = build_draft_runner(config, runner, cache_dir, dtype, progress=progress)
     scheduler = _scheduler(config, runner, max_model_len, calibration, draft)
-    warming = warm_start.prepare(scheduler, runner, stages) if stages is not None else None
+    warming = warm_start.prepare(scheduler, runner, plan) if plan is not None else None
     engine = Engine(
         scheduler=scheduler, runner=runner,
         tokenizer=apply_chat_template_override(tokenizer, chat_template or config.model.chat_template),

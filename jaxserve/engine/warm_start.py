@@ -1,11 +1,12 @@
-"""warm_up="background": ready after the first warm-up stage, the rest warmed beside serving.
+"""warm_up="background": ready on the plan's first buckets, the rest warmed beside serving.
 
-The builder warms the first stage's buckets (runner/warm_plan.py) before it returns the engine,
-sets the scheduler's step cap to that stage's, and starts the thread that warms the rest
-(runner/background_warmup.py); each stage it completes raises the cap, the last removes it.
+The builder warms the plan's first buckets (runner/warm_plan.py) before it returns the engine,
+holds the runner to them and the scheduler to the step cap they allow, and starts the thread that
+warms the rest (runner/background_warmup.py); each bucket it warms widens both, the last removes
+them.
 A bucket's programs are its step, its sampler and every step feature's program for it (prompt
 logprobs, pooling: runner.load_executables), so a request that asks for one never steps in a
-bucket whose feature program is cold: the cap holds it to warm ones. LoRA slot writes wait for
+bucket whose feature program is cold: it runs in warm ones. LoRA slot writes wait for
 the thread's run in progress (lora/slot_writes.py). The grammar compiler's tokenizer and the LoRA
 slot writer are built by the thread before the buckets (its helpers); a request that needs one
 before then builds it itself and waits for it, never failing.
@@ -23,7 +24,7 @@ import logging
 
 from jaxserve.config import EngineConfig
 from jaxserve.runner.background_warmup import BackgroundWarmUp
-from jaxserve.runner.warm_plan import BucketReadiness, WarmStage, warm_stages
+from jaxserve.runner.warm_plan import BucketReadiness, WarmPlan, warm_plan
 
 log = logging.getLogger(__name__)
 
@@ -41,23 +42,30 @@ def background_refusal(config: EngineConfig, multi_host: bool) -> str | None:
     return None
 
 
-def plan(config: EngineConfig, runner) -> list[WarmStage]:
-    return warm_stages(runner.shapes, max_num_seqs=config.scheduler.max_num_seqs,
-                       max_num_batched_tokens=config.scheduler.max_num_batched_tokens)
+def plan(config: EngineConfig, runner) -> WarmPlan:
+    return warm_plan(runner.shapes, max_num_seqs=config.scheduler.max_num_seqs,
+                     max_num_batched_tokens=config.scheduler.max_num_batched_tokens)
 
 
-def prepare(scheduler, runner, stages: list[WarmStage]) -> BackgroundWarmUp:
-    """Cap the scheduler at the first stage (whose buckets the caller warmed) and make the thread
-    that warms the rest (not started: the engine built on them keeps it as
-    `engine.background_warm_up`, and the builder starts it once the engine exists)."""
+def prepare(scheduler, runner, plan: WarmPlan) -> BackgroundWarmUp:
+    """Hold the runner to the first set's buckets (which the caller warmed) and the scheduler to
+    the cap they hold, and make the thread that warms the rest (not started: the engine built on
+    them keeps it as `engine.background_warm_up`, and the builder starts it once the engine
+    exists). Each bucket it warms widens the runner's choice; the cap follows."""
+    last_cap = []
 
-    def on_cap(cap) -> None:
+    def on_change(warm, cap) -> None:
+        runner.restrict_buckets(warm)      # first: the cap never admits a step no warm bucket holds
         scheduler.cap_steps(cap)
-        log.info("warm-up: %s", readiness.describe())
+        if not last_cap or cap != last_cap[-1]:
+            last_cap[:] = [cap]
+            log.info("warm-up: %s", readiness.describe())
 
-    readiness = BucketReadiness(stages)
-    readiness.mark_ready(stages[0].buckets)
+    readiness = BucketReadiness(plan, runner.shapes)
+    readiness.mark_ready(plan.first)
+    runner.restrict_buckets(readiness.warm)
     scheduler.cap_steps(readiness.cap)
-    readiness.on_cap = on_cap
+    last_cap.append(readiness.cap)
+    readiness.on_change = on_change
     log.info("warm-up: %s; the other buckets warm in the background", readiness.describe())
     return BackgroundWarmUp(runner, readiness)

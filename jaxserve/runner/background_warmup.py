@@ -1,8 +1,8 @@
 """Warming the buckets a ready engine does not need yet, in a thread beside the step loop.
 
-warm_up="background" (warm_plan.py): the engine turns ready once the first stage's buckets are
-warm; this thread loads (or compiles) and runs once every other bucket, stage by stage, marking
-each ready in a `BucketReadiness`, which raises the scheduler's step cap as stages complete. The
+warm_up="background" (warm_plan.py): the engine turns ready once the plan's first buckets are
+warm; this thread loads (or compiles) and runs once every other bucket, in the plan's order, marking
+each ready in a `BucketReadiness`, which widens the buckets steps may run in and the step cap. The
 step thread never waits for it and never meets a bucket it has not finished.
 
 Its first runs must not touch what the step thread owns: the arena is donated to every step
@@ -103,8 +103,8 @@ class BackgroundWarmUp:
                         if arena is None:
                             arena = _scratch_arena(self.runner)
                         arena = run_on(self.runner, bucket, arena)
-                except Exception as e:  # noqa: BLE001 - a bucket that fails stays unready; the cap holds below it
-                    log.warning("warm-up: bucket %s failed (%s); steps stay capped below it", bucket, e)
+                except Exception as e:  # noqa: BLE001 - a bucket that fails stays unready; steps pad into warm ones
+                    log.warning("warm-up: bucket %s failed (%s); steps run in the warm buckets that hold them", bucket, e)
                     self.failed.append((bucket, repr(e)))
                     arena = None       # a failed run may have consumed the donated scratch arena
                     continue

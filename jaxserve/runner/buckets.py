@@ -44,11 +44,26 @@ class RunnerShapes:
             out += [(d, 0) for d in self.decode_only_buckets or self.decode_buckets]
         return sorted(out)
 
-    def pick(self, decode_rows: int, prefill_tiles: int) -> tuple[int, int]:
-        """The compiled (D, P) bucket holding a step of that many decode rows and prefill tiles."""
+    def pick(self, decode_rows: int, prefill_tiles: int,
+             warm: frozenset[tuple[int, int]] | None = None) -> tuple[int, int]:
+        """The compiled (D, P) bucket holding a step of that many decode rows and prefill tiles:
+        the smallest, or with `warm` (the buckets ready while the rest still warm:
+        runner/warm_plan.py) the cheapest warm one that holds it, padded. A decode-only step may
+        run in a mixed bucket (its tiles all padding). With no warm bucket holding it, the smallest
+        (it loads on demand: the step cap keeps a serving engine from asking)."""
         P = pick_bucket(prefill_tiles, self.prefill_buckets)
         rows = self.decode_only_buckets if P == 0 and self.decode_only_buckets else self.decode_buckets
-        return pick_bucket(max(decode_rows, 1), rows), P
+        exact = pick_bucket(max(decode_rows, 1), rows), P
+        if warm is None or exact in warm:
+            return exact
+        holding = [b for b in warm if b[0] >= decode_rows and b[1] >= prefill_tiles]
+        return min(holding, key=bucket_cost) if holding else exact
+
+
+def bucket_cost(bucket: tuple[int, int]) -> tuple[int, int]:
+    """What a step in the bucket costs, as an order: its query rows (a prefill tile is 8 rows)."""
+    d, p = bucket
+    return (d + 8 * p, p)
 
 
 def pick_bucket(n: int, buckets: Sequence[int]) -> int:

@@ -224,6 +224,11 @@ class ModelRunner(RunnerSleep):
             seconds += feature.load(buckets)
         return seconds
 
+    def restrict_buckets(self, warm: frozenset[tuple[int, int]] | None) -> None:
+        """Steps run only in these buckets (the cheapest that holds each, padded) while the rest
+        still warm (runner/warm_plan.py); None: in the smallest that holds each, as compiled."""
+        self._batch.warm = warm
+
     def executables_loaded_on_demand(self) -> list:
         """Programs a run needed before they were loaded: each one cost that run a stall."""
         extra = [key for feature in self.features for key in feature.loaded_on_demand()]

@@ -45,6 +45,8 @@ from jaxserve.sched.scheduler_output import PLACEHOLDER_TOKEN
 class PersistentBatch:
     def __init__(self, shapes: RunnerShapes, *, mask_words: int = 1, seats: int = 64):
         self.shapes = shapes
+        # the buckets a step may run in while the others still warm (ModelRunner.restrict_buckets)
+        self.warm: frozenset[tuple[int, int]] | None = None
         self.mask_words = mask_words
         self._seat_of: dict[str, int] = {}
         self._free: list[int] = []
@@ -250,7 +252,7 @@ class PersistentBatch:
                     self._release(seat)
         self._seat_of = now
 
-        D, P = shapes.pick(len(dec) // 5, p)
+        D, P = shapes.pick(len(dec) // 5, p, self.warm)
         T = D + P * tile
         R = sample_rows_bucket(D, P)
         table_width = shapes.table_width

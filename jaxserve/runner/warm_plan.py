@@ -1,17 +1,24 @@
 """The order a server warms its buckets in, and what it may serve while the rest still warm.
 
 A server that loads and runs every bucket before it turns ready spends most of a warm start on
-buckets its first requests will never use (37 at the default configuration; a first request
-steps in two). With warm_up="background" the engine turns ready once the buckets of a first,
-small *stage* are warm, and warms the others in a thread of its own (background_warmup.py),
-stage after stage. Each stage is a cap on the step, `StepCap(seats, tokens)`: a step of at most
-that many running requests and batched tokens can pick only buckets of that stage or an earlier
-one, so while the scheduler holds to the cap no step needs a bucket that is not warm yet. The
-cap rises as each stage completes and goes away with the last.
+buckets its first requests will never use (37 at the default configuration). With
+warm_up="background" the engine turns ready once a first, small set of buckets is warm and warms
+the others in a thread of its own (background_warmup.py). Until every bucket is warm, a step runs
+in the cheapest *warm* bucket that holds it (RunnerShapes.pick with `warm`), padded, and the
+scheduler's step cap (`StepCap(seats, tokens)`) bounds steps to what some warm bucket holds:
+as many seats as a warm decode-only and a warm mixed bucket hold, then as many tokens as a warm
+mixed bucket of that many decode rows holds (`coverage_cap`).
 
-Stages grow the prompt budget of one seat first (a lone first request gets its whole prompt
-into few steps), then the seats, each at the full budget: (1 seat, first_tiles tiles), (1 seat,
-each larger tile count), (2 seats, all tiles), (4, all), ... max_num_seqs.
+The first set is what real traffic needs from its first step: the decode-only bucket of
+max_num_seqs rows, and the mixed bucket of as many decode rows with room for one prefill tile
+beside them. So at ready every seat is served, each decoding, with a prompt chunk beside them.
+(Before, the first set was one seat and one tile: a server that took eight streams at ready
+served one of them at a time until its stages reached more seats, minutes on a cold start.) Then,
+in order: the other decode-only buckets, smallest first (most of a serving run's steps are
+decode-only, each compiles in a fraction of a mixed one's time, and until its own size is warm a
+step of fewer rows pays the padding); the mixed buckets of the most decode rows by prefill tiles
+(each raises the cap's tokens: prompts come in larger chunks); the rest cheapest first (tighter
+fits for steps of fewer decode rows).
 """
 
 from __future__ import annotations
@@ -21,24 +28,23 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from jaxserve.runner.buckets import RunnerShapes, pick_bucket
+from jaxserve.runner.buckets import RunnerShapes, bucket_cost, pick_bucket
 from jaxserve.runner.warmup import can_warm_up
 from jaxserve.sched.step_cap import StepCap
 
 log = logging.getLogger(__name__)
 
-# The first stage's prompt budget, in tiles: one tile of 8 tokens, so the engine turns ready after
-# 2 buckets, (1, 0) and (1, 1), and a first request's prompt runs in 8-token steps until the next
-# stages are warm (seconds: each bucket of a warm start loads and runs in about 1-3 s on the loaded
-# 2-core CPU). At 4 tiles (4 buckets: (1, 2) and (1, 4) too) a warm start spent 7.4 s loading and
-# 5.6 s in first runs before ready (load average 3.8; docs/benchmarks.md "Start-up").
-FIRST_STAGE_TILES = 1
-
 
 @dataclass(frozen=True, slots=True)
-class WarmStage:
-    cap: StepCap | None                      # None: the last stage, no cap at all
-    buckets: tuple[tuple[int, int], ...]     # buckets first needed by this stage, cheapest first
+class WarmPlan:
+    first: tuple[tuple[int, int], ...]   # warm before the engine turns ready
+    rest: tuple[tuple[int, int], ...]    # warmed in the background, in this order
+    max_num_seqs: int
+    max_tiles: int                       # prefill tiles of a full token budget
+
+    @property
+    def buckets(self) -> tuple[tuple[int, int], ...]:
+        return self.first + self.rest
 
 
 def buckets_under(shapes: RunnerShapes, seats: int, tiles: int) -> set[tuple[int, int]]:
@@ -60,53 +66,63 @@ def _image(sizes, lo: int, hi: int) -> list[int]:
     return [s for s in sizes if first <= s <= last]
 
 
-def warm_stages(shapes: RunnerShapes, *, max_num_seqs: int, max_num_batched_tokens: int,
-                first_tiles: int = FIRST_STAGE_TILES) -> list[WarmStage]:
-    """The stages, in order; together they hold every bucket a step can pick."""
+def warm_plan(shapes: RunnerShapes, *, max_num_seqs: int, max_num_batched_tokens: int) -> WarmPlan:
+    """Every bucket a step can pick, the first set and then the background's order (above)."""
     tile = shapes.prefill_tile
-    max_tiles = max_num_batched_tokens // tile
-    decode_only = shapes.decode_only_buckets or shapes.decode_buckets
-    first_tiles = max(1, min(first_tiles, max_tiles))
-    tile_levels = [t for t in shapes.prefill_buckets if first_tiles < t < max_tiles]
-    seat_levels = [s for s in decode_only if 1 < s < max_num_seqs]
-    caps = ([(1, first_tiles)] + [(1, t) for t in tile_levels] + [(1, max_tiles)]
-            + [(s, max_tiles) for s in seat_levels] + [(max_num_seqs, max_tiles)])
-    stages, seen = [], set()
-    for i, (seats, tiles) in enumerate(dict.fromkeys(caps)):
-        last = seats == max_num_seqs and tiles == max_tiles
-        new = buckets_under(shapes, seats, tiles) - seen
-        seen |= new
-        if not new and not last:
-            continue
-        cap = None if last else StepCap(seats, tiles * tile)
-        stages.append(WarmStage(cap, tuple(sorted(new, key=_cost))))
-    return stages
+    max_tiles = max(1, max_num_batched_tokens // tile)
+    every = buckets_under(shapes, max_num_seqs, max_tiles)
+    decode_only = shapes.pick(max_num_seqs, 0)
+    # the seats' decode rows and one tile of prompt, in whole tiles of the step's token budget
+    beside = min(max_tiles, -(-(max_num_seqs + tile) // tile))
+    mixed = shapes.pick(max_num_seqs, beside)
+    first = tuple(dict.fromkeys(b for b in (decode_only, mixed) if b in every))
+    left = every - set(first)
+    ordered = (sorted((b for b in left if b[1] == 0), key=bucket_cost)
+               + sorted((b for b in left if b[1] > mixed[1] and b[0] == mixed[0]), key=bucket_cost))
+    ordered += sorted(left - set(ordered), key=bucket_cost)
+    return WarmPlan(first, tuple(ordered), max_num_seqs, max_tiles)
 
 
-def _cost(bucket: tuple[int, int]) -> tuple[int, int]:
-    # query rows decide what loading and a first run cost; a prefill tile is 8 rows
-    d, p = bucket
-    return (d + 8 * p, p)
+def coverage_cap(shapes: RunnerShapes, warm: frozenset[tuple[int, int]], max_num_seqs: int,
+                 max_tiles: int) -> StepCap | None:
+    """The step cap under which some warm bucket holds every step (None: every step of the
+    configured limits): the most seats that a warm bucket holds as a decode-only step and, with a
+    prefill tile, as a mixed one; then the most prefill tiles a warm mixed bucket holds beside
+    that many decode rows. The cap's tokens are whole tiles: a step's decode tokens count in them,
+    so a chunk beside the decodes never needs more tiles than the bucket has."""
+
+    def holds(rows: int, tiles: int) -> bool:
+        return any(d >= rows and p >= tiles and (p > 0 or tiles == 0) for d, p in warm)
+
+    seats = max((s for s in range(1, max_num_seqs + 1) if holds(s, 0) and holds(s, 1)), default=0)
+    if not seats:
+        raise RuntimeError(f"no warm bucket holds a step (warm: {sorted(warm)}): no step may run yet")
+    tiles = max(t for t in range(1, max_tiles + 1) if holds(seats, t))
+    if seats == max_num_seqs and tiles == max_tiles:
+        return None
+    return StepCap(seats, tiles * shapes.prefill_tile)
 
 
 class BucketReadiness:
-    """Which buckets are warm, and the step cap that follows: the cap of the last stage whose
-    buckets (and every earlier stage's) are all warm. Marked from the warm-up thread, read from
-    the step thread; `on_cap(cap)` is called (in the marking thread) whenever the cap changes."""
+    """Which buckets are warm, and the step cap that follows (coverage_cap). Marked from the
+    warm-up thread, read from the step thread: `warm` is replaced whole on every mark, never
+    changed in place. `on_change(warm, cap)` is called (in the marking thread) after each mark
+    that made a bucket ready; `warm` is None once every bucket is."""
 
-    def __init__(self, stages: list[WarmStage], on_cap: Callable[[StepCap | None], None] | None = None):
-        if not stages:
-            raise ValueError("no warm-up stages")
-        self.stages = stages
-        self.on_cap = on_cap
+    def __init__(self, plan: WarmPlan, shapes: RunnerShapes,
+                 on_change: Callable[[frozenset | None, StepCap | None], None] | None = None):
+        if not plan.first:
+            raise ValueError("no warm-up buckets")
+        self.plan = plan
+        self.shapes = shapes
+        self.on_change = on_change
         self._lock = threading.Lock()
-        self._ready: set[tuple[int, int]] = set()
-        self._complete = 0          # stages whose buckets, and every earlier stage's, are all ready
+        self._ready: frozenset[tuple[int, int]] = frozenset()
         self._all = threading.Event()
 
     @property
     def total(self) -> int:
-        return sum(len(s.buckets) for s in self.stages)
+        return len(self.plan.buckets)
 
     @property
     def num_ready(self) -> int:
@@ -116,42 +132,44 @@ class BucketReadiness:
     def all_ready(self) -> bool:
         return self._all.is_set()
 
+    @property
+    def warm(self) -> frozenset[tuple[int, int]] | None:
+        """The buckets a step may run in (None: all of them)."""
+        return None if self._all.is_set() else self._ready
+
     def is_ready(self, bucket: tuple[int, int]) -> bool:
         return bucket in self._ready
 
     @property
     def cap(self) -> StepCap | None:
-        """The current cap; before the first stage is ready there is none that admits a step."""
-        if self._complete == 0:
-            raise RuntimeError("the first warm-up stage is not ready: no step may run yet")
-        return self.stages[self._complete - 1].cap
+        """The current cap; RuntimeError while no warm bucket holds a step."""
+        if self._all.is_set():
+            return None
+        return coverage_cap(self.shapes, self._ready, self.plan.max_num_seqs, self.plan.max_tiles)
 
     def pending(self) -> list[tuple[int, int]]:
-        """Buckets not ready yet, in warm-up order (stage by stage)."""
-        return [b for s in self.stages for b in s.buckets if b not in self._ready]
+        """Buckets not ready yet, in warm-up order."""
+        return [b for b in self.plan.buckets if b not in self._ready]
 
     def mark_ready(self, buckets: Iterable[tuple[int, int]]) -> None:
         with self._lock:
-            self._ready.update(buckets)
-            before = self._complete
-            while self._complete < len(self.stages) and all(
-                    b in self._ready for b in self.stages[self._complete].buckets):
-                self._complete += 1
-            changed = self._complete != before
-            cap = self.stages[self._complete - 1].cap if self._complete else None
-        if changed:
-            if self._complete == len(self.stages):
+            before = self._ready
+            self._ready = before | set(buckets)
+            if self._ready == before:
+                return
+            if all(b in self._ready for b in self.plan.buckets):
                 self._all.set()
-            if self.on_cap is not None:
-                self.on_cap(cap)
+            warm, cap = self.warm, self.cap
+        if self.on_change is not None:
+            self.on_change(warm, cap)
 
     def wait_all(self, timeout: float | None = None) -> bool:
         return self._all.wait(timeout)
 
     def describe(self) -> str:
-        if self._complete == 0:
-            where = "not serving yet"
-        else:
-            cap = self.stages[self._complete - 1].cap
-            where = "no cap" if cap is None else f"steps capped at {cap.seats} seats, {cap.tokens} tokens"
+        try:
+            cap = self.cap
+        except RuntimeError:
+            return f"{self.num_ready}/{self.total} buckets ready (not serving yet)"
+        where = "no cap" if cap is None else f"steps capped at {cap.seats} seats, {cap.tokens} tokens"
         return f"{self.num_ready}/{self.total} buckets ready ({where})"

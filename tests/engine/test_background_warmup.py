@@ -10,8 +10,8 @@ import pytest
 
 from jaxserve import LLM, SamplingParams
 from jaxserve.runner import background_warmup
-from jaxserve.runner.batch import bucket_for
 from jaxserve.runner.model_runner import ModelRunner
+from jaxserve.runner.persistent_batch import PersistentBatch
 from tests.conftest import TINY_ENGINE
 from tests.sched.sched_testkit import check_invariants
 
@@ -26,18 +26,39 @@ def held(monkeypatch):
     return permits
 
 
+class _Dispatched(list):
+    """(bucket, ready) per step, and `requests`: how many requests each step carried."""
+
+    def __init__(self):
+        super().__init__()
+        self.requests: list[int] = []
+
+    def clear(self):
+        super().clear()
+        self.requests.clear()
+
+
 @pytest.fixture
 def dispatched(monkeypatch):
-    """(bucket, ready when dispatched) for every step the engine's runner dispatches."""
-    seen: list[tuple[tuple[int, int], bool]] = []
-    dispatch = ModelRunner.dispatch
+    """(bucket it ran in, ready then) for every step the engine's runner dispatches: the bucket
+    the runner packed it into (the cheapest warm one that holds it, while some are cold)."""
+    seen = _Dispatched()
+    packed: list[tuple[int, int]] = []
+    pack, dispatch = PersistentBatch.pack, ModelRunner.dispatch
+
+    def recording_pack(self, *args, **kwargs):
+        out = pack(self, *args, **kwargs)
+        packed.append(out.bucket)
+        return out
 
     def recording(self, sched_out, *args, **kwargs):
+        handle = dispatch(self, sched_out, *args, **kwargs)
         if sched_out.requests and getattr(self, "readiness_under_test", None) is not None:
-            bucket = bucket_for(sched_out, self.shapes)
-            seen.append((bucket, self.readiness_under_test.is_ready(bucket)))
-        return dispatch(self, sched_out, *args, **kwargs)
+            seen.append((packed[-1], self.readiness_under_test.is_ready(packed[-1])))
+            seen.requests.append(len(sched_out.requests))
+        return handle
 
+    monkeypatch.setattr(PersistentBatch, "pack", recording_pack)
     monkeypatch.setattr(ModelRunner, "dispatch", recording)
     return seen
 
@@ -60,10 +81,12 @@ def test_a_held_warm_up_serves_on_ready_buckets_then_lifts_the_cap(tiny_llama_di
     warming = engine.background_warm_up
     readiness = warming.readiness
     runner.readiness_under_test = readiness
-    first = set(readiness.stages[0].buckets)
+    first = set(readiness.plan.first)
     assert {b for b in runner.shapes.buckets() if readiness.is_ready(b)} == first
-    assert engine.scheduler.step_cap == readiness.stages[0].cap and engine.scheduler.step_cap.seats == 1
-    assert engine.scheduler.step_cap.tokens == TINY_ENGINE["prefill_tile"]    # one tile: 8-token prompt steps
+    # at ready every seat is served (4), with a prompt tile beside their decodes: 2 tiles
+    assert engine.scheduler.step_cap == readiness.cap
+    assert engine.scheduler.step_cap.seats == TINY_ENGINE["max_num_seqs"]
+    assert engine.scheduler.step_cap.tokens == 2 * TINY_ENGINE["prefill_tile"]
 
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     prompts = _prompts(seed=0, n=3)
@@ -72,13 +95,14 @@ def test_a_held_warm_up_serves_on_ready_buckets_then_lifts_the_cap(tiny_llama_di
     assert dispatched and all(ready for _, ready in dispatched)
     assert {b for b, _ in dispatched} <= first
     assert readiness.num_ready == len(first)          # held: nothing else became ready meanwhile
+    assert max(dispatched.requests) == 3           # side by side, not one seat at a time
 
-    # one stage more (a 2-tile budget); four requests at once step only in what is ready
-    second = readiness.stages[1]
-    for _ in second.buckets:
+    # up to the bucket that lifts the cap; four requests at once step only in what is ready
+    lifts = readiness.plan.rest.index((TINY_ENGINE["max_num_seqs"], 4)) + 1
+    for _ in range(lifts):
         held.release()
-    _wait(lambda: readiness.num_ready == len(first) + len(second.buckets), "the second stage")
-    assert engine.scheduler.step_cap == second.cap
+    _wait(lambda: readiness.num_ready == len(first) + lifts, "the buckets up to the full budget's")
+    assert engine.scheduler.step_cap is None and not readiness.all_ready
     dispatched.clear()
     out = llm.generate(_prompts(seed=1, n=4), params, use_tqdm=False)
     assert [len(o.outputs[0].token_ids) for o in out] == [6] * 4
@@ -133,7 +157,7 @@ def test_prompt_logprobs_and_embeddings_are_served_while_their_programs_warm(tin
     assert warming is not None        # not the fallback to warm_up="all"
     readiness = warming.readiness
     runner.readiness_under_test = readiness
-    first = set(readiness.stages[0].buckets)
+    first = set(readiness.plan.first)
     assert readiness.num_ready == len(first) < readiness.total
 
     prompt = test_prompt_logprobs.PROMPTS[2]      # 40+ tokens: many one-tile steps under the cap
