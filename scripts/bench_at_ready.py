@@ -61,7 +61,7 @@ class Server:
                    "jaxserve.cli"]
         else:
             cmd = [sys.executable, "-c", code]
-        cmd += ["serve", "--port", str(self.port), "--log-level", "INFO", *caches, *args.serve_args]
+        cmd += ["--log-level", "INFO", "serve", "--port", str(self.port), *caches, *args.serve_args]
         self.log_path = log_path
         self._log = open(log_path, "wb")
         self.spawned = time.monotonic()

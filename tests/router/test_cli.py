@@ -47,3 +47,16 @@ def test_cpu_sets_parse():
     assert parse_cpus("0-2,5") == {0, 1, 2, 5}
     with pytest.raises(ValueError, match="names no CPU|must be CPU ids"):
         parse_cpus("")
+
+
+def test_local_replicas_get_kv_event_endpoints_of_their_own_that_serve_accepts():
+    from jaxserve.engine_args import engine_config
+    from jaxserve.router.cli import kv_events_flag, local_kv_events
+
+    sources = local_kv_events(2)
+    assert len({s.endpoint for s in sources} | {s.replay_endpoint for s in sources}) == 4
+    flag, value = kv_events_flag(sources[1])
+    assert flag == "--kv-events-config"
+    config = engine_config(kv_events_config=value).kv_events_config
+    assert config.endpoint == sources[1].endpoint and config.replay_endpoint == sources[1].replay_endpoint
+    assert config.endpoint.startswith("ipc://")     # bound by the replica, local to this host
