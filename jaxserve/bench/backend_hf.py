@@ -10,6 +10,13 @@ and stamps the time, so token i of every row in a batch gets that step's time (T
 are real). A request is only handed back when its whole batch returns, so its finished time is
 the batch's end (E2E and TPOT include waiting for longer rows). Every request arrives at the
 start of the run; a later batch's requests wait in the queue for the earlier batches.
+
+`hf-compiled` is the same path as the PyTorch side serves it at its best on one machine: a static
+KV cache (`cache_implementation="static"`, sized once for the run's longest sequence) and the
+decode step `torch.compile`d (transformers' own compile of generate's decoding forward, asked for
+on every device; the prompt's forward stays eager, as transformers runs it). Every batch is padded
+to the batch size with copies of its first request, so the compiled step meets one shape; the
+copies' tokens are not counted. Its compilation runs in the warmup, untimed.
 """
 
 from __future__ import annotations
@@ -39,13 +46,16 @@ class _StepClock:
 
 
 class HFStaticBackend:
-    name = "hf"
-
-    def __init__(self, spec: ModelSpec, batch_size: int = 16, label: str | None = None, dtype: str = "float32") -> None:
+    def __init__(self, spec: ModelSpec, batch_size: int = 16, label: str | None = None, dtype: str = "float32",
+                 *, compiled: bool = False, max_seq_len: int = 2048) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.batch_size = batch_size
-        self.label = label or f"hf[batch={batch_size}]"
+        self.compiled = compiled
+        self.name = "hf-compiled" if compiled else "hf"
+        self.label = label or f"{self.name}[batch={batch_size}]"
+        self.max_cache_len = max_seq_len
+        self.compile_config = _compile_everywhere() if compiled else None
         t = time.perf_counter()
         self.model = load_hf_model(spec, dtype)
         self.startup_s = time.perf_counter() - t
@@ -56,6 +66,8 @@ class HFStaticBackend:
         import torch
         from transformers import StoppingCriteriaList
 
+        if self.compiled:     # one shape for the compiled step: whole batches (the copies are not counted)
+            batch = list(batch) + [batch[0]] * (self.batch_size - len(batch))
         width = max(len(r.prompt_token_ids) for r in batch)
         ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(batch), width), dtype=torch.long)
@@ -65,11 +77,13 @@ class HFStaticBackend:
         n = max(r.output_len for r in batch)
         clock = _StepClock()
         dev = self.model.device
+        static = (dict(cache_implementation="static", max_cache_len=max(self.max_cache_len, width + n),
+                       compile_config=self.compile_config) if self.compiled else {})
         with torch.inference_mode():
             out = self.model.generate(
                 input_ids=ids.to(dev), attention_mask=mask.to(dev), max_new_tokens=n, min_new_tokens=n,
                 do_sample=False, temperature=None, top_p=None, top_k=None, pad_token_id=self.pad_id,
-                stopping_criteria=StoppingCriteriaList([clock]),
+                stopping_criteria=StoppingCriteriaList([clock]), **static,
             )
         return out.cpu(), clock.times, width
 
@@ -100,13 +114,26 @@ class HFStaticBackend:
                         first_scheduled_time=start, token_times=tuple(times[:len(toks)]), group=r.group,
                     ))
                 bar.update(len(batch))
-        return BackendRun(
-            self.name, self.label, records, time.perf_counter() - t0, self.checkpoint_identity,
-            config={"batch_size": self.batch_size, "startup_s": self.startup_s, "padding": "left"},
-            output_token_ids=outputs,
-            notes=["token times are the batch's step times; a request finishes when its batch returns",
-                   "each batch generates its longest output for every row; only requested tokens count"],
-        )
+        notes = ["token times are the batch's step times; a request finishes when its batch returns",
+                 "each batch generates its longest output for every row; only requested tokens count"]
+        config = {"batch_size": self.batch_size, "startup_s": self.startup_s, "padding": "left"}
+        if self.compiled:
+            config.update(cache="static", max_cache_len=self.max_cache_len, compiled="decode step (inductor)")
+            notes.append("static KV cache; the decode step torch.compile'd (compiled in the warmup); batches "
+                         "padded to batch_size rows")
+        return BackendRun(self.name, self.label, records, time.perf_counter() - t0, self.checkpoint_identity,
+                          config=config, output_token_ids=outputs, notes=notes)
 
     def close(self) -> None:
         self.model = None
+
+
+def _compile_everywhere():
+    """transformers' compile of generate's decoding forward, on the CPU too (it compiles only on
+    accelerators unless asked): static shapes, inductor's default mode (reduce-overhead's CUDA
+    graphs have no CPU counterpart)."""
+    from transformers import CompileConfig
+
+    config = CompileConfig(fullgraph=True, dynamic=False, mode="default")
+    config._compile_all_devices = True
+    return config

@@ -7,7 +7,7 @@ from typing import Any
 from jaxserve.bench.backend_base import Backend, BackendRun, RunOptions, UnsupportedBackend
 from jaxserve.bench.model_files import ModelSpec
 
-BACKENDS = ("jaxserve", "hf", "hf-cb", "vllm", "llamacpp")
+BACKENDS = ("jaxserve", "hf", "hf-compiled", "hf-cb", "vllm", "llamacpp")
 
 
 def make_backend(name: str, spec: ModelSpec, *, engine_kwargs: dict[str, Any] | None = None,
@@ -20,7 +20,7 @@ def make_backend(name: str, spec: ModelSpec, *, engine_kwargs: dict[str, Any] | 
         from jaxserve.bench.backend_jaxserve import JaxServeBackend
 
         return JaxServeBackend(spec.path, engine_kwargs, label=label, api=jaxserve_api, progress=progress)
-    if name in ("hf", "hf-cb") and not progress:
+    if name in ("hf", "hf-compiled", "hf-cb") and not progress:
         from jaxserve.bench.hf_loading import disable_progress_bars
 
         disable_progress_bars()
@@ -28,6 +28,11 @@ def make_backend(name: str, spec: ModelSpec, *, engine_kwargs: dict[str, Any] | 
         from jaxserve.bench.backend_hf import HFStaticBackend
 
         return HFStaticBackend(spec, batch_size=hf_batch_size, label=label, dtype=dtype)
+    if name == "hf-compiled":
+        from jaxserve.bench.backend_hf import HFStaticBackend
+
+        return HFStaticBackend(spec, batch_size=hf_batch_size, label=label, dtype=dtype, compiled=True,
+                               max_seq_len=max_seq_len)
     if name == "hf-cb":
         from jaxserve.bench.backend_hf_cb import HFContinuousBackend
 
