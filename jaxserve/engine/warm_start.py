@@ -68,4 +68,4 @@ def prepare(scheduler, runner, plan: WarmPlan) -> BackgroundWarmUp:
     last_cap.append(readiness.cap)
     readiness.on_change = on_change
     log.info("warm-up: %s; the other buckets warm in the background", readiness.describe())
-    return BackgroundWarmUp(runner, readiness)
+    return BackgroundWarmUp(runner, readiness, busy=scheduler.has_unfinished_requests)

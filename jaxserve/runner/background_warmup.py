@@ -51,11 +51,15 @@ def before_bucket(bucket: tuple[int, int]) -> None:
 
 
 class BackgroundWarmUp:
-    def __init__(self, runner, readiness: BucketReadiness, *, first_runs: bool | None = None):
+    def __init__(self, runner, readiness: BucketReadiness, *, first_runs: bool | None = None,
+                 busy: Callable[[], bool] = lambda: False, idle_poll_s: float = 0.2):
         """first_runs: run each bucket once after loading it (default: on the CPU, where a loaded
-        executable's first run builds its fusions' runtime pipelines: warmup.py)."""
+        executable's first run builds its fusions' runtime pipelines: warmup.py). busy: whether
+        requests are live; the plan's `when_idle` buckets wait for it to be False (polled)."""
         self.runner = runner
         self.readiness = readiness
+        self._busy = busy
+        self._idle_poll_s = idle_poll_s
         self.first_runs = jax.default_backend() == "cpu" if first_runs is None else first_runs
         self.compilations = compile_counter.CompileCounter()
         self.seconds = 0.0                 # wall clock from start to the last bucket
@@ -95,6 +99,9 @@ class BackgroundWarmUp:
                 if self._stop.is_set():
                     break
                 before_bucket(bucket)
+                if bucket in self.readiness.plan.when_idle:
+                    while self._busy() and not self._stop.is_set():
+                        self._stop.wait(self._idle_poll_s)   # serving needs the cores more
                 if self._stop.is_set():
                     break
                 try:

@@ -72,6 +72,9 @@ def test_the_plan_warms_small_decode_steps_then_larger_prompt_chunks_then_tighte
         caps.append(coverage_cap(EIGHT, frozenset(warm), 8, 64))
     assert [c.tokens for c in caps[:4]] == [16] * 4 and caps[-1] is None
     assert [c.tokens for c in caps[4:8]] == [32, 64, 128, 256]
+    # the rest save padding only: warmed while no request is live
+    assert plan.when_idle == frozenset(plan.rest[9:]) and (8, 1) in plan.when_idle
+    assert all(d < 8 or p < 2 for d, p in plan.when_idle)
 
 
 def test_the_default_configuration_turns_ready_after_2_of_its_37_buckets():
