@@ -10,7 +10,8 @@ warm` first primes them with a start that runs until every bucket is warm, then 
 them. As soon as its log says "jaxserve ready", `--streams` closed-loop clients (gRPC, each a
 fresh prompt of `--prompt-len` random token ids, `--output-len` tokens, greedy, ignore_eos) run
 for `--window-s` seconds; the tokens that arrive inside the window are counted. Then the script
-waits for the log's "warm-up: all" and runs the same window again. `--checkout DIR` runs another
+waits for the log's "warm-up: all" (and, where start-up deferred its calibration to an idle
+engine, for that to run: it would stall the window's steps) and runs the same window again. `--checkout DIR` runs another
 checkout's code (jaxserve.bench.run_from_checkout), for a before/after on one machine.
 
 A benchmark, not a test: the numbers depend on the machine and its load (recorded beside them);
@@ -43,6 +44,8 @@ from jaxserve.client import GenerationClient  # noqa: E402
 
 READY = "jaxserve ready"
 ALL_WARM = "warm-up: all"
+PROVISIONAL = "provisional until this machine's timings are measured"   # engine/builder.py: calibration deferred
+CALIBRATED = "calibrated while idle"      # engine/deferred_calibration.py: the deferred calibration ran
 GUARD_S = 1800.0     # a start or a warm-up that never gets there ends the run instead of hanging it
 
 
@@ -68,6 +71,14 @@ class Server:
         # cwd outside any checkout: a folder named sched/ must not shadow the standard library's
         self.proc = subprocess.Popen(cmd, cwd=tempfile.gettempdir(), stdout=self._log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+    def settled(self) -> float:
+        """Seconds from the spawn until every bucket is warm and a deferred calibration has run
+        (it runs on the step thread once the engine is idle: a window during it would time it)."""
+        at = self.wait_for(ALL_WARM)
+        if PROVISIONAL in open(self.log_path, errors="replace").read():
+            at = self.wait_for(CALIBRATED)
+        return at
 
     def wait_for(self, line: str) -> float:
         """Seconds from the spawn until the log holds `line`."""
@@ -134,7 +145,7 @@ def run(args) -> dict:
     if args.start == "warm":
         primer = Server(args, caches, os.path.join(scratch, "prime.log"))
         try:
-            primer.wait_for(ALL_WARM)
+            primer.settled()      # the caches then hold every bucket and this machine's timings
         finally:
             primer.stop()
     server = Server(args, caches, os.path.join(scratch, "serve.log"))
@@ -142,6 +153,7 @@ def run(args) -> dict:
         out["ready_s"] = server.wait_for(READY)
         out["at_ready"] = window(server.port, args, seed=1)
         out["all_warm_s"] = server.wait_for(ALL_WARM)
+        out["settled_s"] = server.settled()
         out["warm"] = window(server.port, args, seed=2)
         log = open(server.log_path, errors="replace").read()
         out["ready_line"] = next((ln for ln in log.splitlines() if READY in ln), "")

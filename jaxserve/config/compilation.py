@@ -39,10 +39,12 @@ class CompilationConfig:
     warm_up: str = option(
         "all", "first runs before requests: all (every step is loaded and run once before the engine takes a "
                "request, so none pays a step's slow first run), background (the engine is ready once the steps "
-               "of one request in 8-token chunks are warm, and warms the rest in a thread; steps are capped to "
-               "warm ones meanwhile: `jaxserve serve`'s default) or none (steps load at first use; for callers "
-               "that warm what their first requests need, as `jaxserve generate` does)",
-        choices=("all", "background", "none"))
+               "of every seat with a prompt tile beside them are warm, and warms the rest in a thread, those that "
+               "only save padding while idle; steps run padded in warm ones meanwhile: `jaxserve serve`'s "
+               "default), serving (ready once every step a full server needs is warm, the padding-only ones "
+               "warmed while idle: full speed at ready, later ready) or none (steps load at first use; for "
+               "callers that warm what their first requests need, as `jaxserve generate` does)",
+        choices=("all", "background", "serving", "none"))
 
     def __post_init__(self) -> None:
         check_positive_int(self, "prefill_tile")

@@ -313,11 +313,11 @@ def _serve(config: EngineConfig, model_config: ModelConfig, params, *, dtype: st
     `requantize`: a quantized engine's pass from float tensors to its params; `chat_template`: the
     one used instead of the tokenizer's (default: config.model.chat_template)."""
     tp = config.parallel.tensor_parallel_size
-    if config.compilation.warm_up == "background":
+    if config.compilation.warm_up in warm_start.BACKGROUND_MODES:
         refusal = warm_start.background_refusal(config, multi_host=hosts is not None)
         if refusal is not None:
-            log.info("warm_up='background' is not built for %s: every bucket warms before the engine is ready",
-                     refusal)
+            log.info("warm_up=%r is not built for %s: every bucket warms before the engine is ready",
+                     config.compilation.warm_up, refusal)
             config = dataclasses.replace(config, compilation=dataclasses.replace(config.compilation, warm_up="all"))
     max_model_len = config.model.max_model_len or min(model_config.max_position_embeddings, MAX_DEFAULT_MODEL_LEN)
     if max_model_len > model_config.max_position_embeddings:
@@ -350,7 +350,7 @@ def _serve(config: EngineConfig, model_config: ModelConfig, params, *, dtype: st
                 runner.load_executables(progress=progress)   # compiled here while rank 0 compiles its own
             hosts.follow_then_exit(runner)    # until rank 0 ends (or the watchdog ends this process)
         lead(hosts, runner)                   # from here every step rank 0 runs, the followers run too
-    plan = warm_start.plan(config, runner) if config.compilation.warm_up == "background" else None
+    plan = warm_start.plan(config, runner) if config.compilation.warm_up in warm_start.BACKGROUND_MODES else None
     if config.compilation.warm_up == "all" or plan is not None:
         # background: only the first set's buckets now, the rest once the engine serves
         report = warm_up(runner, plan.first if plan is not None else None, progress=progress)

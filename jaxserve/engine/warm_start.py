@@ -42,9 +42,14 @@ def background_refusal(config: EngineConfig, multi_host: bool) -> str | None:
     return None
 
 
+BACKGROUND_MODES = ("background", "serving")
+
+
 def plan(config: EngineConfig, runner) -> WarmPlan:
-    return warm_plan(runner.shapes, max_num_seqs=config.scheduler.max_num_seqs,
-                     max_num_batched_tokens=config.scheduler.max_num_batched_tokens)
+    """The warm-up plan; warm_up="serving" warms every bucket but the padding-only ones first."""
+    p = warm_plan(runner.shapes, max_num_seqs=config.scheduler.max_num_seqs,
+                  max_num_batched_tokens=config.scheduler.max_num_batched_tokens)
+    return p.serving_first() if config.compilation.warm_up == "serving" else p
 
 
 def prepare(scheduler, runner, plan: WarmPlan) -> BackgroundWarmUp:

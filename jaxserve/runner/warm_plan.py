@@ -50,6 +50,12 @@ class WarmPlan:
     def buckets(self) -> tuple[tuple[int, int], ...]:
         return self.first + self.rest
 
+    def serving_first(self) -> "WarmPlan":
+        """warm_up="serving": every bucket but the padding-only ones warm before ready."""
+        needed = tuple(b for b in self.rest if b not in self.when_idle)
+        fits = tuple(b for b in self.rest if b in self.when_idle)
+        return WarmPlan(self.first + needed, fits, self.when_idle, self.max_num_seqs, self.max_tiles)
+
 
 def buckets_under(shapes: RunnerShapes, seats: int, tiles: int) -> set[tuple[int, int]]:
     """Every bucket a step of at most `seats` decode rows and `tiles` prefill tiles can pick

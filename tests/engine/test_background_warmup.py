@@ -238,3 +238,23 @@ def test_lora_adapters_load_while_the_buckets_warm(tiny_llama_dir, held, dispatc
     assert after == during and base[0] != during[0]
     assert llm.stats().steps.num_compilations_after_warmup == 0
     check_invariants(llm.engine.scheduler)
+
+
+def test_serving_mode_is_ready_with_every_step_a_full_server_needs(tiny_llama_dir, held, dispatched):
+    """warm_up="serving": the engine returns with every bucket but the padding-only ones warm and
+    no cap; those warm only while it is idle."""
+    llm = LLM(tiny_llama_dir, **{**TINY_ENGINE, "warm_up": "serving", "swap_space": 0})
+    engine, runner = llm.engine, llm.engine.runner
+    readiness = engine.background_warm_up.readiness
+    runner.readiness_under_test = readiness
+    assert engine.scheduler.step_cap is None
+    assert {b for b in runner.shapes.buckets() if readiness.is_ready(b)} == set(readiness.plan.first)
+    assert set(readiness.pending()) == readiness.plan.when_idle != set()
+    out = llm.generate(_prompts(seed=4, n=4), SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True),
+                       use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in out] == [5] * 4
+    assert dispatched and all(ready for _, ready in dispatched) and max(dispatched.requests) == 4
+    for _ in range(readiness.total):
+        held.release()
+    assert engine.background_warm_up.join(GUARD_S) and readiness.all_ready
+    assert llm.stats().steps.num_compilations_after_warmup == 0

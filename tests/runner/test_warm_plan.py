@@ -107,3 +107,11 @@ def test_readiness_follows_each_mark_and_tells_the_runner_and_the_scheduler():
     r.mark_ready(r.pending())
     assert r.all_ready and r.cap is None and r.warm is None and changes[-1] == (None, None)
     assert r.num_ready == r.total and r.wait_all(0)
+
+
+def test_serving_mode_warms_everything_but_the_padding_only_buckets_before_ready():
+    plan = warm_plan(EIGHT, max_num_seqs=8, max_num_batched_tokens=512)
+    serving = plan.serving_first()
+    assert set(serving.first) == set(plan.buckets) - plan.when_idle
+    assert set(serving.rest) == set(serving.when_idle) == plan.when_idle
+    assert coverage_cap(EIGHT, frozenset(serving.first), 8, 64) is None   # no cap from the first step
