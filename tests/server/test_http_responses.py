@@ -236,6 +236,54 @@ def test_a_client_leaving_mid_stream_aborts_the_response_and_it_is_not_stored(se
         client.responses.retrieve(created["response"]["id"])
 
 
+# what the Open Responses ResponseResource requires of every Response (its compliance suite's schema)
+REQUIRED_FIELDS = {"id", "object", "created_at", "completed_at", "status", "incomplete_details", "model",
+                   "previous_response_id", "instructions", "output", "error", "tools", "tool_choice", "truncation",
+                   "parallel_tool_calls", "text", "top_p", "presence_penalty", "frequency_penalty", "top_logprobs",
+                   "temperature", "reasoning", "usage", "max_output_tokens", "max_tool_calls", "store", "background",
+                   "service_tier", "metadata", "safety_identifier", "prompt_cache_key"}
+
+
+def test_a_response_has_every_field_open_responses_requires_at_its_effective_value(server, client):
+    r = client.post("/responses", cast_to=object, body={"model": server.model, "input": PROMPT, "max_output_tokens": 2})
+    assert REQUIRED_FIELDS <= r.keys(), REQUIRED_FIELDS - r.keys()
+    assert (r["presence_penalty"], r["frequency_penalty"], r["top_logprobs"], r["max_tool_calls"]) == (0, 0, 0, None)
+    events = list(client.responses.create(model=server.model, input=PROMPT, max_output_tokens=2, max_tool_calls=3,
+                                          include=["message.output_text.logprobs"], top_logprobs=2, stream=True,
+                                          extra_body={"presence_penalty": 0.5, "frequency_penalty": -0.25}))
+    r = events[-1].response.model_dump(mode="json")     # the streamed answer's last snapshot
+    assert REQUIRED_FIELDS <= r.keys(), REQUIRED_FIELDS - r.keys()
+    assert (r["presence_penalty"], r["frequency_penalty"], r["top_logprobs"], r["max_tool_calls"]) == (0.5, -0.25, 2, 3)
+
+
+def test_a_function_tool_is_echoed_with_every_field(server, client):
+    """OpenAI's FunctionTool: description, parameters and strict are null when unset (tool_choice none: the tiny
+    Llama's template renders no tools, and none renders none)."""
+    tools = [{"type": "function", "name": "f"},
+             {"type": "function", "name": "g", "description": "G", "parameters": {"type": "object"}, "strict": False}]
+    r = client.post("/responses", cast_to=object, body={"model": server.model, "input": PROMPT, "max_output_tokens": 2,
+                                                         "tools": tools, "tool_choice": "none"})
+    assert r["tools"] == [{"type": "function", "name": "f", "description": None, "parameters": None, "strict": None},
+                          tools[1]]
+
+
+def test_the_penalties_are_the_samplers(server, client):
+    from jaxserve import SamplingParams
+
+    items = [{"role": "user", "content": "Say one two one two one two one two"}]
+    r = client.responses.create(model=server.model, input=items, max_output_tokens=12, temperature=0,
+                                extra_body={"ignore_eos": True, "presence_penalty": 2.0, "frequency_penalty": 1.5})
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, presence_penalty=2.0,
+                            frequency_penalty=1.5)
+
+    def run(llm):
+        ids = llm.engine.tokenizer.apply_chat_template(items, add_generation_prompt=True, tokenize=True)
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        return llm.generate({"prompt_token_ids": ids}, params, use_tqdm=False)[0]
+    assert r.output_text == server.reference(run).outputs[0].text
+    assert (r.presence_penalty, r.frequency_penalty) == (2.0, 1.5)
+
+
 def test_the_store_keeps_the_most_recent():
     from jaxserve.server.http.responses_store import ResponseStore, StoredResponse
     from jaxserve.server.http.responses_schemas import ResponseObject
@@ -285,6 +333,7 @@ def test_the_store_size_is_a_server_setting():
     ({"text": {"format": {"type": "json_schema", "name": "t"}}}, "text.format.schema", "required"),
     ({"max_output_tokens": 0}, "max_output_tokens", "max_tokens"),
     ({"temperature": -1}, "temperature", "temperature"),
+    ({"presence_penalty": 3}, "presence_penalty", "[-2, 2]"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "input[0].content[0]", "only text parts"),
     ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{"}]}, "input[0].arguments",

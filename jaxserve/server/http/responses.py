@@ -202,6 +202,7 @@ def sampling_of(req: ResponsesRequest, front: OpenAIFront, aengine: AsyncEngine)
     logprobs = LOGPROBS_INCLUDE in (req.include or [])
     fields = dict(
         messages=[], max_completion_tokens=req.max_output_tokens, temperature=req.temperature, top_p=req.top_p,
+        presence_penalty=req.presence_penalty or 0.0, frequency_penalty=req.frequency_penalty or 0.0,
         top_k=req.top_k, min_p=req.min_p, repetition_penalty=req.repetition_penalty, seed=req.seed, stop=req.stop,
         ignore_eos=req.ignore_eos, response_format=response_format, logprobs=logprobs,
         top_logprobs=req.top_logprobs, tools=chat_tools(req), tool_choice=chat_tool_choice(req.tool_choice))

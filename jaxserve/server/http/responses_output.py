@@ -87,8 +87,11 @@ class ResponseBuilder:
             parallel_tool_calls=r.parallel_tool_calls if r.parallel_tool_calls is not None else True,
             previous_response_id=r.previous_response_id, store=r.store is not False,
             temperature=r.temperature if r.temperature is not None else 1.0,
-            top_p=r.top_p if r.top_p is not None else 1.0, top_logprobs=r.top_logprobs, text=text,
-            tool_choice=r.tool_choice if r.tool_choice is not None else "auto", tools=list(r.tools or []),
+            top_p=r.top_p if r.top_p is not None else 1.0, top_logprobs=r.top_logprobs or 0, text=text,
+            presence_penalty=r.presence_penalty or 0.0, frequency_penalty=r.frequency_penalty or 0.0,
+            max_tool_calls=r.max_tool_calls,
+            tool_choice=r.tool_choice if r.tool_choice is not None else "auto",
+            tools=[echoed_tool(t) for t in r.tools or []],
             truncation=r.truncation or "disabled", usage=_usage(usage) if usage is not None else None,
             user=r.user, safety_identifier=r.safety_identifier, prompt_cache_key=r.prompt_cache_key,
             metadata=dict(r.metadata or {}))
@@ -115,6 +118,16 @@ class ResponseBuilder:
 
     def finished(self, output: list[OutputItem], answer: AnswerText, usage: Usage) -> ResponseObject:
         return self.snapshot(status="incomplete" if answer.cut_short else "completed", output=output, usage=usage)
+
+
+def echoed_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """A request's tool as the Response echoes it: a function tool with every field of OpenAI's
+    FunctionTool (description, parameters and strict null when unset); others as they came (the
+    request refuses them before a Response is built)."""
+    if tool.get("type") != "function":
+        return dict(tool)
+    return {"type": "function", "name": tool.get("name"), "description": None, "parameters": None, "strict": None,
+            **tool}
 
 
 def as_chat_message(output: list[OutputItem]) -> dict[str, Any]:

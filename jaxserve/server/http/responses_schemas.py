@@ -52,6 +52,8 @@ class ResponsesRequest(_Request):
     max_output_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
+    presence_penalty: float | None = None     # Open Responses' request has them (chat's, as chat checks them)
+    frequency_penalty: float | None = None
     text: TextConfig | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
@@ -261,6 +263,7 @@ class ResponseObject(BaseModel):
     incomplete_details: IncompleteDetails | None = None
     instructions: str | None = None
     max_output_tokens: int | None = None
+    max_tool_calls: int | None = None       # echoed: it limits built-in tools' calls, and this server has none
     model: str
     output: list[OutputItem] = Field(default_factory=list)
     parallel_tool_calls: bool = True
@@ -269,7 +272,9 @@ class ResponseObject(BaseModel):
     store: bool = True
     temperature: float = 1.0
     top_p: float = 1.0
-    top_logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    top_logprobs: int = 0
     text: dict[str, Any]
     tool_choice: str | dict[str, Any] = "auto"
     tools: list[dict[str, Any]] = Field(default_factory=list)
