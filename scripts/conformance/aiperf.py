@@ -101,11 +101,7 @@ def stat(m: dict, name: str, key: str = "avg") -> str:
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    serve_extra = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, serve_extra = argv[:i], argv[i + 1:]
+    argv, serve_extra = served.split_serve_args(argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--url", help="a running server's /v1 base URL (default: start `jaxserve serve` here)")
     p.add_argument("--target", default="jaxserve")

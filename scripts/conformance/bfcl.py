@@ -251,11 +251,7 @@ def pct(x) -> str:
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    serve_extra = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, serve_extra = argv[:i], argv[i + 1:]
+    argv, serve_extra = served.split_serve_args(argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--url", help="a running server's /v1 base URL (default: start `jaxserve serve` here)")
     p.add_argument("--target", default="jaxserve", help="the server's name in the results (default jaxserve)")

@@ -132,11 +132,7 @@ def run_test(bun: str, path: str, url: str, model: str, test: dict, timeout: flo
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    serve_extra = None
-    if "--" in argv:
-        i = argv.index("--")
-        argv, serve_extra = argv[:i], argv[i + 1:]
+    argv, serve_extra = served.split_serve_args(argv, DEFAULT_SERVE)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--url", help="a running server's /v1 base URL (default: start `jaxserve serve` here)")
     p.add_argument("--target", default="jaxserve")
@@ -150,7 +146,6 @@ def main(argv=None) -> int:
     p.add_argument("--test-timeout", type=float, default=900)
     p.add_argument("--out", help="result JSON (default docs/results/conformance-open-responses[-TARGET].json)")
     args = p.parse_args(argv)
-    serve_extra = DEFAULT_SERVE if serve_extra is None else serve_extra
     bun = find_bun(args.bun)
     path, commit = suite_tree(args, bun)
     tests = suite_tests(bun, path)

@@ -28,6 +28,15 @@ RESULTS = os.path.join(ROOT, "docs", "results")
 START_GUARD_S = 900.0    # a first start compiles (about a minute on 2 cores); a start that never ends fails
 
 
+def split_serve_args(argv: list[str] | None, default: list[str] = ()) -> tuple[list[str], list[str]]:
+    """(the script's own arguments, those after `--` for `jaxserve serve`; `default` without a `--`)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--" not in argv:
+        return argv, list(default)
+    i = argv.index("--")
+    return argv[:i], argv[i + 1:]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
