@@ -79,7 +79,10 @@ def profile(aiperf: str, url: str, model: str, endpoint: str, tokenizer: str, ou
         cmd += ["--extra-inputs", "ignore_eos:true"]
     print("running: " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    # not HF_HUB_OFFLINE: aiperf 0.13.0's offline path cannot load a tokenizer folder (HFValidationError); a
+    # folder needs no hub either way
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     seconds = round(time.perf_counter() - t0, 1)
     found = glob.glob(os.path.join(out_dir, "**", "profile_export_aiperf.json"), recursive=True)
     if p.returncode != 0 or not found:
@@ -125,6 +128,17 @@ def main(argv=None) -> int:
     artifacts = args.artifacts or os.path.join("/tmp", f"aiperf-{args.target}-{int(time.time())}")
     runs = []
     t0 = time.perf_counter()
+    prov = served.provenance([os.path.relpath(sys.argv[0], served.ROOT), *sys.argv[1:]])
+    out = args.out or os.path.join(served.RESULTS, "conformance-aiperf.json" if args.target == "jaxserve"
+                                   else f"conformance-aiperf-{args.target}.json")
+
+    def result(model: str) -> dict:
+        return {"suite": "aiperf", "aiperf": version, "target": args.target, "model": model,
+                "settings": {"concurrency": args.concurrency, "requests": args.requests, "warmup": args.warmup,
+                             "isl": args.isl, "osl": args.osl, "streaming": True, "tokenizer": tokenizer,
+                             "serve_flags": serve_extra if not args.url else None, "url": args.url},
+                **prov, "seconds": round(time.perf_counter() - t0, 1), "runs": runs}
+
     with served.jaxserve(serve_extra, url=args.url) as url:
         model = served.served_model(url)
         for endpoint in [e.strip() for e in args.endpoints.split(",") if e.strip()]:
@@ -140,14 +154,7 @@ def main(argv=None) -> int:
                       flush=True)
             else:
                 print(f"{args.target} {endpoint:9s} FAILED (rc {r['returncode']}):\n{r['tail'][-1500:]}", flush=True)
-    result = {"suite": "aiperf", "aiperf": version, "target": args.target, "model": model,
-              "settings": {"concurrency": args.concurrency, "requests": args.requests, "warmup": args.warmup,
-                           "isl": args.isl, "osl": args.osl, "streaming": True, "tokenizer": tokenizer,
-                           "serve_flags": serve_extra if not args.url else None, "url": args.url},
-              **served.provenance([os.path.relpath(sys.argv[0], served.ROOT), *sys.argv[1:]]),
-              "seconds": round(time.perf_counter() - t0, 1), "runs": runs}
-    name = "conformance-aiperf.json" if args.target == "jaxserve" else f"conformance-aiperf-{args.target}.json"
-    served.write_result(name, result, args.out)
+            served.write_result("", result(model), out)     # after each endpoint: a cut-short run keeps its part
     return 0 if all(r["ok"] for r in runs) else 1
 
 
