@@ -21,7 +21,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-SOURCES = ("int8_dot.cc",)
+SOURCES = ("int8_dot.cc", "int4_dot.cc")
 ENV_SWITCH = "JAXSERVE_CPU_KERNELS"       # "0" keeps XLA's own ops everywhere
 CACHE_ENV = "JAXSERVE_CPU_KERNELS_CACHE"  # where the built library goes (default ~/.cache/jaxserve/cpu_kernels)
 
@@ -85,7 +85,7 @@ def build_library(extra_flags: tuple[str, ...] = ()) -> Path:
 
 
 # handler symbol in the library -> the FFI target name the traced code calls
-HANDLERS = {"JaxserveInt8Dot": "jaxserve_int8_dot"}
+HANDLERS = {"JaxserveInt8Dot": "jaxserve_int8_dot", "JaxserveInt4Dot": "jaxserve_int4_dot"}
 
 
 @functools.cache
@@ -97,7 +97,7 @@ def registered() -> bool:
     try:
         library = ctypes.cdll.LoadLibrary(str(build_library()))
     except (RuntimeError, OSError) as err:
-        log.warning("jaxserve's CPU kernels are unavailable (%s); XLA's own int8 dot serves instead", err)
+        log.warning("jaxserve's CPU kernels are unavailable (%s); XLA's own dots serve instead", err)
         return False
     import jax.ffi
 

@@ -21,7 +21,9 @@ How the scale meets the dot:
   scale multiplies the [T, out] result: one multiply per output, not per weight.
 - group-wise (int4, GGUF blocks): the groups are dequantized to the compute dtype in front of the
   dot (unpack, subtract, scale: elementwise ops XLA fuses into the operand of the dot on GPU; on
-  the CPU it materializes the [in, out] weight per step).
+  the CPU it materializes the [in, out] weight per step). A CPU step of a few rows (at most
+  cpu_kernels/int4_dot.py's MAX_ROWS) instead runs the native int4 kernel on the packed bytes,
+  its activations rounded to int8 per group (llama.cpp's Q4 x Q8 dot).
 - fp8: x / act_scale cast to e4m3, an e4m3 x e4m3 dot accumulated in float32 (an FP8 GEMM on
   Hopper), times act_scale * scale.
 - w8a8: x * act_smooth rounded to int8 with one scale per row (token), an int8 x int8 dot
@@ -39,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cpu_kernels import int8_dot
+from cpu_kernels import int4_dot, int8_dot
 from jaxserve.models import batch_invariant
 from jaxserve.models.lora_delta import current_rows, has_lora, lora_delta
 
@@ -93,6 +95,14 @@ def matmul(x: jax.Array, p: dict, dtype: Any, precision=None) -> jax.Array:
                          "dot is not row-tiled)")
     if "act_smooth" in p:      # w8a8: nothing is widened
         return _w8a8_matmul(x, p["qweight"], p["scale"][0], p["act_smooth"]).astype(dtype)
+    q, scale = p["qweight"], p["scale"]
+    if quant_kind(q) == "int4" and _int4_native(x, scale):
+        # a decode step's few rows on the CPU: the packed nibbles straight into the native kernel
+        # (cpu_kernels/int4_dot.py), the activations rounded to int8 per group as llama.cpp's are;
+        # nothing is widened, so the ordering below is not needed
+        lead = x.shape[:-1]
+        y = int4_dot.int4_dot(x.reshape(-1, x.shape[-1]), q, scale, p.get("offset"))
+        return y.reshape(*lead, q.shape[1]).astype(dtype)
     # XLA:CPU runs independent thunks concurrently, and nothing ties a weight's widening to the
     # layer it serves: it widened every layer's weights at the start of the step, writing and
     # reading back hundreds of MB (int8 decoded 5.8x slower than float32). Tied to the layer's
@@ -113,6 +123,13 @@ def matmul(x: jax.Array, p: dict, dtype: Any, precision=None) -> jax.Array:
     w = dequantize_weight(p, dtype)
     return jax.lax.dot_general(x.astype(dtype), w, dims, precision=precision,
                                preferred_element_type=jnp.float32).astype(dtype)
+
+
+def _int4_native(x: jax.Array, scale: jax.Array) -> bool:
+    rows = int(np.prod(x.shape[:-1]))
+    limit = int4_dot.max_rows()
+    return (int8_dot.active() and (limit is None or rows <= limit)
+            and int4_dot.supports(x.shape[-1], scale.shape[0]))
 
 
 # XLA:CPU's int8 dot takes a slow path for a single row (148 ms against 11 ms for two rows over the

@@ -22,6 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cpu_kernels import int4_dot
+from cpu_kernels.int8_dot import cpu_kernels
 from jaxserve.models import registry
 from jaxserve.models.attention import dense_causal_attention
 from jaxserve.models.config import ModelConfig
@@ -69,7 +71,7 @@ class Scorer:
     """One compiled forward of a model over a fixed-width padded window: ids [width] -> logits
     [width, V]. Causal attention: padding after a position never changes its logits."""
 
-    def __init__(self, params, config: ModelConfig, width: int, attention=None):
+    def __init__(self, params, config: ModelConfig, width: int, attention=None, native_int4_dot: bool = False):
         attention = attention or dense_causal_attention(config)
         self.params, self.width = params, width
 
@@ -79,7 +81,15 @@ class Scorer:
             hidden, _ = model.forward(params, config, ids, jnp.arange(width, dtype=jnp.int32), None, attention)
             return model.compute_logits(params, config, hidden)
 
-        self._run = jax.jit(run, compiler_options=FAST_COMPILE)
+        run = jax.jit(run, compiler_options=FAST_COMPILE)
+        if native_int4_dot:            # traced now, inside the switches, and kept compiled
+            with cpu_kernels(), int4_dot.every_row():
+                example = jnp.zeros(width, jnp.int32)
+                run = run.lower(params, example).compile()
+                if "jaxserve_int4_dot" not in run.as_text():
+                    raise ValueError("the native int4 kernel is not available here (no C++ compiler, "
+                                     "JAXSERVE_CPU_KERNELS=0, or no int4 projection it computes)")
+        self._run = run
 
     def logits(self, ids) -> np.ndarray:
         padded = np.zeros(self.width, np.int32)
@@ -147,8 +157,9 @@ def measure_accuracy(modes: list[str], *, source: str | None = None, heldout_tex
             continue
         mp = mode_params(mode, ckpt, config, source=source, calibration_data=calibration_data, cache_dir=cache_dir)
         attention = kv_fake_quant_attention(config, mp.kv_scales, mp.kv_dtype) if mp.kv_scales else None
-        ppl = perplexity(Scorer(mp.params, config, len(text_ids), attention).logits(text_ids), text_ids)
-        scorer = Scorer(mp.params, config, prompt_width, attention)
+        native = mp.native_int4_dot
+        ppl = perplexity(Scorer(mp.params, config, len(text_ids), attention, native).logits(text_ids), text_ids)
+        scorer = Scorer(mp.params, config, prompt_width, attention, native)
         if references is None:
             references = greedy_reference(scorer, prompt_ids, match_tokens)
         match = greedy_match(scorer, references, [len(p) for p in prompt_ids])

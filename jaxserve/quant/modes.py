@@ -7,6 +7,9 @@ Every mode starts from the same checkpoint load and goes through the engine's ow
     w8a8, w8a8_lm_head   int8 weights x int8 activations (the second with the LM head in int8 too)
     kv_fp8, kv_int8   float32 weights, quantized KV cache
     int4_gguf_native  a GGUF's own Q4_0/Q4_1 blocks (only for a GGUF source)
+    int4_native_dot   int4 (a GGUF's own blocks, else group 32) with every matmul through the CPU's
+                      native int4 kernel: activations rounded to int8 per group, as a decode step
+                      computes them (cpu_kernels/int4_dot.py)
 """
 
 from __future__ import annotations
@@ -35,7 +38,9 @@ MODES = {
     "kv_fp8": QuantRequest(kv_cache_dtype="fp8_e4m3"),
     "kv_int8": QuantRequest(kv_cache_dtype="int8"),
     "int4_gguf_native": QuantRequest("int4"),
+    "int4_native_dot": QuantRequest("int4", 32),
 }
+NATIVE_INT4_DOT = ("int4_native_dot",)     # modes traced with every int4 row through the native kernel
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,7 @@ class ModeParams:
     kv_scales: dict | None
     kv_dtype: str | None
     weight_bytes: int          # bytes of the decoder projections as served
+    native_int4_dot: bool = False     # trace with every int4 matmul through cpu_kernels/int4_dot.py
 
 
 def mode_params(mode: str, ckpt: Checkpoint, model_config: ModelConfig, *, source: str | None = None,
@@ -53,12 +59,12 @@ def mode_params(mode: str, ckpt: Checkpoint, model_config: ModelConfig, *, sourc
     request = MODES[mode]
     if calibration_data:
         request = dataclasses.replace(request, calibration_data=calibration_data)
-    if mode == "int4_gguf_native":
+    if mode == "int4_gguf_native" or (mode in NATIVE_INT4_DOT and is_gguf(source)):
         ckpt = load_checkpoint(source, native_quantization="int4")
     prepared = prepare(ckpt, request, model_config, jnp.float32, cache_dir)
     params = params_from_hf(model_config, prepared.checkpoint.tensors, jnp.float32)
     return ModeParams(mode, params, prepared.kv_scales, prepared.kv_dtype,
-                      _projection_bytes(prepared.checkpoint))
+                      _projection_bytes(prepared.checkpoint), mode in NATIVE_INT4_DOT)
 
 
 def is_gguf(source: str | None) -> bool:

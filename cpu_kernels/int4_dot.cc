@@ -1,0 +1,245 @@
+// Float rows times an int4 weight, the weight read as its packed nibbles: out[r, n] = sum_k x[r, k] * w[k, n].
+//
+// Why it exists: on a CPU XLA widens a group-wise int4 weight to float in front of its dot, writing and
+// reading back four times the bytes it stored, so int4 decoded no faster than float32. A decode step has
+// a handful of rows and is bound by reading the weight once, so this kernel reads each packed byte once
+// and multiplies it, still packed, into every row while it is in a register.
+//
+// The arithmetic is llama.cpp's Q4 x Q8 dot: each row's activations are rounded to int8 with one scale
+// per weight group (dx = max |x| / 127 over the group's inputs), a group's integer dot is exact, and the
+// float sum is  sum_g dx[r, g] * (scale[g, n] * sum_k xq[r, k] * nibble[k, n]  +  offset[g, n] * sum_k xq[r, k])
+// where a weight element is nibble * scale + offset (offset -8 * scale for the symmetric form). So the
+// result differs from the float dot by the activations' rounding, not by the weight's.
+//
+// The weight is the params' layout (models/linear.py): qweight uint8 [K / 2, N], byte j of group g holds
+// element g * group + j in its low nibble and element g * group + j + group / 2 in its high nibble. A
+// byte's two nibbles are two inputs of one output, so widened to a 16-bit lane (low nibble in the low
+// byte) they meet a 16-bit pair of the row's int8 activations in one multiply-add of unsigned by signed
+// bytes (vpmaddubsw), which sums both products without saturating (2 * 15 * 127 < 32767).
+//
+// Compiled on the machine that runs it (-march=native, cpu_kernels/build.py): AVX2 or plain C++.
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+// Outputs one pass accumulates in registers (two 16-lane int16 vectors per row).
+constexpr int64_t kBlock = 32;
+// Packed rows summed in int16 before they are widened: 8 * 2 * 15 * 127 = 30480 < 32767.
+constexpr int64_t kFlushRows = 8;
+// Rows multiplied in one pass over the weight (their accumulators stay in registers).
+constexpr int64_t kRowGroup = 4;
+
+// One call's activations, rounded: per row, the int8 pairs each packed byte meets, and per group
+// the scale and the sum of the group's int8 values (the offset's factor).
+struct Activations {
+  int64_t m = 0, k = 0, groups = 0, half = 0;
+  std::vector<int16_t> pairs;   // [m, k / 2]: low byte x[g * group + j], high byte x[g * group + j + half]
+  std::vector<float> dx;        // [m, groups]
+  std::vector<float> xsum;      // [m, groups]: dx * sum of the group's int8 values
+
+  void quantize(const float* x, int64_t m_, int64_t k_, int64_t group) {
+    m = m_, k = k_, groups = k_ / group, half = group / 2;
+    pairs.resize(m * (k / 2));
+    dx.resize(m * groups);
+    xsum.resize(m * groups);
+    std::vector<int8_t> q(group);
+    for (int64_t r = 0; r < m; ++r) {
+      for (int64_t g = 0; g < groups; ++g) {
+        const float* xg = x + r * k + g * group;
+        float amax = 0.f;
+        for (int64_t i = 0; i < group; ++i) amax = std::max(amax, std::fabs(xg[i]));
+        const float d = amax > 0.f ? amax / 127.f : 1.f;
+        int32_t s = 0;
+        for (int64_t i = 0; i < group; ++i) {
+          q[i] = int8_t(std::nearbyint(xg[i] / d));     // |x / d| <= 127; ties to even, as jnp.round
+          s += q[i];
+        }
+        for (int64_t j = 0; j < half; ++j)
+          pairs[r * (k / 2) + g * half + j] = int16_t(uint16_t(uint8_t(q[j])) | (uint16_t(uint8_t(q[j + half])) << 8));
+        dx[r * groups + g] = d;
+        xsum[r * groups + g] = d * float(s);
+      }
+    }
+  }
+};
+
+struct Weight {
+  const uint8_t* q;        // [k / 2, n]
+  const float* scale;      // [groups, n]
+  const float* offset;     // [groups, n], or null: symmetric (offset = -8 * scale)
+  int64_t n;
+};
+
+// Outputs [n0, n1) of rows [r0, r0 + rows) with plain C++: the remainder a vector pass leaves, and the
+// whole kernel where no vector unit was compiled for.
+void dot_plain(const Activations& a, const Weight& w, int64_t r0, int64_t rows, int64_t n0, int64_t n1,
+               float* out) {
+  for (int64_t r = r0; r < r0 + rows; ++r) {
+    for (int64_t c = n0; c < n1; ++c) {
+      float acc = 0.f;
+      for (int64_t g = 0; g < a.groups; ++g) {
+        int32_t dot = 0;
+        for (int64_t j = 0; j < a.half; ++j) {
+          const int64_t row = g * a.half + j;
+          const uint8_t b = w.q[row * w.n + c];
+          const uint16_t p = uint16_t(a.pairs[r * (a.k / 2) + row]);
+          dot += int32_t(b & 15) * int32_t(int8_t(p & 255)) + int32_t(b >> 4) * int32_t(int8_t(p >> 8));
+        }
+        const float s = w.scale[g * w.n + c];
+        const float o = w.offset ? w.offset[g * w.n + c] : -8.f * s;
+        acc += a.dx[r * a.groups + g] * float(dot) * s + a.xsum[r * a.groups + g] * o;
+      }
+      out[r * w.n + c] = acc;
+    }
+  }
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+// Group g's share of kBlock outputs starting at c, for ROWS rows starting at r0, added into out.
+template <int ROWS>
+void group_block_avx2(const Activations& a, const Weight& w, int64_t g, int64_t r0, int64_t c, float* out) {
+  const __m256i low4 = _mm256_set1_epi16(0x0F0F);
+  const int64_t half_k = a.k / 2;
+  const float* sg = w.scale + g * w.n + c;
+  for (int64_t j0 = 0; j0 < a.half; j0 += kFlushRows) {
+    __m256i part[ROWS][2];
+    for (int r = 0; r < ROWS; ++r) part[r][0] = part[r][1] = _mm256_setzero_si256();
+    const int64_t j1 = std::min(a.half, j0 + kFlushRows);
+    for (int64_t j = j0; j < j1; ++j) {
+      const int64_t row = g * a.half + j;
+      const uint8_t* src = w.q + row * w.n + c;
+      // each byte widened to 16 bits, its high nibble moved into the high byte: (b | b << 4) & 0x0F0F
+      __m256i lo = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+      __m256i hi = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16)));
+      lo = _mm256_and_si256(_mm256_or_si256(lo, _mm256_slli_epi16(lo, 4)), low4);
+      hi = _mm256_and_si256(_mm256_or_si256(hi, _mm256_slli_epi16(hi, 4)), low4);
+      for (int r = 0; r < ROWS; ++r) {
+        const __m256i xp = _mm256_set1_epi16(a.pairs[(r0 + r) * half_k + row]);
+        part[r][0] = _mm256_add_epi16(part[r][0], _mm256_maddubs_epi16(lo, xp));
+        part[r][1] = _mm256_add_epi16(part[r][1], _mm256_maddubs_epi16(hi, xp));
+      }
+    }
+    for (int r = 0; r < ROWS; ++r) {
+      const __m256 d = _mm256_set1_ps(a.dx[(r0 + r) * a.groups + g]);
+      float* o = out + (r0 + r) * w.n + c;
+      for (int h = 0; h < 2; ++h) {
+        const __m256i p = part[r][h];
+        const __m256 f0 = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(p)));
+        const __m256 f1 = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(p, 1)));
+        const __m256 s0 = _mm256_mul_ps(_mm256_loadu_ps(sg + 16 * h), d);
+        const __m256 s1 = _mm256_mul_ps(_mm256_loadu_ps(sg + 16 * h + 8), d);
+        _mm256_storeu_ps(o + 16 * h, _mm256_fmadd_ps(f0, s0, _mm256_loadu_ps(o + 16 * h)));
+        _mm256_storeu_ps(o + 16 * h + 8, _mm256_fmadd_ps(f1, s1, _mm256_loadu_ps(o + 16 * h + 8)));
+      }
+    }
+  }
+  // the offset's share: offset[g, n] * dx * sum(xq) (symmetric: -8 * scale)
+  const float* og = w.offset ? w.offset + g * w.n + c : sg;
+  for (int r = 0; r < ROWS; ++r) {
+    const float xs = a.xsum[(r0 + r) * a.groups + g];
+    const __m256 f = _mm256_set1_ps(w.offset ? xs : -8.f * xs);
+    float* o = out + (r0 + r) * w.n + c;
+    for (int v = 0; v < 4; ++v)
+      _mm256_storeu_ps(o + 8 * v, _mm256_fmadd_ps(_mm256_loadu_ps(og + 8 * v), f, _mm256_loadu_ps(o + 8 * v)));
+  }
+}
+
+// Outputs [n0, n1) of every row. The weight is read group by group (its half-group of packed rows
+// across the range), so the memory is walked by a few sequential streams the prefetcher follows,
+// not by one stream per packed row.
+void dot_range(const Activations& a, const Weight& w, int64_t n0, int64_t n1, float* out) {
+  const int64_t vec_end = n0 + (n1 - n0) / kBlock * kBlock;
+  for (int64_t r = 0; r < a.m; ++r) std::fill(out + r * w.n + n0, out + r * w.n + vec_end, 0.f);
+  for (int64_t r0 = 0; r0 < a.m; r0 += kRowGroup) {
+    const int64_t rows = std::min(kRowGroup, a.m - r0);
+    for (int64_t g = 0; g < a.groups; ++g) {
+      for (int64_t c = n0; c < vec_end; c += kBlock) {
+        switch (rows) {
+          case 1: group_block_avx2<1>(a, w, g, r0, c, out); break;
+          case 2: group_block_avx2<2>(a, w, g, r0, c, out); break;
+          case 3: group_block_avx2<3>(a, w, g, r0, c, out); break;
+          default: group_block_avx2<4>(a, w, g, r0, c, out); break;
+        }
+      }
+    }
+    if (vec_end < n1) dot_plain(a, w, r0, rows, vec_end, n1, out);
+  }
+}
+#else
+void dot_range(const Activations& a, const Weight& w, int64_t n0, int64_t n1, float* out) {
+  dot_plain(a, w, 0, a.m, n0, n1, out);
+}
+#endif
+
+// Work shared between the calling thread and the pool, as in int8_dot.cc: tasks claim output ranges
+// until none are left, and the caller waits until every range is done.
+struct Shared {
+  Activations a;
+  Weight w;
+  float* out;
+  int64_t tasks, cols_per_task;
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> done{0};
+
+  void work() {
+    for (int64_t t; (t = next.fetch_add(1, std::memory_order_relaxed)) < tasks;) {
+      const int64_t n0 = t * cols_per_task;
+      dot_range(a, w, n0, std::min(w.n, n0 + cols_per_task), out);
+      done.fetch_add(1, std::memory_order_release);
+    }
+  }
+};
+
+ffi::Error Int4DotImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> q,
+                       ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::F32> offset,
+                       ffi::ResultBuffer<ffi::F32> out) {
+  const auto xd = x.dimensions(), qd = q.dimensions(), sd = scale.dimensions(), od = offset.dimensions();
+  if (xd.size() != 2 || qd.size() != 2 || sd.size() != 2 || 2 * qd[0] != xd[1] || sd[1] != qd[1] || sd[0] <= 0 ||
+      xd[1] % sd[0] || (xd[1] / sd[0]) % 2)
+    return ffi::Error::InvalidArgument("int4_dot expects x [M, K], qweight [K / 2, N], scale [G, N] (G | K, even groups)");
+  const bool symmetric = offset.element_count() == 0;
+  if (!symmetric && (od.size() != 2 || od[0] != sd[0] || od[1] != sd[1]))
+    return ffi::Error::InvalidArgument("int4_dot expects offset [G, N] like scale, or an empty offset");
+  auto state = std::make_shared<Shared>();
+  state->a.quantize(x.typed_data(), xd[0], xd[1], xd[1] / sd[0]);
+  state->w = Weight{q.typed_data(), scale.typed_data(), symmetric ? nullptr : offset.typed_data(), qd[1]};
+  state->out = out->typed_data();
+  // One task per core, in whole blocks (the widest spans of each packed row). The calling thread is one
+  // of XLA's own, so it takes a core's share and the pool gets one task fewer than its threads: one
+  // helper per pool thread put three threads on two cores and the step ran 1.4x slower (measured with
+  // scripts/cpu_quant_matmul.py).
+  const int64_t threads = std::max<int64_t>(pool.num_threads(), 1);
+  const int64_t blocks = (state->w.n + kBlock - 1) / kBlock;
+  state->cols_per_task = (blocks + threads - 1) / threads * kBlock;
+  state->tasks = (state->w.n + state->cols_per_task - 1) / state->cols_per_task;
+  const int64_t helpers = std::min<int64_t>(threads - 1, state->tasks - 1);
+  for (int64_t i = 0; i < helpers; ++i) pool.Schedule([state] { state->work(); });
+  state->work();
+  while (state->done.load(std::memory_order_acquire) < state->tasks) std::this_thread::yield();
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxserveInt4Dot, Int4DotImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::U8>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
