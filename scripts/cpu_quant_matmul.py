@@ -2,9 +2,10 @@
 matmul: float32, int4 widened by XLA, int4 through the native kernel (cpu_kernels/int4_dot.cc),
 w8a8 through the native int8 dot. One jitted function per form and row count runs every layer's
 fused qkv, o, fused gate-up and down projection (random weights, SmolLM2-135M's shapes by
-default), each layer's input depending on the last's output so XLA cannot overlap them; the LM
-head is left out (every form keeps it float unless asked). Prints the median ms of `--repeats`
-calls and each form's ratio to w8a8, and the bytes each form's weights hold.
+default), each layer's input depending on the last's output so XLA cannot overlap them, and with
+--vocab an LM head in the same form. The programs take turns, one call each per round. Prints the
+median ms of `--repeats` rounds and each form's ratio to w8a8, and the bytes each form's weights
+hold.
 
   python scripts/cpu_quant_matmul.py --rows 1,2,4,8
 """
@@ -47,6 +48,8 @@ def main(argv=None) -> int:
     p.add_argument("--intermediate", type=int, default=1536)
     p.add_argument("--kv", type=int, default=192, help="K (= V) columns of the fused qkv")
     p.add_argument("--forms", default="float32,int4_xla,int4_native,w8a8")
+    p.add_argument("--vocab", type=int, default=0, help="also an LM head of this many rows in the same form "
+                   "(49152: SmolLM2's; 0: none)")
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--output-json")
     args = p.parse_args(argv)
@@ -59,32 +62,42 @@ def main(argv=None) -> int:
 
     rng = np.random.default_rng(0)
     layers = [layer_weights(rng, args.hidden, args.intermediate, args.kv) for _ in range(args.layers)]
+    head = (rng.standard_normal((args.vocab, args.hidden)) * 0.05).astype(np.float32) if args.vocab else None
     forms = [f.strip() for f in args.forms.split(",") if f.strip()]
-    results = []
+    row_counts = [int(r) for r in args.rows.split(",")]
+    programs = {}              # (form, rows) -> (compiled, params, x, weight bytes)
     for form in forms:
-        params = [[leaves_for(form, w) for w in layer] for layer in layers]
-        nbytes = sum(a.nbytes for layer in params for leaves in layer for a in jax.tree_util.tree_leaves(leaves))
+        params = {"layers": [[leaves_for(form, w) for w in layer] for layer in layers]}
+        if head is not None:
+            params["head"] = leaves_for(form, head)
+        nbytes = sum(a.nbytes for a in jax.tree_util.tree_leaves(params))
 
         def step(params, x):
-            for qkv, o, gate_up, down in params:
+            for qkv, o, gate_up, down in params["layers"]:
                 h = matmul(x, qkv, jnp.float32)[:, :args.hidden]
                 h = matmul(h, o, jnp.float32)
                 gu = matmul(h, gate_up, jnp.float32)
                 x = x + matmul(jax.nn.silu(gu[:, :args.intermediate]) * gu[:, args.intermediate:], down, jnp.float32)
-            return x
+            return matmul(x, params["head"], jnp.float32) if "head" in params else x
 
-        for rows in [int(r) for r in args.rows.split(",")]:
+        for rows in row_counts:
             x = jnp.asarray(rng.standard_normal((rows, args.hidden)).astype(np.float32))
             with cpu_kernels(form != "int4_xla"):
                 compiled = jax.jit(step).lower(params, x).compile()
             compiled(params, x).block_until_ready()
-            times = []
-            for _ in range(args.repeats):
-                t0 = time.perf_counter()
-                compiled(params, x).block_until_ready()
-                times.append((time.perf_counter() - t0) * 1e3)
-            results.append({"form": form, "rows": rows, "ms": statistics.median(times), "weight_bytes": nbytes})
-            print(f"{form:12s} rows {rows:2d}  {results[-1]['ms']:7.2f} ms   weights {nbytes / 1e6:6.1f} MB", flush=True)
+            programs[(form, rows)] = (compiled, params, x, nbytes)
+    # the forms take turns, one call each per round: on a shared machine a slow minute then
+    # slows every form alike instead of the one that happened to run in it
+    times = {key: [] for key in programs}
+    for _ in range(args.repeats):
+        for key, (compiled, params, x, _) in programs.items():
+            t0 = time.perf_counter()
+            compiled(params, x).block_until_ready()
+            times[key].append((time.perf_counter() - t0) * 1e3)
+    results = []
+    for (form, rows), (_, _, _, nbytes) in programs.items():
+        results.append({"form": form, "rows": rows, "ms": statistics.median(times[(form, rows)]), "weight_bytes": nbytes})
+        print(f"{form:12s} rows {rows:2d}  {results[-1]['ms']:7.2f} ms   weights {nbytes / 1e6:6.1f} MB", flush=True)
     base = {r["rows"]: r["ms"] for r in results if r["form"] == "w8a8"}
     if base:
         print("\nratio to w8a8 (median ms):")

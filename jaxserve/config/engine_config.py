@@ -67,8 +67,8 @@ class EngineConfig:
             raise ValueError("kv_events_config reports the prefix cache's blocks: it needs enable_prefix_caching")
         check_positive_int(self, "python_gc_threshold", optional=True)
         if self.model.quantize_lm_head and self.parallel.tensor_parallel_size > 1:
-            raise ValueError("quantize_lm_head=True is not supported with tensor_parallel_size > 1 (the int8 "
-                             "head is not split over the mesh)")
+            raise ValueError("quantize_lm_head=True is not supported with tensor_parallel_size > 1 (the "
+                             "quantized head is not split over the mesh)")
         if self.cache.kv_offload_gib and self.parallel.num_hosts > 1:
             raise ValueError("kv_offload_gib is not supported with num_hosts > 1 (the host pool's copies run "
                              "outside the steps the other hosts mirror)")

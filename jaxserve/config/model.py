@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jaxserve.config.options import check_choice, check_positive_int, choices, option
-from jaxserve.quant.spec import QUANTIZATION_MODES
+from jaxserve.quant.spec import LM_HEAD_MODES, QUANTIZATION_MODES
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,11 +20,12 @@ class ServedModelConfig:
                 "(per output channel), int4 (group-wise, --quantization-group-size), fp8 (e4m3 weights and "
                 "activations, activation scales calibrated on real text), w8a8 (int8 weights and int8 activations "
                 "per token, smoothed with per-channel ranges calibrated on real text: the fast form on CPUs); "
-                "embedding, LM head and norms stay float (w8a8: see --quantize-lm-head)",
+                "embedding, LM head and norms stay float (w8a8 and int4: see --quantize-lm-head)",
         choices=QUANTIZATION_MODES)
     quantize_lm_head: bool = option(
-        False, "w8a8: the LM head in int8 too (smoothed like the projections; a tied embedding keeps a float "
-               "copy for the lookup): on a CPU the float head is a large part of a small model's decode step")
+        False, "w8a8 / int4: the LM head in that form too (w8a8: smoothed like the projections; int4: the "
+               "projections' groups); a tied embedding keeps a float copy for the lookup. On a CPU the float head "
+               "is a large part of a small model's decode step")
     quantization_group_size: int = option(32, "int4: inputs per scale (32 or 128)")
     calibration_data: str | None = option(
         None, "text file the fp8 activation scales, w8a8's smoothing and fp8/int8 KV cache scales are calibrated "
@@ -54,6 +55,7 @@ class ServedModelConfig:
             check_choice(self, name, choices(self, name))
         if self.quantization_group_size not in (32, 128):
             raise ValueError(f"quantization_group_size={self.quantization_group_size!r} must be 32 or 128")
-        if self.quantize_lm_head and self.quantization != "w8a8":
-            raise ValueError(f"quantize_lm_head=True needs quantization='w8a8' (got {self.quantization!r})")
+        if self.quantize_lm_head and self.quantization not in LM_HEAD_MODES:
+            raise ValueError(f"quantize_lm_head=True needs quantization in {LM_HEAD_MODES} "
+                             f"(got {self.quantization!r})")
         check_positive_int(self, "max_model_len", optional=True)

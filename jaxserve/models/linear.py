@@ -233,14 +233,16 @@ def recorded_inputs(intermediates: dict) -> dict[str, jax.Array]:
 
 def lm_head_logits(params: dict, hidden: jax.Array, *, tied: bool) -> jax.Array:
     """hidden [S, D] -> logits [S, V] float32 (accumulated in float32 even for bf16 params): the
-    LM head, float unless w8a8 quantized it (`lm_head/qweight` [V, D]: w8a8's matmul, tied or
-    not), which is the embedding [V, D] when `tied` (stored once, so both operands' D is
-    contracted) and `lm_head/kernel` [D, V] otherwise."""
+    LM head, float unless quantize_lm_head quantized it (`lm_head/qweight`: w8a8's [V, D] or
+    int4's [D / 2, V], through their matmul, tied or not), which is the embedding [V, D] when
+    `tied` (stored once, so both operands' D is contracted) and `lm_head/kernel` [D, V] otherwise."""
     quantized = params.get("lm_head", {})
+    if "qweight" in quantized and batch_invariant.active():
+        raise ValueError("the batch-invariant mode computes a float LM head only")
     if "act_smooth" in quantized:
-        if batch_invariant.active():
-            raise ValueError("the batch-invariant mode computes a float LM head only")
         return _w8a8_matmul(hidden, quantized["qweight"], quantized["scale"][0], quantized["act_smooth"])
+    if "qweight" in quantized:        # int4: the native kernel for a few rows on a CPU (matmul)
+        return matmul(hidden, quantized, jnp.float32)
     precision = matmul_precision(hidden.dtype)
     if tied:
         embedding = params["embed_tokens"]["embedding"]                         # [V, D]

@@ -5,11 +5,12 @@ Only the projections inside the decoder layers are quantized (q, k, v, o, gate, 
 the embedding (a lookup, and the tied LM head of SmolLM2-style models), the untied LM head and
 the norms stay float by default: the LM head carries the whole logit distribution and the
 embedding table is read one row per token. On a CPU, though, the float LM head is a large part
-of a small model's decode step (the embedded model's is 113 MB, read every step), so w8a8 can
-take it too (`QuantSpec.lm_head`, EngineConfig.quantize_lm_head): an int8 copy in w8a8's form
-stored as the checkpoint's `lm_head.weight`, smoothed with the final norm's calibrated range;
-a tied embedding stays float for the lookup (docs/benchmarks.md "Beside llama.cpp" for what it
-costs in accuracy and gains in speed).
+of a small model's decode step (the embedded model's is 113 MB, read every step), so w8a8 and
+int4 can take it too (`QuantSpec.lm_head`, EngineConfig.quantize_lm_head): a copy in the mode's
+form stored as the checkpoint's `lm_head.weight` (w8a8: smoothed with the final norm's
+calibrated range; int4: the projections' groups, no calibration, so a GGUF's natively loaded
+blocks take it too); a tied embedding stays float for the lookup (docs/benchmarks.md "Beside
+llama.cpp" and "Quantization accuracy" for what it costs in accuracy and gains in speed).
 
 The identity hashes the source's identity with the quantization (mode, group, the calibration's
 data), so a quantized checkpoint never passes for its source: the executable and calibration
@@ -84,8 +85,12 @@ def quantize_checkpoint(ckpt: Checkpoint, spec: QuantSpec, *,
     linear = quantizable_weights(ckpt)
     if not any(n in linear and not isinstance(t, QuantizedTensor) for n, t in ckpt.tensors.items()):
         if spec.lm_head and not isinstance(ckpt.tensors.get(LM_HEAD), QuantizedTensor):
-            raise ValueError(f"{ckpt.source!r} is already quantized without its LM head and keeps no calibration "
-                             "for it: serve quantize_lm_head from its float source")
+            if spec.uses_calibration:
+                raise ValueError(f"{ckpt.source!r} is already quantized without its LM head and keeps no "
+                                 "calibration for it: serve quantize_lm_head from its float source")
+            # int4 (a GGUF's own blocks): the head needs no calibration, so it is quantized here
+            tensors = {**ckpt.tensors, LM_HEAD: _quantized_lm_head(ckpt, spec, None)}
+            return dataclasses.replace(ckpt, tensors=tensors, identity=quantized_identity(ckpt.identity, spec, None))
         return ckpt                  # every projection already in this form (a converted checkpoint)
     if spec.uses_calibration and act_absmax is None:
         raise ValueError(f"{spec.mode} with calibration needs act_absmax (jaxserve.quant.calibration)")
@@ -104,13 +109,14 @@ def quantize_checkpoint(ckpt: Checkpoint, spec: QuantSpec, *,
         act = float(np.max(act_absmax[key])) if spec.mode == "fp8" and spec.uses_calibration else None
         tensors[name] = quantize_tensor(np.asarray(w), spec, act)
     if spec.lm_head:
-        tensors[LM_HEAD] = _quantized_lm_head(ckpt, act_absmax)
+        tensors[LM_HEAD] = _quantized_lm_head(ckpt, spec, act_absmax)
     identity = quantized_identity(ckpt.identity, spec, calibration_id if spec.uses_calibration else None)
     return dataclasses.replace(ckpt, tensors=tensors, identity=identity)
 
 
-def _quantized_lm_head(ckpt: Checkpoint, act_absmax: Mapping[str, object]) -> QuantizedTensor:
-    """w8a8: the LM head [V, D] (the embedding when tied) smoothed by its input's range."""
+def _quantized_lm_head(ckpt: Checkpoint, spec: QuantSpec, act_absmax: Mapping[str, object] | None) -> QuantizedTensor:
+    """The LM head [V, D] (the embedding when tied) in the spec's form: w8a8 smoothed by its input's
+    range, int4 in the projections' groups."""
     from jaxserve.checkpoints.layout import tensor_layout
     from jaxserve.quant.calibration import LM_HEAD_INPUT
 
@@ -120,6 +126,8 @@ def _quantized_lm_head(ckpt: Checkpoint, act_absmax: Mapping[str, object]) -> Qu
     if isinstance(head, QuantizedTensor):
         raise ValueError(f"{source!r} is already quantized ({head.mode}); quantize_lm_head needs a float LM head")
     w = np.asarray(head, np.float32)
+    if spec.mode == "int4":
+        return quantize_int4(w, spec.group_size, symmetric=spec.symmetric)
     return quantize_w8a8(w, smoothing([w], np.asarray(act_absmax[LM_HEAD_INPUT], np.float32)))
 
 

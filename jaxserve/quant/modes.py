@@ -10,6 +10,7 @@ Every mode starts from the same checkpoint load and goes through the engine's ow
     int4_native_dot   int4 (a GGUF's own blocks, else group 32) with every matmul through the CPU's
                       native int4 kernel: activations rounded to int8 per group, as a decode step
                       computes them (cpu_kernels/int4_dot.py)
+    int4_native_dot_lm_head   the same with the LM head in int4 too (group 32, with a minimum)
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ MODES = {
     "kv_int8": QuantRequest(kv_cache_dtype="int8"),
     "int4_gguf_native": QuantRequest("int4"),
     "int4_native_dot": QuantRequest("int4", 32),
+    "int4_native_dot_lm_head": QuantRequest("int4", 32, lm_head=True),
 }
-NATIVE_INT4_DOT = ("int4_native_dot",)     # modes traced with every int4 row through the native kernel
+NATIVE_INT4_DOT = ("int4_native_dot", "int4_native_dot_lm_head")     # modes traced with every int4 row through the native kernel
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ class QuantRequest:
     calibration_data: str | None = None     # a text file; None: the built-in default
     calibrated: bool = True                 # fp8: False measures what skipping calibration costs
     int4_symmetric: bool = False            # int4: absmax / 7, no per-group minimum
-    lm_head: bool = False                   # w8a8: the LM head in int8 too
+    lm_head: bool = False                   # w8a8 / int4: the LM head in that form too
 
 
 @dataclass(frozen=True)

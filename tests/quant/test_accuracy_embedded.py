@@ -3,7 +3,9 @@ held-out text (jaxserve/quant/data/heldout_gettysburg.txt, 320 tokens), measured
 by the same code as `jaxserve bench accuracy`.
 
 Bounds met: int8 <= +1%, int4 <= +10%, int8 KV <= +1%, and w8a8 (int8 activations too, not in
-the issue) held to int8's +1%; w8a8 with its LM head in int8 too (measured +1.24%) to +2%.
+the issue) held to int8's +1%; w8a8 with its LM head in int8 too (measured +1.24%) to +2%; int4
+through the native CPU kernel (activations rounded to int8 per group: measured +1.53%) to issue
+62's +3%.
 Bounds NOT met, held as strict xfails
 (they pass the day the method gets good enough, and then must be promoted) beside the bound the
 current method does hold, so a regression still fails: fp8 (issue: +3%, measured about +12%) and
@@ -18,7 +20,7 @@ import pytest
 from jaxserve.quant.accuracy import PROMPTS, measure_accuracy
 
 # fp8_uncalibrated, bench accuracy's other mode, holds no bound: it is left to the benchmark
-MODES = ["int8", "int4", "fp8", "kv_fp8", "kv_int8", "w8a8", "w8a8_lm_head"]
+MODES = ["int8", "int4", "fp8", "kv_fp8", "kv_int8", "w8a8", "w8a8_lm_head", "int4_native_dot"]
 # a measurement of the real model (every mode's calibration and forward, about 80 s on 2 cores):
 # slow; each mode's arithmetic on tiny models is tests/quant/test_engine_quantized.py's
 pytestmark = pytest.mark.slow
@@ -32,7 +34,7 @@ def results():
 
 
 @pytest.mark.parametrize("mode, bound", [("int8", 0.01), ("int4", 0.10), ("kv_int8", 0.01),
-                                              ("w8a8", 0.01), ("w8a8_lm_head", 0.02)])
+                                              ("w8a8", 0.01), ("w8a8_lm_head", 0.02), ("int4_native_dot", 0.03)])
 def test_perplexity_within_the_issue_bound(results, mode, bound):
     r = results[mode]
     assert r.ppl_ratio - 1 <= bound, f"{mode}: perplexity {r.perplexity:.3f} is {100 * (r.ppl_ratio - 1):+.2f}%"

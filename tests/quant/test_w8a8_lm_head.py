@@ -59,9 +59,9 @@ def test_an_already_quantized_checkpoint_without_its_head_is_refused(tiny_dir):
 
 
 def test_what_the_option_does_not_cover_is_refused():
-    with pytest.raises(ValueError, match="quantization='w8a8'"):
+    with pytest.raises(ValueError, match="needs quantization in"):
         QuantSpec("int8", lm_head=True)
-    with pytest.raises(ValueError, match="needs quantization='w8a8'"):
+    with pytest.raises(ValueError, match="needs quantization in"):
         engine_config(quantize_lm_head=True)
     with pytest.raises(ValueError, match="tensor_parallel_size"):
         engine_config(quantization="w8a8", quantize_lm_head=True, tensor_parallel_size=2)
