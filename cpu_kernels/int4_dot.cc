@@ -86,12 +86,12 @@ struct Weight {
 
 // Outputs [n0, n1) of rows [r0, r0 + rows) with plain C++: the remainder a vector pass leaves, and the
 // whole kernel where no vector unit was compiled for.
-void dot_plain(const Activations& a, const Weight& w, int64_t r0, int64_t rows, int64_t n0, int64_t n1,
-               float* out) {
+void dot_plain(const Activations& a, const Weight& w, int64_t g0, int64_t g1, int64_t r0, int64_t rows, int64_t n0,
+               int64_t n1, float* out) {
   for (int64_t r = r0; r < r0 + rows; ++r) {
     for (int64_t c = n0; c < n1; ++c) {
       float acc = 0.f;
-      for (int64_t g = 0; g < a.groups; ++g) {
+      for (int64_t g = g0; g < g1; ++g) {
         int32_t dot = 0;
         for (int64_t j = 0; j < a.half; ++j) {
           const int64_t row = g * a.half + j;
@@ -103,7 +103,7 @@ void dot_plain(const Activations& a, const Weight& w, int64_t r0, int64_t rows, 
         const float o = w.offset ? w.offset[g * w.n + c] : -8.f * s;
         acc += a.dx[r * a.groups + g] * float(dot) * s + a.xsum[r * a.groups + g] * o;
       }
-      out[r * w.n + c] = acc;
+      out[r * w.n + c] += acc;
     }
   }
 }
@@ -112,7 +112,7 @@ void dot_plain(const Activations& a, const Weight& w, int64_t r0, int64_t rows, 
 // Group g's share of kBlock outputs starting at c, for ROWS rows starting at r0, added into out.
 template <int ROWS>
 void group_block_avx2(const Activations& a, const Weight& w, int64_t g, int64_t r0, int64_t c, float* out) {
-  const __m256i low4 = _mm256_set1_epi16(0x0F0F);
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
   const int64_t half_k = a.k / 2;
   const float* sg = w.scale + g * w.n + c;
   for (int64_t j0 = 0; j0 < a.half; j0 += kFlushRows) {
@@ -122,11 +122,14 @@ void group_block_avx2(const Activations& a, const Weight& w, int64_t g, int64_t 
     for (int64_t j = j0; j < j1; ++j) {
       const int64_t row = g * a.half + j;
       const uint8_t* src = w.q + row * w.n + c;
-      // each byte widened to 16 bits, its high nibble moved into the high byte: (b | b << 4) & 0x0F0F
-      __m256i lo = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
-      __m256i hi = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16)));
-      lo = _mm256_and_si256(_mm256_or_si256(lo, _mm256_slli_epi16(lo, 4)), low4);
-      hi = _mm256_and_si256(_mm256_or_si256(hi, _mm256_slli_epi16(hi, 4)), low4);
+      // the 32 bytes' nibbles apart, then each byte's two side by side in a 16-bit lane (low nibble in
+      // the low byte). unpack works within 128-bit halves, so `lo` holds outputs 0-7 and 16-23, `hi`
+      // 8-15 and 24-31: the stores below put them back in order
+      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+      const __m256i bl = _mm256_and_si256(b, low4);
+      const __m256i bh = _mm256_and_si256(_mm256_srli_epi16(b, 4), low4);
+      const __m256i lo = _mm256_unpacklo_epi8(bl, bh);
+      const __m256i hi = _mm256_unpackhi_epi8(bl, bh);
       for (int r = 0; r < ROWS; ++r) {
         const __m256i xp = _mm256_set1_epi16(a.pairs[(r0 + r) * half_k + row]);
         part[r][0] = _mm256_add_epi16(part[r][0], _mm256_maddubs_epi16(lo, xp));
@@ -136,14 +139,15 @@ void group_block_avx2(const Activations& a, const Weight& w, int64_t g, int64_t 
     for (int r = 0; r < ROWS; ++r) {
       const __m256 d = _mm256_set1_ps(a.dx[(r0 + r) * a.groups + g]);
       float* o = out + (r0 + r) * w.n + c;
-      for (int h = 0; h < 2; ++h) {
+      for (int h = 0; h < 2; ++h) {       // part[r][0]: outputs 0-7 | 16-23, part[r][1]: 8-15 | 24-31
         const __m256i p = part[r][h];
         const __m256 f0 = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(p)));
         const __m256 f1 = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(p, 1)));
-        const __m256 s0 = _mm256_mul_ps(_mm256_loadu_ps(sg + 16 * h), d);
-        const __m256 s1 = _mm256_mul_ps(_mm256_loadu_ps(sg + 16 * h + 8), d);
-        _mm256_storeu_ps(o + 16 * h, _mm256_fmadd_ps(f0, s0, _mm256_loadu_ps(o + 16 * h)));
-        _mm256_storeu_ps(o + 16 * h + 8, _mm256_fmadd_ps(f1, s1, _mm256_loadu_ps(o + 16 * h + 8)));
+        const int64_t c0 = 8 * h, c1 = 16 + 8 * h;
+        const __m256 s0 = _mm256_mul_ps(_mm256_loadu_ps(sg + c0), d);
+        const __m256 s1 = _mm256_mul_ps(_mm256_loadu_ps(sg + c1), d);
+        _mm256_storeu_ps(o + c0, _mm256_fmadd_ps(f0, s0, _mm256_loadu_ps(o + c0)));
+        _mm256_storeu_ps(o + c1, _mm256_fmadd_ps(f1, s1, _mm256_loadu_ps(o + c1)));
       }
     }
   }
@@ -158,16 +162,14 @@ void group_block_avx2(const Activations& a, const Weight& w, int64_t g, int64_t 
   }
 }
 
-// Outputs [n0, n1) of every row. The weight is read group by group (its half-group of packed rows
-// across the range), so the memory is walked by a few sequential streams the prefetcher follows,
-// not by one stream per packed row.
-void dot_range(const Activations& a, const Weight& w, int64_t n0, int64_t n1, float* out) {
-  const int64_t vec_end = n0 + (n1 - n0) / kBlock * kBlock;
-  for (int64_t r = 0; r < a.m; ++r) std::fill(out + r * w.n + n0, out + r * w.n + vec_end, 0.f);
+// Groups [g0, g1)'s share of every output of every row, added into out: a slice of the reduction, a
+// contiguous run of the weight's memory read front to back.
+void dot_groups(const Activations& a, const Weight& w, int64_t g0, int64_t g1, float* out) {
+  const int64_t vec_end = w.n / kBlock * kBlock;
   for (int64_t r0 = 0; r0 < a.m; r0 += kRowGroup) {
     const int64_t rows = std::min(kRowGroup, a.m - r0);
-    for (int64_t g = 0; g < a.groups; ++g) {
-      for (int64_t c = n0; c < vec_end; c += kBlock) {
+    for (int64_t g = g0; g < g1; ++g) {
+      for (int64_t c = 0; c < vec_end; c += kBlock) {
         switch (rows) {
           case 1: group_block_avx2<1>(a, w, g, r0, c, out); break;
           case 2: group_block_avx2<2>(a, w, g, r0, c, out); break;
@@ -176,29 +178,38 @@ void dot_range(const Activations& a, const Weight& w, int64_t n0, int64_t n1, fl
         }
       }
     }
-    if (vec_end < n1) dot_plain(a, w, r0, rows, vec_end, n1, out);
+    if (vec_end < w.n) dot_plain(a, w, g0, g1, r0, rows, vec_end, w.n, out);
   }
 }
 #else
-void dot_range(const Activations& a, const Weight& w, int64_t n0, int64_t n1, float* out) {
-  dot_plain(a, w, 0, a.m, n0, n1, out);
+void dot_groups(const Activations& a, const Weight& w, int64_t g0, int64_t g1, float* out) {
+  dot_plain(a, w, g0, g1, 0, a.m, 0, w.n, out);
 }
 #endif
 
-// Work shared between the calling thread and the pool, as in int8_dot.cc: tasks claim output ranges
-// until none are left, and the caller waits until every range is done.
+// Work shared between the calling thread and the pool, as in int8_dot.cc: workers claim chunks of the
+// groups until none are left, each adding into its own buffer (the caller's is the result), and the
+// caller waits until every chunk is done, then adds the helpers' buffers in. Chunks rather than one
+// slice per thread: a helper starts tens of microseconds late (its wake-up), and the caller goes on
+// taking chunks meanwhile instead of waiting for it.
 struct Shared {
   Activations a;
   Weight w;
   float* out;
-  int64_t tasks, cols_per_task;
+  std::vector<float> partial;            // [helpers, m, n]
+  std::vector<char> used;                // which helpers' buffers hold anything
+  int64_t chunks, chunk;
   std::atomic<int64_t> next{0};
   std::atomic<int64_t> done{0};
 
-  void work() {
-    for (int64_t t; (t = next.fetch_add(1, std::memory_order_relaxed)) < tasks;) {
-      const int64_t n0 = t * cols_per_task;
-      dot_range(a, w, n0, std::min(w.n, n0 + cols_per_task), out);
+  void work(int64_t worker) {
+    float* dst = worker == 0 ? out : partial.data() + (worker - 1) * a.m * w.n;
+    for (int64_t t; (t = next.fetch_add(1, std::memory_order_relaxed)) < chunks;) {
+      if (worker > 0 && !used[worker - 1]) {
+        std::fill(dst, dst + a.m * w.n, 0.f);
+        used[worker - 1] = 1;
+      }
+      dot_groups(a, w, t * chunk, std::min(a.groups, (t + 1) * chunk), dst);
       done.fetch_add(1, std::memory_order_release);
     }
   }
@@ -218,18 +229,26 @@ ffi::Error Int4DotImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffe
   state->a.quantize(x.typed_data(), xd[0], xd[1], xd[1] / sd[0]);
   state->w = Weight{q.typed_data(), scale.typed_data(), symmetric ? nullptr : offset.typed_data(), qd[1]};
   state->out = out->typed_data();
-  // One task per core, in whole blocks (the widest spans of each packed row). The calling thread is one
-  // of XLA's own, so it takes a core's share and the pool gets one task fewer than its threads: one
-  // helper per pool thread put three threads on two cores and the step ran 1.4x slower (measured with
-  // scripts/cpu_quant_matmul.py).
+  // Each worker reads whole packed rows, contiguous runs of memory (column slices read short runs of
+  // every row and streamed the weight at half the rate). The calling thread is one of XLA's own, so it
+  // works too and the pool gets one helper fewer than its threads: one per pool thread put three threads
+  // on two cores and the step ran 1.4x slower (scripts/cpu_quant_matmul.py).
   const int64_t threads = std::max<int64_t>(pool.num_threads(), 1);
-  const int64_t blocks = (state->w.n + kBlock - 1) / kBlock;
-  state->cols_per_task = (blocks + threads - 1) / threads * kBlock;
-  state->tasks = (state->w.n + state->cols_per_task - 1) / state->cols_per_task;
-  const int64_t helpers = std::min<int64_t>(threads - 1, state->tasks - 1);
-  for (int64_t i = 0; i < helpers; ++i) pool.Schedule([state] { state->work(); });
-  state->work();
-  while (state->done.load(std::memory_order_acquire) < state->tasks) std::this_thread::yield();
+  state->chunk = std::max<int64_t>(1, state->a.groups / (4 * threads));
+  state->chunks = (state->a.groups + state->chunk - 1) / state->chunk;
+  const int64_t helpers = std::min<int64_t>(threads - 1, state->chunks - 1);
+  std::fill(state->out, state->out + state->a.m * state->w.n, 0.f);
+  state->partial.resize(helpers * state->a.m * state->w.n);
+  state->used.assign(helpers, 0);
+  for (int64_t i = 1; i <= helpers; ++i) pool.Schedule([state, i] { state->work(i); });
+  state->work(0);
+  while (state->done.load(std::memory_order_acquire) < state->chunks) std::this_thread::yield();
+  const int64_t size = state->a.m * state->w.n;
+  for (int64_t h = 0; h < helpers; ++h) {
+    if (!state->used[h]) continue;
+    const float* p = state->partial.data() + h * size;
+    for (int64_t i = 0; i < size; ++i) state->out[i] += p[i];
+  }
   return ffi::Error::Success();
 }
 

@@ -16,7 +16,7 @@ from cpu_kernels import build
 from cpu_kernels.int4_dot import MAX_ROWS, int4_dot
 from cpu_kernels.int8_dot import cpu_kernels
 
-pytestmark = pytest.mark.skipif(not build.registered(), reason="no C++ compiler: the kernels cannot be built")
+needs_kernels = pytest.mark.skipif(not build.registered(), reason="no C++ compiler: the kernels cannot be built")
 
 
 def _reference(x, q, scale, offset):
@@ -69,12 +69,14 @@ def _check(got, x, q, scale, offset):
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8])
 @pytest.mark.parametrize("k,n,group,symmetric", [(64, 32, 32, False), (576, 960, 32, False), (576, 100, 32, True),
                                                  (1536, 64, 128, False), (256, 33, 64, True), (32, 7, 32, False)])
+@needs_kernels
 def test_equals_the_reference(m, k, n, group, symmetric):
     rng = np.random.default_rng(m * 1000 + k + n)
     x, q, scale, offset = _case(rng, m, k, n, group, symmetric)
     _check(_call(x, q, scale, offset), x, q, scale, offset)
 
 
+@needs_kernels
 def test_extremes_do_not_overflow_the_int16_pairs():
     # every nibble 15 against activations that round to +-127 throughout: the largest int16 pair sums
     k, n = 1024, 64
@@ -86,6 +88,7 @@ def test_extremes_do_not_overflow_the_int16_pairs():
     np.testing.assert_allclose(got[0], (15 - 8) * 0.5 * k, rtol=1e-6)   # every w = 3.5, every x = 1
 
 
+@needs_kernels
 def test_zero_rows_and_groups():
     rng = np.random.default_rng(3)
     x, q, scale, offset = _case(rng, 2, 128, 32, 32, False)
@@ -96,6 +99,7 @@ def test_zero_rows_and_groups():
     _check(got, x, q, scale, offset)
 
 
+@needs_kernels
 def test_close_to_the_float_matmul_of_the_dequantized_weight():
     from jaxserve.models.linear import dequantize_weight
     from jaxserve.models.params import quantized_leaves
@@ -114,6 +118,7 @@ def test_close_to_the_float_matmul_of_the_dequantized_weight():
         assert np.corrcoef(got.ravel(), exact.ravel())[0, 1] > 0.9999
 
 
+@needs_kernels
 def test_refuses_what_it_does_not_compute():
     with pytest.raises(ValueError, match="int4_dot"):
         int4_dot(jnp.zeros((2, 64)), jnp.zeros((32, 8), jnp.int8), jnp.zeros((2, 8)))
@@ -123,6 +128,7 @@ def test_refuses_what_it_does_not_compute():
         int4_dot(jnp.zeros((2, 63)), jnp.zeros((31, 8), jnp.uint8), jnp.zeros((1, 8)))
 
 
+@needs_kernels
 @pytest.mark.parametrize("rows", [1, MAX_ROWS, MAX_ROWS + 1])
 def test_int4_matmul_runs_the_kernel_for_a_few_rows_only(rows):
     from jaxserve.models.linear import matmul
@@ -143,6 +149,7 @@ def test_int4_matmul_runs_the_kernel_for_a_few_rows_only(rows):
     assert np.abs(got - want).max() < 0.01 * np.abs(want).max()
 
 
+@needs_kernels
 @pytest.mark.skipif(__import__("platform").machine() not in ("x86_64", "AMD64"), reason="x86 instruction sets")
 @pytest.mark.parametrize("flags,name", [(("-mno-avx512f",), "avx2"), (("-mno-avx512f", "-mno-avx2"), "plain")])
 def test_the_narrower_instruction_paths_equal_the_reference(flags, name):
@@ -159,3 +166,11 @@ def test_the_narrower_instruction_paths_equal_the_reference(flags, name):
     for m, k, n, group, symmetric in [(1, 576, 65, 32, False), (5, 256, 130, 128, True), (3, 64, 5, 32, False)]:
         x, q, scale, offset = _case(rng, m, k, n, group, symmetric)
         _check(_call(x, q, scale, offset, target), x, q, scale, offset)
+
+
+def test_the_kernels_build_wherever_a_compiler_is_found():
+    """The module's other tests skip when the library cannot be built, so a source that stops
+    compiling would pass them silently: where a C++ compiler exists, the build must succeed."""
+    if build._compiler() is None:
+        pytest.skip("no C++ compiler")
+    assert build.build_library().exists()
