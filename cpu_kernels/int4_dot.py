@@ -4,8 +4,10 @@
 int4's matmul (models/linear.py) calls it for CPU steps of at most MAX_ROWS rows while the runner
 traces with the native kernels on (`cpu_kernels()`, int8_dot.py's switch): XLA:CPU widens an int4
 weight to float in front of its dot, so a decode step read and wrote four times the bytes the
-weight holds. Unlike the int8 dot it is not bit-equal to the path it replaces: each row's
-activations are rounded to int8 per weight group (llama.cpp's Q4 x Q8 arithmetic), which
+weight holds. Unlike the int8 dot it is not bit-equal to XLA's float dot: each row's activations
+are rounded to int8 per weight group (llama.cpp's Q4 x Q8 arithmetic); steps of more rows, which
+keep XLA's dot, round theirs the same way first (`round_activations`), so a row's result does
+not depend on its step's size beyond float summation order. What the rounding costs
 `jaxserve bench accuracy` measures (its `int4_native_dot` mode runs every row through it: +1.5%
 perplexity on the embedded model, docs/benchmarks.md).
 """
@@ -43,6 +45,15 @@ def every_row() -> Iterator[None]:
         yield
     finally:
         _EVERY_ROW.reset(token)
+
+
+def round_activations(x: jax.Array, group: int) -> jax.Array:
+    """x [..., K] rounded as the kernel rounds each row's activations: per `group` inputs, to the
+    nearest multiple of max |x| / 127 (ties to even), back in x's dtype."""
+    g = x.astype(jnp.float32).reshape(*x.shape[:-1], x.shape[-1] // group, group)
+    amax = jnp.max(jnp.abs(g), axis=-1, keepdims=True)
+    d = jnp.where(amax > 0, amax / jnp.float32(127.0), jnp.float32(1.0))
+    return (jnp.round(g / d) * d).reshape(x.shape).astype(x.dtype)
 
 
 def supports(k: int, groups: int) -> bool:

@@ -21,9 +21,10 @@ How the scale meets the dot:
   scale multiplies the [T, out] result: one multiply per output, not per weight.
 - group-wise (int4, GGUF blocks): the groups are dequantized to the compute dtype in front of the
   dot (unpack, subtract, scale: elementwise ops XLA fuses into the operand of the dot on GPU; on
-  the CPU it materializes the [in, out] weight per step). A CPU step of a few rows (at most
-  cpu_kernels/int4_dot.py's MAX_ROWS) instead runs the native int4 kernel on the packed bytes,
-  its activations rounded to int8 per group (llama.cpp's Q4 x Q8 dot).
+  the CPU it materializes the [in, out] weight per step). With the CPU kernels on, a step of a
+  few rows (at most cpu_kernels/int4_dot.py's MAX_ROWS) instead runs the native int4 kernel on
+  the packed bytes, its activations rounded to int8 per group (llama.cpp's Q4 x Q8 dot), and a
+  bigger step rounds its activations the same way before XLA's dot.
 - fp8: x / act_scale cast to e4m3, an e4m3 x e4m3 dot accumulated in float32 (an FP8 GEMM on
   Hopper), times act_scale * scale.
 - w8a8: x * act_smooth rounded to int8 with one scale per row (token), an int8 x int8 dot
@@ -97,12 +98,17 @@ def matmul(x: jax.Array, p: dict, dtype: Any, precision=None) -> jax.Array:
         return _w8a8_matmul(x, p["qweight"], p["scale"][0], p["act_smooth"]).astype(dtype)
     q, scale = p["qweight"], p["scale"]
     if quant_kind(q) == "int4" and _int4_native(x, scale):
-        # a decode step's few rows on the CPU: the packed nibbles straight into the native kernel
-        # (cpu_kernels/int4_dot.py), the activations rounded to int8 per group as llama.cpp's are;
-        # nothing is widened, so the ordering below is not needed
-        lead = x.shape[:-1]
-        y = int4_dot.int4_dot(x.reshape(-1, x.shape[-1]), q, scale, p.get("offset"))
-        return y.reshape(*lead, q.shape[1]).astype(dtype)
+        limit = int4_dot.max_rows()
+        if limit is None or int(np.prod(x.shape[:-1])) <= limit:
+            # a decode step's few rows on the CPU: the packed nibbles straight into the native kernel
+            # (cpu_kernels/int4_dot.py), the activations rounded to int8 per group as llama.cpp's
+            # are; nothing is widened, so the ordering below is not needed
+            lead = x.shape[:-1]
+            y = int4_dot.int4_dot(x.reshape(-1, x.shape[-1]), q, scale, p.get("offset"))
+            return y.reshape(*lead, q.shape[1]).astype(dtype)
+        # a bigger step keeps XLA's dot but rounds its activations as the kernel does, so a row's
+        # result does not depend on how many rows its step carried (beyond float summation order)
+        x = int4_dot.round_activations(x, x.shape[-1] // scale.shape[0])
     # XLA:CPU runs independent thunks concurrently, and nothing ties a weight's widening to the
     # layer it serves: it widened every layer's weights at the start of the step, writing and
     # reading back hundreds of MB (int8 decoded 5.8x slower than float32). Tied to the layer's
@@ -126,10 +132,9 @@ def matmul(x: jax.Array, p: dict, dtype: Any, precision=None) -> jax.Array:
 
 
 def _int4_native(x: jax.Array, scale: jax.Array) -> bool:
-    rows = int(np.prod(x.shape[:-1]))
-    limit = int4_dot.max_rows()
-    return (int8_dot.active() and (limit is None or rows <= limit)
-            and int4_dot.supports(x.shape[-1], scale.shape[0]))
+    """Whether this int4 matmul computes the native kernel's arithmetic (traced with the CPU
+    kernels on, a weight the kernel computes)."""
+    return int8_dot.active() and int4_dot.supports(x.shape[-1], scale.shape[0])
 
 
 # XLA:CPU's int8 dot takes a slow path for a single row (148 ms against 11 ms for two rows over the

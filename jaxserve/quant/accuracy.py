@@ -71,7 +71,8 @@ class Scorer:
     """One compiled forward of a model over a fixed-width padded window: ids [width] -> logits
     [width, V]. Causal attention: padding after a position never changes its logits."""
 
-    def __init__(self, params, config: ModelConfig, width: int, attention=None, native_int4_dot: bool = False):
+    def __init__(self, params, config: ModelConfig, width: int, attention=None, native_int4_dot: bool = False,
+                 native_kernels: bool = False):
         attention = attention or dense_causal_attention(config)
         self.params, self.width = params, width
 
@@ -82,6 +83,9 @@ class Scorer:
             return model.compute_logits(params, config, hidden)
 
         run = jax.jit(run, compiler_options=FAST_COMPILE)
+        if native_kernels and not native_int4_dot:   # traced as the engine traces a CPU step
+            with cpu_kernels():
+                run = run.lower(params, jnp.zeros(width, jnp.int32)).compile()
         if native_int4_dot:            # traced now, inside the switches, and kept compiled
             with cpu_kernels(), int4_dot.every_row():
                 example = jnp.zeros(width, jnp.int32)

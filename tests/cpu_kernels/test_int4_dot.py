@@ -174,3 +174,25 @@ def test_the_kernels_build_wherever_a_compiler_is_found():
     if build._compiler() is None:
         pytest.skip("no C++ compiler")
     assert build.build_library().exists()
+
+
+@needs_kernels
+def test_a_rows_result_does_not_depend_on_its_steps_size():
+    """With the kernels on, a step of more than MAX_ROWS rows keeps XLA's dot but rounds its
+    activations as the kernel does: the same row gives the same result in a small and a big step
+    (to float summation order), where XLA's float dot on unrounded rows differs by the rounding."""
+    from jaxserve.models.linear import matmul
+    from jaxserve.models.params import quantized_leaves
+    from jaxserve.quant.int4 import quantize_int4
+
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((96, 576)).astype(np.float32) * 0.05
+    leaves = quantized_leaves([quantize_int4(w, 32)], jnp.float32)
+    big = jnp.asarray(rng.standard_normal((MAX_ROWS + 3, 576)).astype(np.float32))
+    with cpu_kernels():
+        small_step = np.asarray(jax.jit(lambda x: matmul(x, leaves, jnp.float32))(big[:2]))
+        big_step = np.asarray(jax.jit(lambda x: matmul(x, leaves, jnp.float32))(big))[:2]
+    unrounded = np.asarray(jax.jit(lambda x: matmul(x, leaves, jnp.float32))(big))[:2]
+    scale = np.abs(small_step).max()
+    np.testing.assert_allclose(big_step, small_step, atol=1e-5 * scale, rtol=0)
+    assert np.abs(unrounded - small_step).max() > 100 * 1e-5 * scale     # the rounding is what differs

@@ -1,8 +1,10 @@
 """The engine end to end with quantization on, on the tiny random Llama: everything that works
 for float works for quantized weights and a quantized KV cache.
 
-- greedy tokens equal the model run directly (no runner) on the same quantized params, so the
-  paged step, buckets and prefix sharing add nothing to what quantization changes;
+- greedy tokens equal the model run directly (no runner) on the same quantized params, traced
+  with the CPU kernels on as the engine's steps are (int4 then rounds activations per group at
+  every step size), so the paged step, buckets and prefix sharing add nothing to what
+  quantization changes;
 - prefix caching hits and gives the same tokens; swap preemption gives the same tokens;
 - the compile counter reads 0 after warm-up;
 - an fp8 / int8 KV cache holds twice the blocks of bfloat16 (four times float32) in the same
@@ -38,7 +40,8 @@ def _direct_greedy(path: str, request: QuantRequest, prompts: list[list[int]]) -
     params = params_from_hf(config, prepared.checkpoint.tensors, jnp.float32)
     attention = (kv_fake_quant_attention(config, prepared.kv_scales, prepared.kv_dtype)
                  if prepared.kv_scales else None)
-    scorer = Scorer(params, config, max(len(p) for p in prompts) + N, attention)
+    # traced as the engine traces a single-device CPU step: with the native kernels' arithmetic
+    scorer = Scorer(params, config, max(len(p) for p in prompts) + N, attention, native_kernels=True)
     return [list(r[len(p):]) for r, p in zip(greedy_reference(scorer, prompts, N), prompts)]
 
 
