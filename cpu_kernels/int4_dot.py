@@ -8,15 +8,11 @@ weight holds. Unlike the int8 dot it is not bit-equal to XLA's float dot: each r
 are rounded to int8 per weight group (llama.cpp's Q4 x Q8 arithmetic); steps of more rows, which
 keep XLA's dot, round theirs the same way first (`round_activations`), so a row's result does
 not depend on its step's size beyond float summation order. What the rounding costs
-`jaxserve bench accuracy` measures (its `int4_native_dot` mode runs every row through it: +1.5%
-perplexity on the embedded model, docs/benchmarks.md).
+`jaxserve bench accuracy` measures (its `int4_native_dot` mode traces the model as the engine's CPU
+steps are: +0.7% perplexity on the embedded model, docs/benchmarks.md).
 """
 
 from __future__ import annotations
-
-import contextlib
-import contextvars
-from typing import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -27,25 +23,6 @@ from cpu_kernels import build
 # embedded model's projections (scripts/cpu_quant_matmul.py, 2-core EPYC); a prefill chunk keeps
 # XLA's float dot, whose GEMM reuses each widened weight across its rows.
 MAX_ROWS = 8
-
-_EVERY_ROW = contextvars.ContextVar("jaxserve_int4_every_row", default=False)
-
-
-def max_rows() -> int | None:
-    """The most rows a traced int4 matmul gives the kernel (None: any number)."""
-    return None if _EVERY_ROW.get() else MAX_ROWS
-
-
-@contextlib.contextmanager
-def every_row() -> Iterator[None]:
-    """Trace inside this (and `cpu_kernels()`) to run every int4 matmul through the kernel, whatever
-    its rows: `jaxserve bench accuracy` measures the kernel's arithmetic over a whole text this way."""
-    token = _EVERY_ROW.set(True)
-    try:
-        yield
-    finally:
-        _EVERY_ROW.reset(token)
-
 
 def round_activations(x: jax.Array, group: int) -> jax.Array:
     """x [..., K] rounded as the kernel rounds each row's activations: per `group` inputs, to the

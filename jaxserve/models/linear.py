@@ -98,8 +98,7 @@ def matmul(x: jax.Array, p: dict, dtype: Any, precision=None) -> jax.Array:
         return _w8a8_matmul(x, p["qweight"], p["scale"][0], p["act_smooth"]).astype(dtype)
     q, scale = p["qweight"], p["scale"]
     if quant_kind(q) == "int4" and _int4_native(x, scale):
-        limit = int4_dot.max_rows()
-        if limit is None or int(np.prod(x.shape[:-1])) <= limit:
+        if int(np.prod(x.shape[:-1])) <= int4_dot.MAX_ROWS:
             # a decode step's few rows on the CPU: the packed nibbles straight into the native kernel
             # (cpu_kernels/int4_dot.py), the activations rounded to int8 per group as llama.cpp's
             # are; nothing is widened, so the ordering below is not needed

@@ -22,7 +22,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cpu_kernels import int4_dot
 from cpu_kernels.int8_dot import cpu_kernels
 from jaxserve.models import registry
 from jaxserve.models.attention import dense_causal_attention
@@ -71,8 +70,7 @@ class Scorer:
     """One compiled forward of a model over a fixed-width padded window: ids [width] -> logits
     [width, V]. Causal attention: padding after a position never changes its logits."""
 
-    def __init__(self, params, config: ModelConfig, width: int, attention=None, native_int4_dot: bool = False,
-                 native_kernels: bool = False):
+    def __init__(self, params, config: ModelConfig, width: int, attention=None, native_kernels: bool = False):
         attention = attention or dense_causal_attention(config)
         self.params, self.width = params, width
 
@@ -83,16 +81,9 @@ class Scorer:
             return model.compute_logits(params, config, hidden)
 
         run = jax.jit(run, compiler_options=FAST_COMPILE)
-        if native_kernels and not native_int4_dot:   # traced as the engine traces a CPU step
+        if native_kernels:   # traced now as the engine traces a single-device CPU step, kept compiled
             with cpu_kernels():
                 run = run.lower(params, jnp.zeros(width, jnp.int32)).compile()
-        if native_int4_dot:            # traced now, inside the switches, and kept compiled
-            with cpu_kernels(), int4_dot.every_row():
-                example = jnp.zeros(width, jnp.int32)
-                run = run.lower(params, example).compile()
-                if "jaxserve_int4_dot" not in run.as_text():
-                    raise ValueError("the native int4 kernel is not available here (no C++ compiler, "
-                                     "JAXSERVE_CPU_KERNELS=0, or no int4 projection it computes)")
         self._run = run
 
     def logits(self, ids) -> np.ndarray:
@@ -161,7 +152,7 @@ def measure_accuracy(modes: list[str], *, source: str | None = None, heldout_tex
             continue
         mp = mode_params(mode, ckpt, config, source=source, calibration_data=calibration_data, cache_dir=cache_dir)
         attention = kv_fake_quant_attention(config, mp.kv_scales, mp.kv_dtype) if mp.kv_scales else None
-        native = mp.native_int4_dot
+        native = mp.native_kernels
         ppl = perplexity(Scorer(mp.params, config, len(text_ids), attention, native).logits(text_ids), text_ids)
         scorer = Scorer(mp.params, config, prompt_width, attention, native)
         if references is None:

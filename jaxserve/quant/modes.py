@@ -7,9 +7,9 @@ Every mode starts from the same checkpoint load and goes through the engine's ow
     w8a8, w8a8_lm_head   int8 weights x int8 activations (the second with the LM head in int8 too)
     kv_fp8, kv_int8   float32 weights, quantized KV cache
     int4_gguf_native  a GGUF's own Q4_0/Q4_1 blocks (only for a GGUF source)
-    int4_native_dot   int4 (a GGUF's own blocks, else group 32) with every matmul through the CPU's
-                      native int4 kernel: activations rounded to int8 per group, as a decode step
-                      computes them (cpu_kernels/int4_dot.py)
+    int4_native_dot   int4 (a GGUF's own blocks, else group 32) traced with the CPU's native kernels
+                      on, as the engine's CPU steps are: activations rounded to int8 per group
+                      (cpu_kernels/int4_dot.py; a step of many rows rounds them as the kernel does)
     int4_native_dot_lm_head   the same with the LM head in int4 too (group 32, with a minimum)
 """
 
@@ -42,7 +42,7 @@ MODES = {
     "int4_native_dot": QuantRequest("int4", 32),
     "int4_native_dot_lm_head": QuantRequest("int4", 32, lm_head=True),
 }
-NATIVE_INT4_DOT = ("int4_native_dot", "int4_native_dot_lm_head")     # modes traced with every int4 row through the native kernel
+NATIVE_INT4_DOT = ("int4_native_dot", "int4_native_dot_lm_head")     # modes traced with the native kernels on
 
 
 @dataclass(frozen=True)
@@ -52,13 +52,18 @@ class ModeParams:
     kv_scales: dict | None
     kv_dtype: str | None
     weight_bytes: int          # bytes of the decoder projections as served
-    native_int4_dot: bool = False     # trace with every int4 matmul through cpu_kernels/int4_dot.py
+    native_kernels: bool = False      # trace with the CPU's native kernels on (cpu_kernels/)
 
 
 def mode_params(mode: str, ckpt: Checkpoint, model_config: ModelConfig, *, source: str | None = None,
                 calibration_data: str | None = None, cache_dir: str | None = None) -> ModeParams:
     """Params of `mode` from the float checkpoint `ckpt` (a native mode reloads `source`)."""
     request = MODES[mode]
+    if mode in NATIVE_INT4_DOT:
+        from cpu_kernels import build
+
+        if not build.registered():
+            raise ValueError(f"{mode} needs the native CPU kernels (no C++ compiler, or JAXSERVE_CPU_KERNELS=0)")
     if calibration_data:
         request = dataclasses.replace(request, calibration_data=calibration_data)
     if mode == "int4_gguf_native" or (mode in NATIVE_INT4_DOT and is_gguf(source)):

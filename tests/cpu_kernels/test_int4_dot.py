@@ -155,13 +155,9 @@ def test_int4_matmul_runs_the_kernel_for_a_few_rows_only(rows):
 def test_the_narrower_instruction_paths_equal_the_reference(flags, name):
     """The library is compiled for the machine that runs it: build the AVX2 and plain C++ paths
     with the wider instruction sets switched off (on an AVX2 machine the first is the default)."""
-    import ctypes
+    from tests.cpu_kernels.narrow_build import narrow_target
 
-    library = ctypes.cdll.LoadLibrary(str(build.build_library(flags)))
-    target = f"jaxserve_int4_dot_test_{name}"
-    if target not in build._REGISTERED:
-        jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(library.JaxserveInt4Dot), platform="cpu")
-        build._REGISTERED[target] = library
+    target = narrow_target("JaxserveInt4Dot", flags, name)
     rng = np.random.default_rng(11)
     for m, k, n, group, symmetric in [(1, 576, 65, 32, False), (5, 256, 130, 128, True), (3, 64, 5, 32, False)]:
         x, q, scale, offset = _case(rng, m, k, n, group, symmetric)
@@ -196,3 +192,24 @@ def test_a_rows_result_does_not_depend_on_its_steps_size():
     scale = np.abs(small_step).max()
     np.testing.assert_allclose(big_step, small_step, atol=1e-5 * scale, rtol=0)
     assert np.abs(unrounded - small_step).max() > 100 * 1e-5 * scale     # the rounding is what differs
+
+
+@needs_kernels
+@pytest.mark.parametrize("m,n", [(320, 3072), (40, 960)])
+def test_many_rows_and_wide_outputs_equal_the_rounded_float_dot(m, n):
+    """A whole prompt's rows against a fused gate-up projection's width: an earlier version of the
+    kernel was off by 6e-4 of the result here (work split over rows and columns), where the
+    reference test's few rows passed; the rounded activations times the dequantized weight in float
+    is the same arithmetic to float summation order."""
+    from jaxserve.models.linear import dequantize_weight
+    from jaxserve.models.params import quantized_leaves
+    from jaxserve.quant.int4 import quantize_int4
+    from cpu_kernels.int4_dot import round_activations
+
+    rng = np.random.default_rng(m + n)
+    w = rng.standard_normal((n, 576)).astype(np.float32) * 0.05
+    p = quantized_leaves([quantize_int4(w, 32)], jnp.float32)
+    x = jnp.asarray(rng.standard_normal((m, 576)).astype(np.float32))
+    got = np.asarray(jax.jit(int4_dot)(x, p["qweight"], p["scale"], p["offset"]))
+    want = np.asarray(round_activations(x, 32) @ dequantize_weight(p, jnp.float32))
+    assert np.abs(got - want).max() < 1e-5 * np.abs(want).max()

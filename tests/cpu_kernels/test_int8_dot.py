@@ -120,13 +120,9 @@ def test_switched_off_by_the_environment(monkeypatch):
 def test_the_narrower_instruction_paths_equal_xlas_dot(flags, name):
     """The library is compiled for the machine that runs it, so a machine with AVX-512 VNNI never
     runs the AVX2 or plain C++ paths: build them here with those instruction sets switched off."""
-    import ctypes
+    from tests.cpu_kernels.narrow_build import narrow_target
 
-    library = ctypes.cdll.LoadLibrary(str(build.build_library(flags)))
-    target = f"jaxserve_int8_dot_test_{name}"
-    if target not in build._REGISTERED:
-        jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(library.JaxserveInt8Dot), platform="cpu")
-        build._REGISTERED[target] = library
+    target = narrow_target("JaxserveInt8Dot", flags, name)
     rng = np.random.default_rng(7)
     for m, k, n in [(1, 576, 65), (9, 100, 130), (3, 31, 5)]:
         x = jnp.asarray(rng.integers(-127, 128, (m, k), dtype=np.int8))

@@ -4,7 +4,7 @@ by the same code as `jaxserve bench accuracy`.
 
 Bounds met: int8 <= +1%, int4 <= +10%, int8 KV <= +1%, and w8a8 (int8 activations too, not in
 the issue) held to int8's +1%; w8a8 with its LM head in int8 too (measured +1.24%) to +2%; int4
-through the native CPU kernel (activations rounded to int8 per group: measured +1.53%) to issue
+through the native CPU kernel (activations rounded to int8 per group: measured +0.72%) to issue
 62's +3%.
 Bounds NOT met, held as strict xfails
 (they pass the day the method gets good enough, and then must be promoted) beside the bound the
