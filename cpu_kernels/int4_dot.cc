@@ -16,8 +16,12 @@
 // byte's two nibbles are two inputs of one output, so widened to a 16-bit lane (low nibble in the low
 // byte) they meet a 16-bit pair of the row's int8 activations in one multiply-add of unsigned by signed
 // bytes (vpmaddubsw), which sums both products without saturating (2 * 15 * 127 < 32767).
+// With AVX-512 VNNI, four packed rows' bytes are transposed so one 32-bit lane holds an output's
+// four consecutive inputs (low nibbles) and four more (high nibbles), each meeting four of the row's
+// int8 activations as they lie in memory in one vpdpbusd, summed exactly in int32 over the group.
 //
-// Compiled on the machine that runs it (-march=native, cpu_kernels/build.py): AVX2 or plain C++.
+// Compiled on the machine that runs it (-march=native, cpu_kernels/build.py): AVX-512 VNNI, AVX2 or
+// plain C++.
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
@@ -26,6 +30,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -48,18 +53,20 @@ constexpr int64_t kRowGroup = 4;
 struct Activations {
   int64_t m = 0, k = 0, groups = 0, half = 0;
   std::vector<int16_t> pairs;   // [m, k / 2]: low byte x[g * group + j], high byte x[g * group + j + half]
+  std::vector<int8_t> xq;       // [m, k]: the int8 values in input order (the VNNI path's quads)
   std::vector<float> dx;        // [m, groups]
   std::vector<float> xsum;      // [m, groups]: dx * sum of the group's int8 values
 
   void quantize(const float* x, int64_t m_, int64_t k_, int64_t group) {
     m = m_, k = k_, groups = k_ / group, half = group / 2;
     pairs.resize(m * (k / 2));
+    xq.resize(m * k);
     dx.resize(m * groups);
     xsum.resize(m * groups);
-    std::vector<int8_t> q(group);
     for (int64_t r = 0; r < m; ++r) {
       for (int64_t g = 0; g < groups; ++g) {
         const float* xg = x + r * k + g * group;
+        int8_t* q = xq.data() + r * k + g * group;
         float amax = 0.f;
         for (int64_t i = 0; i < group; ++i) amax = std::max(amax, std::fabs(xg[i]));
         const float d = amax > 0.f ? amax / 127.f : 1.f;
@@ -162,14 +169,91 @@ void group_block_avx2(const Activations& a, const Weight& w, int64_t g, int64_t 
   }
 }
 
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+constexpr int64_t kBlockVnni = 64;
+// The permutation that makes the byte transposes below come out in output order: dword 4L + m of the
+// loaded row is its dword 4m + L, so after the in-lane unpacks vector m holds outputs 16m .. 16m + 15.
+inline __m512i transpose_order() {
+  return _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+}
+
+// Group g's share of kBlockVnni outputs starting at c, for ROWS rows starting at r0, added into out.
+// Needs a.half % 4 == 0 (four packed rows per step).
+template <int ROWS>
+void group_block_vnni(const Activations& a, const Weight& w, int64_t g, int64_t r0, int64_t c, float* out) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const __m512i order = transpose_order();
+  __m512i acc[ROWS][4];
+  for (int r = 0; r < ROWS; ++r)
+    for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_setzero_si512();
+  const int8_t* xg = a.xq.data() + r0 * a.k + g * 2 * a.half;
+  for (int64_t j = 0; j < a.half; j += 4) {
+    const uint8_t* src = w.q + (g * a.half + j) * w.n + c;
+    __m512i b[4];
+    for (int i = 0; i < 4; ++i)
+      b[i] = _mm512_permutexvar_epi32(order, _mm512_loadu_si512(src + i * w.n));
+    // bytes of rows j, j+1 side by side, then of j+2, j+3: each 32-bit lane one output's four bytes
+    const __m512i p01l = _mm512_unpacklo_epi8(b[0], b[1]), p01h = _mm512_unpackhi_epi8(b[0], b[1]);
+    const __m512i p23l = _mm512_unpacklo_epi8(b[2], b[3]), p23h = _mm512_unpackhi_epi8(b[2], b[3]);
+    const __m512i quad[4] = {_mm512_unpacklo_epi16(p01l, p23l), _mm512_unpackhi_epi16(p01l, p23l),
+                             _mm512_unpacklo_epi16(p01h, p23h), _mm512_unpackhi_epi16(p01h, p23h)};
+    __m512i lo[4], hi[4];      // inputs j..j+3 (low nibbles) and j+half..j+half+3 (high nibbles)
+    for (int v = 0; v < 4; ++v) {
+      lo[v] = _mm512_and_si512(quad[v], low4);
+      hi[v] = _mm512_and_si512(_mm512_srli_epi16(quad[v], 4), low4);
+    }
+    for (int r = 0; r < ROWS; ++r) {
+      int32_t xl, xh;
+      std::memcpy(&xl, xg + r * a.k + j, 4);
+      std::memcpy(&xh, xg + r * a.k + a.half + j, 4);
+      const __m512i vl = _mm512_set1_epi32(xl), vh = _mm512_set1_epi32(xh);
+      for (int v = 0; v < 4; ++v) {
+        acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], lo[v], vl);
+        acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], hi[v], vh);
+      }
+    }
+  }
+  // the group's exact integer dots scaled, and the offset's share: offset[g, n] * dx * sum(xq)
+  // (symmetric: -8 * scale)
+  const float* sg = w.scale + g * w.n + c;
+  const float* og = w.offset ? w.offset + g * w.n + c : sg;
+  for (int r = 0; r < ROWS; ++r) {
+    const __m512 d = _mm512_set1_ps(a.dx[(r0 + r) * a.groups + g]);
+    const float xs = a.xsum[(r0 + r) * a.groups + g];
+    const __m512 f = _mm512_set1_ps(w.offset ? xs : -8.f * xs);
+    float* o = out + (r0 + r) * w.n + c;
+    for (int v = 0; v < 4; ++v) {
+      const __m512 s = _mm512_mul_ps(_mm512_loadu_ps(sg + 16 * v), d);
+      __m512 y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][v]), s, _mm512_loadu_ps(o + 16 * v));
+      _mm512_storeu_ps(o + 16 * v, _mm512_fmadd_ps(_mm512_loadu_ps(og + 16 * v), f, y));
+    }
+  }
+}
+#endif
+
 // Groups [g0, g1)'s share of every output of every row, added into out: a slice of the reduction, a
 // contiguous run of the weight's memory read front to back.
 void dot_groups(const Activations& a, const Weight& w, int64_t g0, int64_t g1, float* out) {
-  const int64_t vec_end = w.n / kBlock * kBlock;
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  const int64_t vnni_end = a.half % 4 == 0 ? w.n / kBlockVnni * kBlockVnni : 0;
+#else
+  const int64_t vnni_end = 0;
+#endif
+  const int64_t vec_end = vnni_end + (w.n - vnni_end) / kBlock * kBlock;
   for (int64_t r0 = 0; r0 < a.m; r0 += kRowGroup) {
     const int64_t rows = std::min(kRowGroup, a.m - r0);
     for (int64_t g = g0; g < g1; ++g) {
-      for (int64_t c = 0; c < vec_end; c += kBlock) {
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+      for (int64_t c = 0; c < vnni_end; c += kBlockVnni) {
+        switch (rows) {
+          case 1: group_block_vnni<1>(a, w, g, r0, c, out); break;
+          case 2: group_block_vnni<2>(a, w, g, r0, c, out); break;
+          case 3: group_block_vnni<3>(a, w, g, r0, c, out); break;
+          default: group_block_vnni<4>(a, w, g, r0, c, out); break;
+        }
+      }
+#endif
+      for (int64_t c = vnni_end; c < vec_end; c += kBlock) {
         switch (rows) {
           case 1: group_block_avx2<1>(a, w, g, r0, c, out); break;
           case 2: group_block_avx2<2>(a, w, g, r0, c, out); break;

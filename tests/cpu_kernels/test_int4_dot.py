@@ -1,8 +1,9 @@
 """The native int4 dot (cpu_kernels/int4_dot.cc) against a float64 reference of the same arithmetic
 (int8 activations per group, exact integer group dots, scales and offsets applied per group): at
 every shape the kernel splits differently (row groups of 4, 32-output blocks and their remainder,
-64-output thread tasks, the int16 flush every 8 packed rows), symmetric and Q4_1 forms, group 32,
-64 and 128; against int4's float matmul within the activations' rounding; through int4's matmul
+64-output thread tasks, the int16 flush every 8 packed rows, the VNNI path's 64-output blocks of
+four packed rows and the groups it leaves to AVX2), symmetric and Q4_1 forms, group 12, 32, 64
+and 128; against int4's float matmul within the activations' rounding; through int4's matmul
 only for a few rows; and on the AVX2 and plain C++ paths built here."""
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ def _check(got, x, q, scale, offset):
 
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8])
 @pytest.mark.parametrize("k,n,group,symmetric", [(64, 32, 32, False), (576, 960, 32, False), (576, 100, 32, True),
-                                                 (1536, 64, 128, False), (256, 33, 64, True), (32, 7, 32, False)])
+                                                 (1536, 64, 128, False), (256, 33, 64, True), (32, 7, 32, False),
+                                                 (96, 128, 12, False)])
 @needs_kernels
 def test_equals_the_reference(m, k, n, group, symmetric):
     rng = np.random.default_rng(m * 1000 + k + n)
