@@ -85,7 +85,8 @@ def build_library(extra_flags: tuple[str, ...] = ()) -> Path:
 
 
 # handler symbol in the library -> the FFI target name the traced code calls
-HANDLERS = {"JaxserveInt8Dot": "jaxserve_int8_dot", "JaxserveInt4Dot": "jaxserve_int4_dot"}
+HANDLERS = {"JaxserveInt8Dot": "jaxserve_int8_dot", "JaxserveW8A8Dot": "jaxserve_w8a8_dot",
+            "JaxserveInt4Dot": "jaxserve_int4_dot"}
 
 
 @functools.cache

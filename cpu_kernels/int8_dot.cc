@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -117,34 +118,30 @@ struct Shared {
   const int8_t* w;
   int32_t* out;
   int64_t m, k, n, tasks;
+  // w8a8's epilogue (W8A8DotImpl): each task turns its own outputs into float as soon as they are
+  // summed, while they are in cache: y[r, j] = float(out[r, j]) * row_scale[r] * scale[j]
+  std::vector<int32_t> acc;          // the int32 sums when the caller's output is float
+  std::vector<float> row_scale;
+  const float* scale = nullptr;
+  float* y = nullptr;
   std::atomic<int64_t> next{0};
   std::atomic<int64_t> done{0};
 
   void work() {
     for (int64_t t; (t = next.fetch_add(1, std::memory_order_relaxed)) < tasks;) {
-      const int64_t n0 = t * kRowsPerTask;
-      dot_range(xu.data(), m, k, w, n, n0, std::min(n, n0 + kRowsPerTask), out);
+      const int64_t n0 = t * kRowsPerTask, n1 = std::min(n, n0 + kRowsPerTask);
+      dot_range(xu.data(), m, k, w, n, n0, n1, out);
+      if (y)
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t j = n0; j < n1; ++j) y[r * n + j] = float(out[r * n + j]) * row_scale[r] * scale[j];
       done.fetch_add(1, std::memory_order_release);
     }
   }
 };
 
-ffi::Error Int8DotImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::S8> x, ffi::Buffer<ffi::S8> w,
-                       ffi::ResultBuffer<ffi::S32> out) {
-  const auto xd = x.dimensions(), wd = w.dimensions();
-  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[1])
-    return ffi::Error::InvalidArgument("int8_dot expects x [M, K] and w [N, K]");
-  auto state = std::make_shared<Shared>();
-  state->m = xd[0];
-  state->k = xd[1];
-  state->n = wd[0];
-  state->w = w.typed_data();
-  state->out = out->typed_data();
+// Runs every task of `state`, on the calling thread and the pool, and returns when all are done.
+void run_tasks(const std::shared_ptr<Shared>& state, ffi::ThreadPool& pool) {
   state->tasks = (state->n + kRowsPerTask - 1) / kRowsPerTask;
-  const int8_t* xs = x.typed_data();
-  state->xu.resize(state->m * state->k);
-  for (int64_t i = 0; i < state->m * state->k; ++i)
-    state->xu[i] = kShifted ? uint8_t(int32_t(xs[i]) + 128) : uint8_t(xs[i]);
   // The calling thread is one of XLA's own and takes a core's share, so the pool gets one thread fewer
   // than it has: one helper per pool thread put three threads on two cores, and a batch-1 w8a8 step's
   // projections took 24 ms instead of 13.7 (2-core EPYC, scripts/cpu_quant_matmul.py).
@@ -152,6 +149,65 @@ ffi::Error Int8DotImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::S8> x, ffi::Buffer
   for (int64_t i = 0; i < helpers; ++i) pool.Schedule([state] { state->work(); });
   state->work();
   while (state->done.load(std::memory_order_acquire) < state->tasks) std::this_thread::yield();
+}
+
+std::shared_ptr<Shared> make_shared_state(int64_t m, int64_t k, int64_t n, const int8_t* w) {
+  auto state = std::make_shared<Shared>();
+  state->m = m, state->k = k, state->n = n, state->w = w;
+  state->xu.resize(m * k);
+  return state;
+}
+
+// The bytes the dot_block of this build reads: VNNI's are shifted into [1, 255].
+inline uint8_t stored(int8_t v) { return kShifted ? uint8_t(int32_t(v) + 128) : uint8_t(v); }
+
+ffi::Error Int8DotImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::S8> x, ffi::Buffer<ffi::S8> w,
+                       ffi::ResultBuffer<ffi::S32> out) {
+  const auto xd = x.dimensions(), wd = w.dimensions();
+  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[1])
+    return ffi::Error::InvalidArgument("int8_dot expects x [M, K] and w [N, K]");
+  auto state = make_shared_state(xd[0], xd[1], wd[0], w.typed_data());
+  state->out = out->typed_data();
+  const int8_t* xs = x.typed_data();
+  for (int64_t i = 0; i < state->m * state->k; ++i) state->xu[i] = stored(xs[i]);
+  run_tasks(state, pool);
+  return ffi::Error::Success();
+}
+
+// w8a8's whole matmul in one call (models/linear.py's _w8a8_matmul, bit for bit): x * act_smooth
+// rounded to int8 with one scale per row (max |.| / 127, ties to even), the exact int32 dot, times the
+// row's scale and the weight's. One custom call instead of XLA's quantizing fusions, the dot and the
+// rescaling fusion: three fewer operations per projection of a decode step.
+ffi::Error W8A8DotImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> smooth,
+                       ffi::Buffer<ffi::S8> w, ffi::Buffer<ffi::F32> scale, ffi::ResultBuffer<ffi::F32> y) {
+  const auto xd = x.dimensions(), wd = w.dimensions();
+  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[1] || smooth.element_count() != xd[1] ||
+      scale.element_count() != wd[0])
+    return ffi::Error::InvalidArgument("w8a8_dot expects x [M, K], act_smooth [K], w [N, K] and scale [N]");
+  const int64_t m = xd[0], k = xd[1];
+  auto state = make_shared_state(m, k, wd[0], w.typed_data());
+  state->acc.resize(m * state->n);
+  state->out = state->acc.data();
+  state->row_scale.resize(m);
+  state->scale = scale.typed_data();
+  state->y = y->typed_data();
+  const float* xf = x.typed_data();
+  const float* sm = smooth.typed_data();
+  // the same float operations as linear.py's: scale = max |x * smooth| * (1 / 127), q = x * smooth * (1 / scale)
+  constexpr float kInv127 = 1.0f / 127.0f;
+  std::vector<float> xs(k);
+  for (int64_t r = 0; r < m; ++r) {
+    float amax = 0.f;
+    for (int64_t i = 0; i < k; ++i) {
+      xs[i] = xf[r * k + i] * sm[i];
+      amax = std::max(amax, std::fabs(xs[i]));
+    }
+    const float d = amax > 0.f ? amax * kInv127 : 1.f;
+    const float inv = 1.f / d;
+    state->row_scale[r] = d;
+    for (int64_t i = 0; i < k; ++i) state->xu[r * k + i] = stored(int8_t(std::nearbyint(xs[i] * inv)));
+  }
+  run_tasks(state, pool);
   return ffi::Error::Success();
 }
 
@@ -163,3 +219,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxserveInt8Dot, Int8DotImpl,
                                   .Arg<ffi::Buffer<ffi::S8>>()
                                   .Arg<ffi::Buffer<ffi::S8>>()
                                   .Ret<ffi::Buffer<ffi::S32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxserveW8A8Dot, W8A8DotImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S8>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());

@@ -1,10 +1,13 @@
-"""int8 [M, K] x int8 [N, K] -> int32 [M, N], exact: the native kernel (int8_dot.cc) in a trace.
+"""The native int8 kernel (int8_dot.cc) in a trace: `int8_dot`, int8 [M, K] x int8 [N, K] -> int32
+[M, N] exact, and `w8a8_dot`, w8a8's whole matmul (the activations rounded to int8 per row, that
+dot, the rescaling) as one custom call.
 
-The runner turns it on while tracing a single-device CPU step (`cpu_kernels()`, a trace-time
-switch like models/batch_invariant.py) and w8a8's matmul (models/linear.py) calls it for steps
-of at most MAX_ROWS rows, where it beats XLA:CPU's int8 dot; a step with more rows, any other
-platform, and a tensor-parallel mesh (whose sharded weights a custom call would gather) keep
-XLA's dot. Both sum exactly in int32, so switching between them changes no result.
+The runner turns them on while tracing a single-device CPU step (`cpu_kernels()`, a trace-time
+switch like models/batch_invariant.py) and w8a8's matmul (models/linear.py) calls `w8a8_dot` for
+steps of at most MAX_ROWS rows, where it beats XLA:CPU's int8 dot; a step with more rows, any
+other platform, and a tensor-parallel mesh (whose sharded weights a custom call would gather)
+keep XLA's ops. Both sum exactly in int32 and round and rescale in the same float order, so
+switching between them changes no bit of the result.
 """
 
 from __future__ import annotations
@@ -48,3 +51,18 @@ def int8_dot(x: jax.Array, w: jax.Array) -> jax.Array:
                          f"{w.dtype}{list(w.shape)}")
     out = jax.ShapeDtypeStruct((x.shape[0], w.shape[0]), jnp.int32)
     return jax.ffi.ffi_call(build.HANDLERS["JaxserveInt8Dot"], out)(x, w)
+
+
+def w8a8_dot(x: jax.Array, act_smooth: jax.Array, w: jax.Array, scale: jax.Array) -> jax.Array:
+    """x float32 [M, K], act_smooth float32 [K], w int8 [N, K], scale float32 [N] -> float32 [M, N]:
+    models/linear.py's w8a8 arithmetic (x * act_smooth rounded to int8 with max |.| / 127 per row,
+    ties to even; the exact int32 dot; times the row's scale, then the weight's), in one call."""
+    k = x.shape[-1] if x.ndim == 2 else None
+    if (x.ndim != 2 or x.dtype != jnp.float32 or w.dtype != jnp.int8 or w.ndim != 2 or w.shape[1] != k
+            or act_smooth.shape != (k,) or scale.shape != (w.shape[0],)):
+        raise ValueError(f"w8a8_dot takes float32 x [M, K], act_smooth [K], int8 w [N, K] and scale [N]; got x "
+                         f"{x.dtype}{list(x.shape)}, act_smooth {list(act_smooth.shape)}, w {w.dtype}"
+                         f"{list(w.shape)}, scale {list(scale.shape)}")
+    out = jax.ShapeDtypeStruct((x.shape[0], w.shape[0]), jnp.float32)
+    return jax.ffi.ffi_call(build.HANDLERS["JaxserveW8A8Dot"], out)(
+        x, act_smooth.astype(jnp.float32), w, scale.astype(jnp.float32))

@@ -140,24 +140,27 @@ def _int4_native(x: jax.Array, scale: jax.Array) -> bool:
 # embedded model's projections, docs/benchmarks.md): one row is computed as two (unless the native
 # kernel serves the step: cpu_kernels/int8_dot.py).
 _W8A8_MIN_ROWS = 2
+_INV_127 = np.float32(1.0 / 127.0)
 
 
 def _w8a8_matmul(x: jax.Array, q: jax.Array, scale: jax.Array, act_smooth: jax.Array) -> jax.Array:
     """x [..., in] float, q int8 [out, in], scale / act_smooth float32 -> [..., out] float32."""
     lead, n = x.shape[:-1], x.shape[-1]
-    xs = x.reshape(-1, n).astype(jnp.float32) * act_smooth
-    rows = xs.shape[0]
-    # a decode step's few rows on the CPU: the native kernel (cpu_kernels/), exact like XLA's dot
-    native = rows <= int8_dot.MAX_ROWS and int8_dot.active()
-    if rows < _W8A8_MIN_ROWS and not native:
+    x2 = x.reshape(-1, n).astype(jnp.float32)
+    rows = x2.shape[0]
+    if rows <= int8_dot.MAX_ROWS and int8_dot.active():
+        # a decode step's few rows on the CPU: the native kernel (cpu_kernels/) computes all of the
+        # below in one call, bit for bit
+        return int8_dot.w8a8_dot(x2, act_smooth, q, scale).reshape(*lead, q.shape[0])
+    xs = x2 * act_smooth
+    if rows < _W8A8_MIN_ROWS:
         xs = jnp.pad(xs, ((0, _W8A8_MIN_ROWS - rows), (0, 0)))
+    # written as the multiplications XLA rewrites these divisions into anyway (by a constant's and
+    # a broadcast's reciprocal), so the native kernel can repeat them exactly
     absmax = jnp.max(jnp.abs(xs), axis=1, keepdims=True)
-    row_scale = jnp.where(absmax > 0, absmax / 127.0, 1.0)                   # [R, 1]: per token
-    xq = jnp.round(xs / row_scale).astype(jnp.int8)                          # |xs / row_scale| <= 127
-    if native:
-        acc = int8_dot.int8_dot(xq, q)
-    else:
-        acc = jax.lax.dot_general(xq, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32)
+    row_scale = jnp.where(absmax > 0, absmax * _INV_127, 1.0)                # [R, 1]: per token
+    xq = jnp.round(xs * (1.0 / row_scale)).astype(jnp.int8)                  # |xs / row_scale| <= 127
+    acc = jax.lax.dot_general(xq, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32)
     y = acc.astype(jnp.float32) * row_scale * scale                          # [R, out]
     return y[:rows].reshape(*lead, q.shape[0])
 

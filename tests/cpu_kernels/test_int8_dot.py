@@ -1,7 +1,9 @@
 """The native int8 dot (cpu_kernels/int8_dot.cc) against XLA's: exact int32 sums at every shape
 the kernel splits differently (row groups of 8, weight rows per thread task, K's 64-byte chunks
-and their remainder), inside jit beside other ops, and through w8a8's matmul and a runner's
-step; it is built once per machine and a failed build leaves XLA's dot serving."""
+and their remainder), inside jit beside other ops; the fused w8a8 call (rounding, dot, rescale)
+bit for bit against w8a8's matmul through XLA at those shapes, a row of zeros included, and
+through a runner's step; it is built once per machine and a failed build leaves XLA's dot
+serving."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import numpy as np
 import pytest
 
 from cpu_kernels import build
-from cpu_kernels.int8_dot import MAX_ROWS, active, cpu_kernels, int8_dot
+from cpu_kernels.int8_dot import MAX_ROWS, active, cpu_kernels, int8_dot, w8a8_dot
 
 pytestmark = pytest.mark.skipif(not build.registered(), reason="no C++ compiler: the kernels cannot be built")
 
@@ -68,6 +70,34 @@ def _w8a8_leaves(rng, out=96, n=576):
     return quantized_leaves([quantize_w8a8(w, smooth)], jnp.float32)
 
 
+def _w8a8_through_xla(x, leaves):
+    from jaxserve.models.linear import matmul
+
+    return np.asarray(jax.jit(lambda x: matmul(x, leaves, jnp.float32))(x))
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 8, 9])
+@pytest.mark.parametrize("k,n", [(576, 65), (100, 130), (1536, 64), (31, 5)])
+def test_fused_w8a8_equals_the_matmul_through_xla(m, k, n):
+    rng = np.random.default_rng(m * 1000 + k + n)
+    leaves = _w8a8_leaves(rng, out=n, n=k)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    x[m // 2] = 0.0                                    # a row of zeros: its scale is 1, not 0 / 127
+    x = jnp.asarray(x)
+    got = jax.jit(w8a8_dot)(x, leaves["act_smooth"], leaves["qweight"], leaves["scale"][0])
+    np.testing.assert_array_equal(np.asarray(got), _w8a8_through_xla(x, leaves))
+
+
+def test_fused_w8a8_refuses_what_it_does_not_compute():
+    x, s, w, sc = jnp.zeros((2, 8)), jnp.ones(8), jnp.zeros((3, 8), jnp.int8), jnp.ones(3)
+    with pytest.raises(ValueError, match="w8a8_dot"):
+        w8a8_dot(x.astype(jnp.bfloat16), s, w, sc)
+    with pytest.raises(ValueError, match="w8a8_dot"):
+        w8a8_dot(x, jnp.ones(9), w, sc)
+    with pytest.raises(ValueError, match="w8a8_dot"):
+        w8a8_dot(x, s, w, jnp.ones(4))
+
+
 @pytest.mark.parametrize("rows", [1, 2, MAX_ROWS, MAX_ROWS + 1])
 def test_w8a8_matmul_gives_the_same_bits_with_the_kernel(rows):
     from jaxserve.models.linear import matmul
@@ -80,8 +110,8 @@ def test_w8a8_matmul_gives_the_same_bits_with_the_kernel(rows):
         assert active()
         native = jax.jit(lambda x: matmul(x, leaves, jnp.float32)).lower(x)
     assert not active()
-    assert ("jaxserve_int8_dot" in native.as_text()) == (rows <= MAX_ROWS)
-    assert "jaxserve_int8_dot" not in plain.as_text()
+    assert ("jaxserve_w8a8_dot" in native.as_text()) == (rows <= MAX_ROWS)
+    assert "jaxserve_w8a8_dot" not in plain.as_text()
     np.testing.assert_array_equal(np.asarray(native.compile()(x)), np.asarray(plain.compile()(x)))
 
 
@@ -129,6 +159,12 @@ def test_the_narrower_instruction_paths_equal_xlas_dot(flags, name):
         w = jnp.asarray(rng.integers(-127, 128, (n, k), dtype=np.int8))
         got = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((m, n), jnp.int32))(x, w)
         np.testing.assert_array_equal(np.asarray(got), np.asarray(_xla(x, w)))
+    fused = narrow_target("JaxserveW8A8Dot", flags, name)
+    leaves = _w8a8_leaves(rng, out=130, n=100)
+    xf = jnp.asarray(rng.standard_normal((5, 100)).astype(np.float32))
+    got = jax.ffi.ffi_call(fused, jax.ShapeDtypeStruct((5, 130), jnp.float32))(
+        xf, leaves["act_smooth"], leaves["qweight"], leaves["scale"][0])
+    np.testing.assert_array_equal(np.asarray(got), _w8a8_through_xla(xf, leaves))
     k = 4096 + 37                                              # the int16 pairs at their largest
     x = jnp.asarray(np.array([[127] * k, [-127] * k], np.int8))
     got = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((2, 2), jnp.int32))(x, x)

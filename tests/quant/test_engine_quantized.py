@@ -134,7 +134,7 @@ def test_w8a8_decode_steps_call_the_native_int8_dot(quantized_llm):
     for bucket in runner.shapes.buckets():
         step, _ = runner.step_and_sampler(bucket)
         rows = bucket[0] + bucket[1] * runner.shapes.prefill_tile      # decode rows + prefill tiles' rows
-        calls = "jaxserve_int8_dot" in step.as_text()
+        calls = "jaxserve_w8a8_dot" in step.as_text()
         if rows <= MAX_ROWS:
             assert calls, bucket
         elif mode == "w8a8":      # (a quantized LM head runs on the few rows sampled, any step)
