@@ -1,6 +1,8 @@
 """A decode step's projections in each quantized form on this CPU, through models/linear.py's own
 matmul: float32, int4 widened by XLA, int4 through the native kernel (cpu_kernels/int4_dot.cc),
-w8a8 through the native int8 dot. One jitted function per form and row count runs every layer's
+w8a8 as the engine runs it (the native int8 dot up to its row limit), w8a8_xla (XLA's int8 dot
+at every row count) and w8a8_native (the native dot at every row count: what the limit would
+be measured by). One jitted function per form and row count runs every layer's
 fused qkv, o, fused gate-up and down projection (random weights, SmolLM2-135M's shapes by
 default), each layer's input depending on the last's output so XLA cannot overlap them, and with
 --vocab an LM head in the same form. The programs take turns, one call each per round. Prints the
@@ -36,6 +38,7 @@ def leaves_for(form: str, w: np.ndarray):
         return projection_leaves([w], jnp.float32)
     if form.startswith("int4"):
         return projection_leaves([quantize_int4(w, 32)], jnp.float32)
+    # w8a8, w8a8_xla, w8a8_native: the same weights, traced differently
     smooth = np.ones(w.shape[1], np.float32)
     return projection_leaves([quantize_w8a8(w, smooth)], jnp.float32)
 
@@ -57,6 +60,7 @@ def main(argv=None) -> int:
     import jax
     import jax.numpy as jnp
 
+    from cpu_kernels import int8_dot
     from cpu_kernels.int8_dot import cpu_kernels
     from jaxserve.models.linear import matmul
 
@@ -82,8 +86,13 @@ def main(argv=None) -> int:
 
         for rows in row_counts:
             x = jnp.asarray(rng.standard_normal((rows, args.hidden)).astype(np.float32))
-            with cpu_kernels(form != "int4_xla"):
-                compiled = jax.jit(step).lower(params, x).compile()
+            limit = int8_dot.MAX_ROWS
+            int8_dot.MAX_ROWS = max(limit, rows) if form == "w8a8_native" else limit
+            try:
+                with cpu_kernels(form not in ("int4_xla", "w8a8_xla")):
+                    compiled = jax.jit(step).lower(params, x).compile()
+            finally:
+                int8_dot.MAX_ROWS = limit
             compiled(params, x).block_until_ready()
             programs[(form, rows)] = (compiled, params, x, nbytes)
     # the forms take turns, one call each per round: on a shared machine a slow minute then
