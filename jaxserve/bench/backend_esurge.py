@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import tempfile
 import time
@@ -83,7 +84,8 @@ class ESurgeBackend:
         env.pop("PYTHONPATH", None)  # jaxserve's paths must not leak into the other venv
         t = time.perf_counter()
         self.proc = subprocess.Popen([python, DRIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self._stderr, text=True, env=env)
+                                     stderr=self._stderr, text=True, env=env,
+                                     start_new_session=True)  # its group: eSurge's worker processes too
         try:
             hello = self._read()
             if hello.get("event") == "error":
@@ -211,4 +213,10 @@ class ESurgeBackend:
             proc.kill()
             proc.wait()
         finally:
+            # eSurge's tokenizer/detokenizer workers are the driver's children in its process
+            # group; the driver stops them, but one that died or was killed cannot
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                pass
             self._stderr.close()

@@ -265,10 +265,13 @@ class ESurgeServer:
         return event
 
     def close(self) -> None:
-        try:
-            self.engine.terminate()
-        except Exception:
-            pass
+        # terminate() stops the scheduler but not the tokenizer/detokenizer worker processes, which
+        # eSurge shuts down only in __del__ (not run at interpreter exit): they would outlive us
+        for stop in (self.engine.terminate, self.engine._worker_manager.shutdown):
+            try:
+                stop()
+            except Exception:
+                traceback.print_exc()
 
 
 def _versions() -> dict[str, str]:
