@@ -23,7 +23,8 @@ def add_common(p: argparse.ArgumentParser, default_backends: str) -> None:
     g.add_argument("--model", default=None,
                    help="GGUF file or HF directory fed to every backend (default: the embedded SmolLM2 GGUF)")
     g.add_argument("--backend", default=default_backends,
-                   help=f"comma-separated backends run one after the other: jaxserve, hf, hf-compiled, hf-cb, vllm "
+                   help=f"comma-separated backends run one after the other: jaxserve, hf, hf-compiled, hf-cb, vllm, "
+                        f"llamacpp, esurge (EasyDeL, in its own venv: bash scripts/esurge/setup.sh) "
                         f"(default: {default_backends})")
     g.add_argument("--seed", type=int, default=0, help="seed of the workload and arrival times")
     g.add_argument("--output-dir", default="bench_results", help="where the JSON result and PNG plots go")

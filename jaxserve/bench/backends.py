@@ -7,7 +7,7 @@ from typing import Any
 from jaxserve.bench.backend_base import Backend, BackendRun, RunOptions, UnsupportedBackend
 from jaxserve.bench.model_files import ModelSpec
 
-BACKENDS = ("jaxserve", "hf", "hf-compiled", "hf-cb", "vllm", "llamacpp")
+BACKENDS = ("jaxserve", "hf", "hf-compiled", "hf-cb", "vllm", "llamacpp", "esurge")
 
 
 def make_backend(name: str, spec: ModelSpec, *, engine_kwargs: dict[str, Any] | None = None,
@@ -46,6 +46,10 @@ def make_backend(name: str, spec: ModelSpec, *, engine_kwargs: dict[str, Any] | 
         from jaxserve.bench.backend_llamacpp import LlamaCppBackend
 
         return LlamaCppBackend(spec, max_seq_len=max_seq_len, label=label)
+    if name == "esurge":
+        from jaxserve.bench.backend_esurge import ESurgeBackend
+
+        return ESurgeBackend(spec, engine_kwargs, max_seq_len=max_seq_len, dtype=dtype, label=label)
     raise ValueError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
 
 
