@@ -45,7 +45,11 @@ def cpu_kernels(enabled: bool = True) -> Iterator[None]:
 
 
 def int8_dot(x: jax.Array, w: jax.Array) -> jax.Array:
-    """x int8 [M, K], w int8 [N, K] (row-major: w8a8's [out, in]) -> int32 [M, N] = x @ w.T."""
+    """x int8 [M, K], w int8 [N, K] (row-major: w8a8's [out, in]) -> int32 [M, N] = x @ w.T.
+
+    The kernel's integer core on its own: the engine calls `w8a8_dot`, whose float inputs cannot
+    be made to round to chosen int8 values, so the tests check the exact sums (saturation's
+    extremes included) through this one."""
     if x.dtype != jnp.int8 or w.dtype != jnp.int8 or x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"int8_dot takes int8 [M, K] and [N, K], got {x.dtype}{list(x.shape)} and "
                          f"{w.dtype}{list(w.shape)}")

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from typing import Callable
 
-import jax
-
 from pallas_kernels.kv_quant import quantize_kv, with_kv_scales
 
 
@@ -36,21 +34,13 @@ def write_kv(k_cache, v_cache, k, v, slots, scales=None):
         k, v = k.astype(k_cache.dtype), v.astype(v_cache.dtype)
     else:
         k, v = quantize_kv(k, scales[0], k_cache.dtype), quantize_kv(v, scales[1], v_cache.dtype)
-    if k.shape[0] == 1:
-        # One row (a lone decode): XLA rewrites a one-row scatter into a dynamic-update-slice of
-        # the flattened arena, which it does not update in place through the reshape: it copied
-        # each layer's whole K and V arena every step (60 copies of 18 MB, a quarter of the
-        # embedded model's batch-1 step on the CPU). Updated as the [blocks, block_size, K, H]
-        # array it is, it writes in place. Slots are never out of bounds (padding rows write
-        # slot 0, the null block), so the clamping of dynamic_update_slice never moves a row.
-        block_size = k_cache.shape[1]
-        at = (slots[0] // block_size, slots[0] % block_size, 0, 0)
-        return (jax.lax.dynamic_update_slice(k_cache, k[None], at),
-                jax.lax.dynamic_update_slice(v_cache, v[None], at))
-    shape = k_cache.shape
-    flat_k = k_cache.reshape(-1, shape[2], shape[3]).at[slots].set(k)
-    flat_v = v_cache.reshape(-1, shape[2], shape[3]).at[slots].set(v)
-    return flat_k.reshape(shape), flat_v.reshape(shape)
+    # Indexed as the [blocks, block_size, K, H] array the arena is, never through a flattened
+    # view: XLA turns a one-row write (a lone decode) into a dynamic-update-slice, which it did not
+    # do in place through the reshape, and copied each layer's whole K and V arena every step
+    # (60 copies of 18 MB, a quarter of the embedded model's batch-1 step on the CPU).
+    block_size = k_cache.shape[1]
+    block, offset = slots // block_size, slots % block_size
+    return k_cache.at[block, offset].set(k), v_cache.at[block, offset].set(v)
 
 
 def scaled_attention(attention_impl: Callable, scales) -> Callable:
