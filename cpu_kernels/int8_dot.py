@@ -4,7 +4,7 @@ dot, the rescaling) as one custom call.
 
 The runner turns them on while tracing a single-device CPU step (`cpu_kernels()`, a trace-time
 switch like models/batch_invariant.py) and w8a8's matmul (models/linear.py) calls `w8a8_dot` for
-steps of at most MAX_ROWS rows, where it beats XLA:CPU's int8 dot; a step with more rows, any
+steps of at most `max_rows()` rows, where it beats XLA:CPU's int8 dot; a step with more rows, any
 other platform, and a tensor-parallel mesh (whose sharded weights a custom call would gather)
 keep XLA's ops. Both sum exactly in int32 and round and rescale in the same float order, so
 switching between them changes no bit of the result.
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 from typing import Iterator
 
 import jax
@@ -21,11 +22,16 @@ import jax.numpy as jnp
 
 from cpu_kernels import build
 
-# Rows up to which the kernel beats XLA's dot over the embedded model's w8a8 projections
-# (2-core Xeon with AVX-512 VNNI, docs/benchmarks.md "Beside llama.cpp"): at 8 rows XLA's is ahead.
-MAX_ROWS = 4
+# Rows up to which the kernel beats XLA's int8 dot over the embedded model's w8a8 projections, by
+# what the CPU has (docs/benchmarks.md "Fewer operations per CPU decode step"). With AVX-512 VNNI
+# XLA's own dot is fast and ahead from 8 rows (2-core Xeon); on AVX2 alone it is slower and the
+# fused kernel wins up to 16 (2-core EPYC: 0.78x of XLA's time at 8 rows, 0.88-0.94x at 16,
+# 1.05-1.10x at 24-32). Without either the crossover was never measured: the smaller one.
+_MAX_ROWS_VNNI = 4
+_MAX_ROWS_AVX2 = 16
 
 _ACTIVE = contextvars.ContextVar("jaxserve_cpu_kernels", default=False)
+_MAX_ROWS = contextvars.ContextVar("jaxserve_cpu_kernels_max_rows", default=None)
 
 
 def active() -> bool:
@@ -33,14 +39,34 @@ def active() -> bool:
     return _ACTIVE.get()
 
 
+@functools.cache
+def _crossover_rows() -> int:
+    from jaxserve.runner.fingerprint import cpu_flags    # (jaxserve imports this package)
+
+    flags = cpu_flags().split()
+    if "avx512_vnni" in flags:
+        return _MAX_ROWS_VNNI
+    return _MAX_ROWS_AVX2 if "avx2" in flags else _MAX_ROWS_VNNI
+
+
+def max_rows() -> int:
+    """The most rows a w8a8 matmul traced now sends to the kernel: this CPU's measured crossover
+    with XLA's dot, unless `cpu_kernels(max_rows=...)` set another."""
+    override = _MAX_ROWS.get()
+    return _crossover_rows() if override is None else override
+
+
 @contextlib.contextmanager
-def cpu_kernels(enabled: bool = True) -> Iterator[None]:
+def cpu_kernels(enabled: bool = True, max_rows: int | None = None) -> Iterator[None]:
     """Trace inside this to let the traced code call the native kernels. Registers them first
-    (`enabled` is dropped when they cannot be built: the caller's program then keeps XLA's ops)."""
+    (`enabled` is dropped when they cannot be built: the caller's program then keeps XLA's ops).
+    `max_rows` replaces the CPU's crossover (benchmarks measuring the kernel past it)."""
     token = _ACTIVE.set(bool(enabled) and build.registered())
+    rows_token = _MAX_ROWS.set(max_rows)
     try:
         yield
     finally:
+        _MAX_ROWS.reset(rows_token)
         _ACTIVE.reset(token)
 
 

@@ -148,7 +148,7 @@ def _w8a8_matmul(x: jax.Array, q: jax.Array, scale: jax.Array, act_smooth: jax.A
     lead, n = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, n).astype(jnp.float32)
     rows = x2.shape[0]
-    if rows <= int8_dot.MAX_ROWS and int8_dot.active():
+    if int8_dot.active() and rows <= int8_dot.max_rows():
         # a decode step's few rows on the CPU: the native kernel (cpu_kernels/) computes all of the
         # below in one call, bit for bit
         return int8_dot.w8a8_dot(x2, act_smooth, q, scale).reshape(*lead, q.shape[0])

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from cpu_kernels import build
-from cpu_kernels.int8_dot import MAX_ROWS, active, cpu_kernels, int8_dot, w8a8_dot
+from cpu_kernels import int8_dot as int8_dot_module
+from cpu_kernels.int8_dot import active, cpu_kernels, int8_dot, max_rows, w8a8_dot
 
 pytestmark = pytest.mark.skipif(not build.registered(), reason="no C++ compiler: the kernels cannot be built")
 
@@ -98,7 +99,7 @@ def test_fused_w8a8_refuses_what_it_does_not_compute():
         w8a8_dot(x, s, w, jnp.ones(4))
 
 
-@pytest.mark.parametrize("rows", [1, 2, MAX_ROWS, MAX_ROWS + 1])
+@pytest.mark.parametrize("rows", [1, 2, max_rows(), max_rows() + 1])
 def test_w8a8_matmul_gives_the_same_bits_with_the_kernel(rows):
     from jaxserve.models.linear import matmul
 
@@ -110,9 +111,29 @@ def test_w8a8_matmul_gives_the_same_bits_with_the_kernel(rows):
         assert active()
         native = jax.jit(lambda x: matmul(x, leaves, jnp.float32)).lower(x)
     assert not active()
-    assert ("jaxserve_w8a8_dot" in native.as_text()) == (rows <= MAX_ROWS)
+    assert ("jaxserve_w8a8_dot" in native.as_text()) == (rows <= max_rows())
     assert "jaxserve_w8a8_dot" not in plain.as_text()
     np.testing.assert_array_equal(np.asarray(native.compile()(x)), np.asarray(plain.compile()(x)))
+
+
+@pytest.mark.parametrize("flags, rows", [("fpu sse2 avx2 avx512f avx512_vnni", int8_dot_module._MAX_ROWS_VNNI),
+                                         ("fpu sse2 avx2 fma", int8_dot_module._MAX_ROWS_AVX2),
+                                         ("fpu sse2", int8_dot_module._MAX_ROWS_VNNI)])
+def test_the_row_limit_follows_the_cpus_instructions(monkeypatch, flags, rows):
+    """XLA's own int8 dot is fast with AVX-512 VNNI and slow on AVX2 alone, so the kernel serves
+    more rows there; a benchmark may trace past the limit."""
+    from jaxserve.runner import fingerprint
+
+    monkeypatch.setattr(fingerprint, "cpu_flags", lambda: flags)
+    int8_dot_module._crossover_rows.cache_clear()
+    try:
+        assert max_rows() == rows
+        with cpu_kernels(max_rows=rows + 5):
+            assert max_rows() == rows + 5
+        assert max_rows() == rows
+    finally:
+        int8_dot_module._crossover_rows.cache_clear()
+    assert int8_dot_module._MAX_ROWS_AVX2 > int8_dot_module._MAX_ROWS_VNNI
 
 
 def test_a_failed_build_leaves_xlas_dot_serving(monkeypatch, tmp_path, caplog):

@@ -124,7 +124,7 @@ def test_w8a8_decode_steps_call_the_native_int8_dot(quantized_llm):
     test_engine_tokens_equal_the_quantized_model_run_directly compares with XLA's dot), the
     larger ones XLA's own; JAXSERVE_CPU_KERNELS=0 or a machine without a compiler keeps XLA's."""
     from cpu_kernels import build
-    from cpu_kernels.int8_dot import MAX_ROWS
+    from cpu_kernels.int8_dot import max_rows
 
     mode, llm = quantized_llm
     runner = llm.engine.runner
@@ -135,7 +135,7 @@ def test_w8a8_decode_steps_call_the_native_int8_dot(quantized_llm):
         step, _ = runner.step_and_sampler(bucket)
         rows = bucket[0] + bucket[1] * runner.shapes.prefill_tile      # decode rows + prefill tiles' rows
         calls = "jaxserve_w8a8_dot" in step.as_text()
-        if rows <= MAX_ROWS:
+        if rows <= max_rows():
             assert calls, bucket
         elif mode == "w8a8":      # (a quantized LM head runs on the few rows sampled, any step)
             assert not calls, bucket
