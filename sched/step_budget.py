@@ -41,7 +41,13 @@ class ServiceObjectives:
     ttft_s: float            # time to first token a request should see
     tpot_s: float            # mean time per output token after the first
     step_share: float = 0.9  # the floor's share of tpot_s (room for the step-time model's error)
-    slack_share: float = 0.8  # share of tpot_s x tokens a decoder's bank is counted against
+    # share of tpot_s x tokens a decoder's bank is counted against. Above step_share, so a decoder
+    # whose steps run at the floor banks time: at 0.8 (the earlier default) none did, an at-risk
+    # prompt never got more than the floor, and under sustained load (8 streams on the 2-core CPU)
+    # half the seats waited on prompts prefilling a tile a step; 0.95 there: 1.2x the tokens/s,
+    # TTFT p50 6.9 -> 2.8 s, every request's TPOT still within the objective (docs/benchmarks.md,
+    # "8 streams on the AVX2 EPYC")
+    slack_share: float = 0.95
 
     def __post_init__(self) -> None:
         for name in ("ttft_s", "tpot_s"):

@@ -114,22 +114,35 @@ def test_a_prompt_at_risk_spends_what_every_decoder_banked_and_no_more():
     slo = ServiceObjectives(ttft_s=2.0, tpot_s=0.5)
     fast = make_request("fast", 8, max_tokens=50)
     fast.output_token_ids = [5] * 20
-    fast.first_token_time = 0.0                  # 20 tokens in 2 s: 0.8 x 0.5 x 20 - 2 = 6 s banked
+    fast.first_token_time = 0.0                  # 20 tokens in 2 s: 0.95 x 0.5 x 20 - 2 = 7.5 s banked
     young = make_request("young", 8, max_tokens=50)
     young.output_token_ids = [5] * 3
-    young.first_token_time = 0.5                 # 0.8 x 0.5 x 3 - 1.5 = -0.3 s: nothing banked
+    young.first_token_time = 0.5                 # 0.95 x 0.5 x 3 - 1.5 = -0.075 s: nothing banked
     now = 2.0
-    assert decoder_bank_s(fast, slo, now) == pytest.approx(6.0)
+    assert decoder_bank_s(fast, slo, now) == pytest.approx(7.5)
     prompt = make_request("p", 100, max_tokens=4, arrival_time=1.0)   # due at 3.0, 1 s left
     # at the floor (0.45 s steps beside 0.1 s of decodes: 4 tiles, 16 tokens) 100 tokens take 2.8 s; in
     # full-budget steps (0.1 + 0.8 s per 64, then 0.1 + 0.8 for the 36 left) 1.8 s: it cannot be saved
     assert step_allowance(COST, slo, now, [fast], 0.1, [prompt], 64) == pytest.approx(slo.floor_s)
     short = make_request("s", 32, max_tokens=4, arrival_time=0.8)    # 0.8 s left; at the floor 0.9 s,
     # at full budget one step of 0.1 + 0.4 (8 tiles): at risk and savable
-    assert step_allowance(COST, slo, now, [fast], 0.1, [short], 64) == pytest.approx(6.0)
+    assert step_allowance(COST, slo, now, [fast], 0.1, [short], 64) == pytest.approx(7.5)
     assert step_allowance(COST, slo, now, [fast, young], 0.1, [short], 64) == pytest.approx(slo.floor_s)
     relaxed = make_request("r", 40, max_tokens=4, arrival_time=now)    # due in 2 s: the floor suffices
     assert step_allowance(COST, slo, now, [fast], 0.1, [relaxed], 64) == pytest.approx(slo.floor_s)
+
+
+def test_a_decoder_whose_steps_ran_at_the_floor_has_banked_time():
+    """The floor keeps every step within step_share x the objective; a decoder served at that pace
+    is ahead of its objective, and the bank must say so, or no at-risk prompt ever gets more than
+    the floor while steps run full (the staggered regime of a server under sustained load)."""
+    slo = ServiceObjectives(ttft_s=2.0, tpot_s=0.1)
+    assert slo.slack_share > slo.step_share
+    steady = make_request("steady", 8, max_tokens=200)
+    steady.output_token_ids = [5] * 41
+    steady.first_token_time = 0.0
+    now = 40 * slo.floor_s                       # 40 intervals, each a full step at the floor
+    assert decoder_bank_s(steady, slo, now) > 0.0
 
 
 def test_the_scheduler_gives_a_prompt_at_risk_a_bigger_step():
